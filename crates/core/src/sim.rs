@@ -1,0 +1,1 @@
+//! Deterministic network simulator (virtual time, seeded RNG). (Being written.)

@@ -1,0 +1,2 @@
+//! braid-linux: the only place braid talks to the kernel.
+pub mod control;
