@@ -22,3 +22,5 @@ pub fn run_backend(_control: Option<std::path::PathBuf>, _cmd: BackendCmd) -> an
 pub fn render_status(_status: &serde_json::Value) -> String {
     String::new()
 }
+
+pub mod dsr;

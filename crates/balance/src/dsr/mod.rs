@@ -1,0 +1,1 @@
+//! DSR mode runtime: AF_PACKET on a dedicated interface. (Being written.)
