@@ -1,2 +1,12 @@
-//! braid-linux: the only place braid talks to the kernel.
+//! braid-linux: the only place braid talks to the kernel for the tunnel.
+//!
+//! - [`tun`]: the TUN device (batch read/write of IP packets);
+//! - [`udp`]: link sockets with `recvmmsg`/`sendmmsg` batches, `SO_BINDTODEVICE`, big buffers;
+//! - [`netlink`]: interface address/MTU/up/delete through rtnetlink;
+//! - [`control`]: the control socket (server and client, one JSON object per line);
+//! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`.
 pub mod control;
+pub mod metrics;
+pub mod netlink;
+pub mod tun;
+pub mod udp;

@@ -1,0 +1,419 @@
+//! Batched UDP sockets for links: bound to an address and/or an interface (`SO_BINDTODEVICE`),
+//! large kernel buffers, non-blocking, and batch I/O with `recvmmsg`/`sendmmsg` (as
+//! wireguard-go's `conn.Bind` and quinn-udp do): one system call moves up to [`BATCH`] datagrams.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// Datagrams per `recvmmsg`/`sendmmsg` call.
+pub const BATCH: usize = 64;
+/// Largest datagram we read (a UDP payload over IPv4 with a 1500..9000-byte MTU fits).
+pub const MAX_DATAGRAM: usize = 9216;
+/// Socket buffers we ask for (wireguard-go measured 4.08 -> 5.27 Gbit/s from 7 MB buffers).
+pub const DEFAULT_BUFFER: usize = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UdpError {
+    #[error("interface {0} does not exist")]
+    NoSuchDevice(String),
+    #[error("cannot bind to interface {dev}: {source}")]
+    BindDevice { dev: String, source: io::Error },
+    #[error("cannot bind to {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: io::Error },
+    #[error("cannot create UDP socket: {0}")]
+    Socket(io::Error),
+}
+
+/// Where a link socket lives.
+#[derive(Debug, Clone, Default)]
+pub struct BindOptions {
+    /// `SO_BINDTODEVICE`: send and receive only through this interface.
+    pub dev: Option<String>,
+    /// Local address (port 0: any port).
+    pub addr: Option<SocketAddr>,
+    /// Whether the socket is for IPv6 (when `addr` does not say).
+    pub ipv6: bool,
+    /// SO_SNDBUF / SO_RCVBUF wanted (root may exceed `net.core.*mem_max`).
+    pub buffer_bytes: usize,
+}
+
+/// A non-blocking UDP socket with batch receive and send.
+pub struct UdpSocket {
+    sock: Socket,
+    connected: Option<SocketAddr>,
+}
+
+/// Buffers for one `recvmmsg` call, reused across calls.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    addrs: Vec<Option<SocketAddr>>,
+    len: usize,
+}
+
+impl Default for RecvBatch {
+    fn default() -> Self {
+        Self::new(BATCH)
+    }
+}
+
+impl RecvBatch {
+    pub fn new(n: usize) -> Self {
+        RecvBatch {
+            bufs: (0..n).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
+            lens: vec![0; n],
+            addrs: vec![None; n],
+            len: 0,
+        }
+    }
+    /// Datagrams of the last receive.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn capacity(&self) -> usize {
+        self.bufs.len()
+    }
+    /// Datagram `i` of the last receive: its source and (mutable, for in-place decryption) bytes.
+    pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
+        if i >= self.len {
+            return None;
+        }
+        let addr = self.addrs[i]?;
+        Some((addr, &mut self.bufs[i][..self.lens[i]]))
+    }
+}
+
+/// What a [`UdpSocket::send_batch`] did.
+#[derive(Debug, Default)]
+pub struct SendReport {
+    /// Datagrams the kernel took.
+    pub sent: usize,
+    /// Datagrams dropped on an error other than "would block" (unreachable network, ...).
+    pub failed: usize,
+    /// The last such error.
+    pub last_error: Option<io::Error>,
+    /// The socket buffer is full: `sent + failed` datagrams were consumed, the rest were not.
+    pub would_block: bool,
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED)
+            | Some(libc::ENETUNREACH)
+            | Some(libc::EHOSTUNREACH)
+            | Some(libc::ENETDOWN)
+            | Some(libc::EHOSTDOWN)
+            | Some(libc::ENOBUFS)
+            | Some(libc::EPERM)
+            | Some(libc::EMSGSIZE)
+            | Some(libc::EADDRNOTAVAIL)
+            | Some(libc::EINVAL)
+            | Some(libc::ENXIO)
+            | Some(libc::ENODEV)
+    )
+}
+
+fn set_buffer(sock: &Socket, opt_force: libc::c_int, bytes: usize) -> bool {
+    let v: libc::c_int = bytes.min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: setsockopt with a pointer to an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt_force,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    rc == 0
+}
+
+impl UdpSocket {
+    /// Creates a socket as `opts` says. Errors name the interface or address at fault.
+    pub fn bind(opts: &BindOptions) -> Result<UdpSocket, UdpError> {
+        let ipv6 = opts.addr.map(|a| a.is_ipv6()).unwrap_or(opts.ipv6);
+        let domain = if ipv6 { Domain::IPV6 } else { Domain::IPV4 };
+        let sock = Socket::new(
+            domain,
+            Type::DGRAM.nonblocking().cloexec(),
+            Some(Protocol::UDP),
+        )
+        .map_err(UdpError::Socket)?;
+        if let Some(dev) = &opts.dev {
+            if let Err(e) = sock.bind_device(Some(dev.as_bytes())) {
+                return Err(match e.raw_os_error() {
+                    Some(libc::ENODEV) => UdpError::NoSuchDevice(dev.clone()),
+                    _ => UdpError::BindDevice {
+                        dev: dev.clone(),
+                        source: e,
+                    },
+                });
+            }
+        }
+        if opts.buffer_bytes > 0 {
+            if !set_buffer(&sock, libc::SO_SNDBUFFORCE, opts.buffer_bytes) {
+                let _ = sock.set_send_buffer_size(opts.buffer_bytes);
+            }
+            if !set_buffer(&sock, libc::SO_RCVBUFFORCE, opts.buffer_bytes) {
+                let _ = sock.set_recv_buffer_size(opts.buffer_bytes);
+            }
+        }
+        let addr = opts.addr.unwrap_or_else(|| {
+            if ipv6 {
+                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
+            } else {
+                SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0))
+            }
+        });
+        sock.bind(&addr.into())
+            .map_err(|source| UdpError::Bind { addr, source })?;
+        Ok(UdpSocket {
+            sock,
+            connected: None,
+        })
+    }
+
+    /// Fixes the peer: sends need no address and only its datagrams are received.
+    pub fn connect(&mut self, addr: SocketAddr) -> Result<(), UdpError> {
+        self.sock
+            .connect(&addr.into())
+            .map_err(|source| UdpError::Connect { addr, source })?;
+        self.connected = Some(addr);
+        Ok(())
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "not an IP socket"))
+    }
+
+    /// Receive and send buffer sizes the kernel granted.
+    pub fn buffer_sizes(&self) -> (usize, usize) {
+        (
+            self.sock.recv_buffer_size().unwrap_or(0),
+            self.sock.send_buffer_size().unwrap_or(0),
+        )
+    }
+
+    /// Receives up to `batch.capacity()` datagrams in one `recvmmsg`. `Ok(0)`: nothing waiting.
+    /// Transient errors queued on the socket (ICMP unreachable on a connected socket) are skipped.
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        let n = batch.bufs.len();
+        batch.len = 0;
+        let mut iovs: Vec<libc::iovec> = batch
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: sockaddr_storage is plain old data; zeroed is a valid value.
+        let mut names: Vec<libc::sockaddr_storage> =
+            vec![unsafe { MaybeUninit::zeroed().assume_init() }; n];
+        let mut msgs: Vec<libc::mmsghdr> = (0..n)
+            .map(|i| {
+                // SAFETY: msghdr is plain old data.
+                let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+                hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                hdr.msg_iov = &mut iovs[i];
+                hdr.msg_iovlen = 1;
+                libc::mmsghdr {
+                    msg_hdr: hdr,
+                    msg_len: 0,
+                }
+            })
+            .collect();
+        let mut retries = 0;
+        let got = loop {
+            // SAFETY: every mmsghdr points at live buffers (iovs, names) sized as declared.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.sock.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(0),
+                io::ErrorKind::Interrupted => continue,
+                _ if is_transient(&e) && retries < 8 => {
+                    retries += 1;
+                    continue;
+                }
+                _ => return Err(e),
+            }
+        };
+        for i in 0..got {
+            batch.lens[i] = msgs[i].msg_len as usize;
+            // SAFETY: the kernel filled `names[i]` with `msg_namelen` bytes of a sockaddr.
+            let sa = unsafe { SockAddr::new(names[i], msgs[i].msg_hdr.msg_namelen) };
+            batch.addrs[i] = sa.as_socket().or(self.connected);
+        }
+        batch.len = got;
+        Ok(got)
+    }
+
+    /// Sends `msgs` in order with as few `sendmmsg` calls as possible. `dst` is ignored on a
+    /// connected socket. Stops at "would block" (see [`SendReport::would_block`]); other errors
+    /// drop the datagram at fault and go on (UDP is lossy anyway; the link's health sees it).
+    pub fn send_batch(&self, msgs: &[(Option<SocketAddr>, &[u8])]) -> SendReport {
+        let mut rep = SendReport::default();
+        let mut i = 0;
+        while i < msgs.len() {
+            let chunk = &msgs[i..msgs.len().min(i + 1024)];
+            let mut iovs: Vec<libc::iovec> = chunk
+                .iter()
+                .map(|(_, p)| libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                })
+                .collect();
+            let names: Vec<Option<SockAddr>> = chunk
+                .iter()
+                .map(|(d, _)| {
+                    if self.connected.is_some() {
+                        None
+                    } else {
+                        d.map(SockAddr::from)
+                    }
+                })
+                .collect();
+            let mut hdrs: Vec<libc::mmsghdr> = (0..chunk.len())
+                .map(|k| {
+                    // SAFETY: msghdr is plain old data.
+                    let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+                    if let Some(sa) = &names[k] {
+                        hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
+                        hdr.msg_namelen = sa.len();
+                    }
+                    hdr.msg_iov = &mut iovs[k];
+                    hdr.msg_iovlen = 1;
+                    libc::mmsghdr {
+                        msg_hdr: hdr,
+                        msg_len: 0,
+                    }
+                })
+                .collect();
+            // SAFETY: headers point at live iovecs/addresses borrowed for this call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    hdrs.as_mut_ptr(),
+                    hdrs.len() as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                rep.sent += r as usize;
+                i += r as usize;
+                continue;
+            }
+            let e = if r == 0 {
+                io::Error::from(io::ErrorKind::WriteZero)
+            } else {
+                io::Error::last_os_error()
+            };
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {
+                    rep.would_block = true;
+                    return rep;
+                }
+                _ => {
+                    // The first datagram of the chunk failed: drop it, go on with the next.
+                    rep.failed += 1;
+                    rep.last_error = Some(e);
+                    i += 1;
+                }
+            }
+        }
+        rep
+    }
+}
+
+impl AsRawFd for UdpSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_batches_round_trip() {
+        let lo = "127.0.0.1:0".parse().unwrap();
+        let a = UdpSocket::bind(&BindOptions {
+            addr: Some(lo),
+            buffer_bytes: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut b = UdpSocket::bind(&BindOptions {
+            addr: Some(lo),
+            ..Default::default()
+        })
+        .unwrap();
+        let a_addr = a.local_addr().unwrap();
+        b.connect(a_addr).unwrap();
+        let payloads: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 100 + i as usize]).collect();
+        let msgs: Vec<(Option<SocketAddr>, &[u8])> =
+            payloads.iter().map(|p| (None, p.as_slice())).collect();
+        let rep = b.send_batch(&msgs);
+        assert_eq!(rep.sent, 100);
+        let mut batch = RecvBatch::new(BATCH);
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            let n = a.recv_batch(&mut batch).unwrap();
+            for i in 0..n {
+                let (from, bytes) = batch.get_mut(i).unwrap();
+                assert_eq!(from, b.local_addr().unwrap());
+                got.push(bytes.to_vec());
+            }
+            if got.len() == 100 {
+                break;
+            }
+        }
+        assert_eq!(got, payloads);
+        // Unconnected socket sends to explicit addresses.
+        let b_addr = b.local_addr().unwrap();
+        let rep = a.send_batch(&[(Some(b_addr), b"hi"), (Some(b_addr), b"there")]);
+        assert_eq!(rep.sent, 2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(b.recv_batch(&mut batch).unwrap(), 2);
+        assert_eq!(batch.get_mut(1).unwrap().1, b"there");
+        assert_eq!(a.recv_batch(&mut batch).unwrap(), 0);
+    }
+
+    #[test]
+    fn missing_interface_is_named() {
+        let e = UdpSocket::bind(&BindOptions {
+            dev: Some("nosuchdev9".into()),
+            ..Default::default()
+        })
+        .err()
+        .unwrap();
+        assert_eq!(e.to_string(), "interface nosuchdev9 does not exist");
+    }
+}
