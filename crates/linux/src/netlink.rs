@@ -18,7 +18,7 @@ pub enum NetlinkError {
     Request {
         name: String,
         what: &'static str,
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
 }
 
@@ -48,7 +48,7 @@ async fn index_of(handle: &rtnetlink::Handle, name: &str) -> Result<u32, Netlink
         Err(source) => Err(NetlinkError::Request {
             name: name.to_string(),
             what: "lookup",
-            source,
+            source: Box::new(source),
         }),
     }
 }
@@ -82,7 +82,7 @@ pub fn link_info(name: &str) -> Result<LinkInfo, NetlinkError> {
                 return Err(NetlinkError::Request {
                     name: name.to_string(),
                     what: "lookup",
-                    source,
+                    source: Box::new(source),
                 })
             }
         };
@@ -108,7 +108,7 @@ pub fn configure(name: &str, addr: IpAddr, prefix: u8, mtu: u32) -> Result<(), N
         let req = |what, source| NetlinkError::Request {
             name: name.to_string(),
             what,
-            source,
+            source: Box::new(source),
         };
         h.link()
             .set(idx)
@@ -147,7 +147,7 @@ pub fn delete(name: &str) -> Result<(), NetlinkError> {
             .map_err(|source| NetlinkError::Request {
                 name: name.to_string(),
                 what: "delete",
-                source,
+                source: Box::new(source),
             })
     })
 }
