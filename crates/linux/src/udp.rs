@@ -196,7 +196,7 @@ impl UdpSocket {
         self.sock
             .local_addr()?
             .as_socket()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "not an IP socket"))
+            .ok_or_else(|| io::Error::other("not an IP socket"))
     }
 
     /// Receive and send buffer sizes the kernel granted.
