@@ -1,5 +1,24 @@
 //! braid-lb: the load balancer's policy, with no I/O: backend tables and selection algorithms
 //! (including Maglev), health state machines, the flow table, and DSR frame handling.
+//!
+//! - [`hash`]: the fixed hash every instance shares ([`hash::hash_bytes`]).
+//! - [`maglev`]: Maglev lookup tables ([`maglev::Maglev`]).
+//! - [`algo`]: selection algorithms ([`algo::Algorithm`], [`algo::Selector`]).
+//! - [`health`]: fall/rise state machine ([`health::HealthMachine`]).
+//! - [`backend`]: the backend table ([`backend::BackendTable`]) combining the above.
+//! - [`flow`]: 5-tuples ([`flow::FlowKey`], its hash) and the bounded flow table ([`flow::FlowTable`]).
 #![deny(unsafe_code)]
 
+pub mod algo;
+pub mod backend;
 pub mod dsr;
+pub mod flow;
+pub mod hash;
+pub mod health;
+pub mod maglev;
+
+pub use algo::{Algorithm, PickKey, Selector};
+pub use backend::{AdminState, Backend, BackendId, BackendState, BackendTable, TableError};
+pub use flow::{FlowKey, FlowTable};
+pub use health::{CheckKind, Health, HealthMachine, HealthParams};
+pub use maglev::{Maglev, DEFAULT_TABLE_SIZE};
