@@ -1,15 +1,57 @@
 //! Link health: keepalive probes, RTT (RFC 6298), loss, delivery rate, one-way-delay signals and the
-//! UP / DEGRADED / DOWN state machine with hysteresis. (Skeleton: signatures are the contract.)
+//! UP / DEGRADED / DOWN state machine with hysteresis.
 //!
 //! One `LinkHealth` per link per endpoint. It watches both directions of its link:
 //! - as a sender: probes it sends, acks it gets back (RTT, and the peer's report of what arrived:
 //!   loss, delivery rate, queueing delay, one-way-delay offset);
 //! - as a receiver: sealed packets that arrive on the link (liveness, per-link counters and one-way
 //!   delay samples that go into the acks this endpoint sends).
+//!
+//! The model, briefly:
+//! - **RTT**: `now - probe send time - hold_us` of the echoed probe; RFC 6298 smoothing (alpha 1/8,
+//!   beta 1/4, first sample `srtt = R`, `rttvar = R/2`), plus a windowed minimum (10 s, Kathleen
+//!   Nichols' three-sample filter as in Linux `lib/minmax.c`).
+//! - **Loss**: each ack carries the peer's running counters for this link (`rx_packets`, highest
+//!   `rx_link_seq_max`). Between two acks, `expected = d(seq_max)` and `received = d(packets)`, so
+//!   the interval's loss is `1 - received/expected`; it is smoothed by a time-based EWMA (time
+//!   constant [`LOSS_TAU`]). Counters wrap (u32); a report that goes backwards or jumps absurdly is
+//!   taken as a new baseline instead of a sample.
+//! - **Delivery rate**: `d(rx_bytes) * 8 / d(ack.common.ts)` (the peer's own clock, so the path's
+//!   jitter does not distort it), over intervals of at least [`RATE_MIN_INTERVAL`], smoothed with
+//!   time constant [`RATE_TAU`].
+//! - **Liveness**: a new link is DOWN; `rise` consecutive answered probes bring it UP; an UP or
+//!   DEGRADED link with no ack for `max(down_after, srtt + 4*rttvar + probe_interval)` is DOWN.
+//!   A probe counts as unanswered when a later probe is answered first (links are FIFO), when its
+//!   slot in the ring of outstanding probes is reused, or when it is older than that same timeout;
+//!   an unanswered probe resets the "consecutive answered" count.
+//! - **Receiver side**: per-link counters and the relative one-way delay
+//!   `rel = local_ts - sender_ts` (wrapping; includes the unknown clock offset shared by every link
+//!   of the peer). Its 10 s windowed minimum is the link's base; the smoothed recent value minus
+//!   the base is the queueing delay reported back in acks.
 
 use std::time::{Duration, Instant};
 
 use crate::wire::{Common, ProbeAckRepr};
+
+/// Window of the minimum filters (min RTT, base one-way delay).
+pub const MIN_WINDOW: Duration = Duration::from_secs(10);
+/// Time constant of the loss EWMA.
+pub const LOSS_TAU: Duration = Duration::from_secs(1);
+/// Time constant of the delivery-rate EWMA.
+pub const RATE_TAU: Duration = Duration::from_millis(250);
+/// Shortest interval (peer clock) over which one delivery-rate sample is taken.
+pub const RATE_MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// Longest interval (peer clock) still taken as one delivery-rate sample; longer gaps (the link
+/// was idle, down, or the report is absurd) restart the measurement.
+pub const RATE_MAX_INTERVAL: Duration = Duration::from_secs(5);
+/// Outstanding probes remembered (id -> send instant).
+pub const PROBE_RING: usize = 32;
+/// Weight of a new relative one-way-delay sample in the receiver's smoothed value.
+const REL_OWD_GAIN: f64 = 1.0 / 8.0;
+/// Per-report sanity bound: more than this many packets between two acks is not believed.
+const MAX_REPORT_PACKETS: u32 = 1 << 30;
+/// Per-report sanity bound on received bytes between two acks.
+const MAX_REPORT_BYTES: u64 = 1 << 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,102 +78,526 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        todo!()
+        HealthConfig {
+            probe_interval: Duration::from_millis(100),
+            down_after: Duration::from_millis(500),
+            rise: 3,
+            degraded_loss: 0.10,
+            recovered_loss: 0.03,
+        }
     }
 }
 
-pub struct LinkHealth {}
+/// Windowed minimum over (time, value) samples: the three-sample filter of Linux `lib/minmax.c`.
+#[derive(Debug, Clone, Copy)]
+struct WindowedMin {
+    s: [(Instant, i64); 3],
+}
+
+impl WindowedMin {
+    fn new(now: Instant, v: i64) -> Self {
+        WindowedMin { s: [(now, v); 3] }
+    }
+    fn get(&self) -> i64 {
+        self.s[0].1
+    }
+    fn update(&mut self, win: Duration, now: Instant, v: i64) {
+        let val = (now, v);
+        if v <= self.s[0].1 || now.saturating_duration_since(self.s[2].0) > win {
+            *self = WindowedMin::new(now, v);
+            return;
+        }
+        if v <= self.s[1].1 {
+            self.s[1] = val;
+            self.s[2] = val;
+        } else if v <= self.s[2].1 {
+            self.s[2] = val;
+        }
+        let dt = now.saturating_duration_since(self.s[0].0);
+        if dt > win {
+            self.s[0] = self.s[1];
+            self.s[1] = self.s[2];
+            self.s[2] = val;
+            if now.saturating_duration_since(self.s[0].0) > win {
+                self.s[0] = self.s[1];
+                self.s[1] = self.s[2];
+                self.s[2] = val;
+            }
+        } else if self.s[1].0 == self.s[0].0 && dt > win / 4 {
+            self.s[1] = val;
+            self.s[2] = val;
+        } else if self.s[2].0 == self.s[1].0 && dt > win / 2 {
+            self.s[2] = val;
+        }
+    }
+}
+
+/// The peer's counters from the previous ack (baseline of the next loss/rate sample).
+#[derive(Debug, Clone, Copy)]
+struct Report {
+    at: Instant,
+    rx_packets: u32,
+    rx_seq_max: u32,
+}
+
+/// Start of the current delivery-rate measurement interval (peer clock).
+#[derive(Debug, Clone, Copy)]
+struct RateBase {
+    ts: u32,
+    bytes: u64,
+}
+
+pub struct LinkHealth {
+    cfg: HealthConfig,
+    state: LinkState,
+
+    // --- probes and RTT ---
+    next_probe: Instant,
+    /// Outstanding probes: (id, send instant), indexed by `id % PROBE_RING`.
+    probes: [Option<(u32, Instant)>; PROBE_RING],
+    probes_sent: u64,
+    probes_answered: u64,
+    probes_unanswered: u64,
+    consecutive: u32,
+    /// Last ack of any kind (resets the DOWN clock).
+    last_ack: Option<Instant>,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    min_rtt: Option<WindowedMin>,
+
+    // --- peer reports ---
+    report: Option<Report>,
+    loss: f64,
+    rate_base: Option<RateBase>,
+    rate_bps: f64,
+    qdelay: Duration,
+    owd_offset: Duration,
+
+    // --- our transmissions ---
+    tx_packets: u64,
+    tx_bytes: u64,
+    tx_seq_max: Option<u32>,
+
+    // --- receiver side ---
+    rx_seq_max: Option<u32>,
+    rx_packets: u32,
+    rx_bytes: u64,
+    last_rx: Option<Instant>,
+    /// Last raw relative one-way delay and its unwrapped value (i64 microseconds).
+    rel_last: Option<(u32, i64)>,
+    rel_min: Option<WindowedMin>,
+    rel_smooth: f64,
+}
 
 impl LinkHealth {
     /// A new link starts DOWN: it has to prove itself with `rise` answered probes.
     pub fn new(cfg: HealthConfig, now: Instant) -> Self {
-        todo!()
+        LinkHealth {
+            cfg,
+            state: LinkState::Down,
+            next_probe: now,
+            probes: [None; PROBE_RING],
+            probes_sent: 0,
+            probes_answered: 0,
+            probes_unanswered: 0,
+            consecutive: 0,
+            last_ack: None,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            min_rtt: None,
+            report: None,
+            loss: 0.0,
+            rate_base: None,
+            rate_bps: 0.0,
+            qdelay: Duration::ZERO,
+            owd_offset: Duration::ZERO,
+            tx_packets: 0,
+            tx_bytes: 0,
+            tx_seq_max: None,
+            rx_seq_max: None,
+            rx_packets: 0,
+            rx_bytes: 0,
+            last_rx: None,
+            rel_last: None,
+            rel_min: None,
+            rel_smooth: 0.0,
+        }
+    }
+
+    pub fn config(&self) -> &HealthConfig {
+        &self.cfg
+    }
+
+    /// Time without any ack after which an UP/DEGRADED link is DOWN:
+    /// `max(down_after, srtt + 4 * rttvar + probe_interval)`.
+    pub fn dead_after(&self) -> Duration {
+        let rto = match self.srtt {
+            Some(srtt) => srtt + self.rttvar * 4 + self.cfg.probe_interval,
+            None => Duration::ZERO,
+        };
+        rto.max(self.cfg.down_after)
     }
 
     // ----- sender side -----
 
     /// When this link's next probe is due.
     pub fn next_probe_at(&self) -> Instant {
-        todo!()
+        self.next_probe
     }
     /// Records a probe just sent (so its ack gives an RTT sample).
     pub fn on_probe_sent(&mut self, now: Instant, probe_id: u32) {
-        todo!()
+        self.expire_probes(now);
+        let slot = &mut self.probes[probe_id as usize % PROBE_RING];
+        if slot.is_some() {
+            // Its ring slot is reused before an answer came: that probe is lost.
+            self.probes_unanswered += 1;
+            self.consecutive = 0;
+        }
+        *slot = Some((probe_id, now));
+        self.probes_sent += 1;
+        self.next_probe = now + self.cfg.probe_interval.max(Duration::from_micros(1));
     }
     /// Records any sealed packet sent on this link (bytes = datagram length).
-    pub fn on_packet_sent(&mut self, now: Instant, link_seq: u32, bytes: usize) {
-        todo!()
+    pub fn on_packet_sent(&mut self, _now: Instant, link_seq: u32, bytes: usize) {
+        self.tx_packets += 1;
+        self.tx_bytes += bytes as u64;
+        self.tx_seq_max = Some(match self.tx_seq_max {
+            Some(m) if (link_seq.wrapping_sub(m) as i32) <= 0 => m,
+            _ => link_seq,
+        });
     }
     /// An ack for one of our probes: RTT sample (minus `hold_us`), and the peer's report.
     /// Returns the new state if it changed.
     pub fn on_probe_ack(&mut self, now: Instant, ack: &ProbeAckRepr) -> Option<LinkState> {
-        todo!()
+        self.last_ack = Some(now);
+        let slot = ack.probe_id as usize % PROBE_RING;
+        if let Some((id, sent)) = self.probes[slot] {
+            if id == ack.probe_id {
+                self.probes[slot] = None;
+                self.probes_answered += 1;
+                // Probes sent before this one and still unanswered were lost (a link is FIFO).
+                let mut lost = 0;
+                for p in self.probes.iter_mut() {
+                    if matches!(p, Some((_, t)) if *t < sent) {
+                        *p = None;
+                        lost += 1;
+                    }
+                }
+                if lost > 0 {
+                    self.probes_unanswered += lost;
+                    self.consecutive = 0;
+                }
+                self.consecutive = self.consecutive.saturating_add(1);
+                let elapsed = now.saturating_duration_since(sent);
+                let hold = Duration::from_micros(ack.hold_us as u64);
+                if hold <= elapsed {
+                    self.rtt_sample(now, elapsed - hold);
+                }
+            }
+        }
+        self.take_report(now, ack);
+
+        let old = self.state;
+        match self.state {
+            LinkState::Down => {
+                if self.consecutive >= self.cfg.rise.max(1) {
+                    self.state = LinkState::Up;
+                }
+            }
+            LinkState::Up => {
+                if self.loss >= self.cfg.degraded_loss {
+                    self.state = LinkState::Degraded;
+                }
+            }
+            LinkState::Degraded => {
+                if self.loss <= self.cfg.recovered_loss {
+                    self.state = LinkState::Up;
+                }
+            }
+        }
+        (self.state != old).then_some(self.state)
+    }
+
+    fn rtt_sample(&mut self, now: Instant, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                let diff = if srtt > r { srtt - r } else { r - srtt };
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((srtt * 7 + r) / 8);
+            }
+        }
+        let us = r.as_micros().min(i64::MAX as u128) as i64;
+        match &mut self.min_rtt {
+            Some(m) => m.update(MIN_WINDOW, now, us),
+            None => self.min_rtt = Some(WindowedMin::new(now, us)),
+        }
+    }
+
+    /// Loss, delivery rate, qdelay and one-way-delay offset from the peer's report in an ack.
+    fn take_report(&mut self, now: Instant, ack: &ProbeAckRepr) {
+        self.qdelay = Duration::from_micros(ack.qdelay_us as u64);
+        self.owd_offset = Duration::from_micros(ack.owd_offset_us.max(0) as u64);
+
+        // Loss.
+        let cur = Report {
+            at: now,
+            rx_packets: ack.rx_packets,
+            rx_seq_max: ack.rx_link_seq_max,
+        };
+        if let Some(prev) = self.report {
+            let expected = cur.rx_seq_max.wrapping_sub(prev.rx_seq_max);
+            let received = cur.rx_packets.wrapping_sub(prev.rx_packets);
+            if expected as i32 >= 0 && received as i32 >= 0 && expected <= MAX_REPORT_PACKETS {
+                if expected > 0 {
+                    // Reordering can make `received` exceed `expected` for one interval.
+                    let sample = 1.0 - (received.min(expected) as f64 / expected as f64);
+                    let dt = now.saturating_duration_since(prev.at);
+                    let w = ewma_weight(dt, LOSS_TAU);
+                    self.loss = (self.loss * (1.0 - w) + sample * w).clamp(0.0, 1.0);
+                }
+                self.report = Some(cur);
+            } else {
+                // Counters went backwards or jumped absurdly (peer restart, garbage): rebase.
+                self.report = Some(cur);
+            }
+        } else {
+            self.report = Some(cur);
+        }
+
+        // Delivery rate, over the peer's clock.
+        match self.rate_base {
+            None => {
+                self.rate_base = Some(RateBase {
+                    ts: ack.common.ts,
+                    bytes: ack.rx_bytes,
+                })
+            }
+            Some(base) => {
+                let dt_us = ack.common.ts.wrapping_sub(base.ts) as i32;
+                let dbytes = ack.rx_bytes.wrapping_sub(base.bytes);
+                if dbytes > MAX_REPORT_BYTES {
+                    // Garbage (or a peer restart): measure afresh from this report.
+                    self.rate_base = Some(RateBase {
+                        ts: ack.common.ts,
+                        bytes: ack.rx_bytes,
+                    });
+                } else if dt_us < 0 {
+                    // An ack older than the base (reordered): nothing to learn.
+                } else {
+                    let dt = Duration::from_micros(dt_us as u64);
+                    if dt > RATE_MAX_INTERVAL {
+                        self.rate_base = Some(RateBase {
+                            ts: ack.common.ts,
+                            bytes: ack.rx_bytes,
+                        });
+                    } else if dt >= RATE_MIN_INTERVAL {
+                        let sample = dbytes as f64 * 8.0 / dt.as_secs_f64();
+                        if self.rate_bps <= 0.0 {
+                            self.rate_bps = sample;
+                        } else {
+                            let w = ewma_weight(dt, RATE_TAU);
+                            self.rate_bps = self.rate_bps * (1.0 - w) + sample * w;
+                        }
+                        if !self.rate_bps.is_finite() || self.rate_bps < 0.0 {
+                            self.rate_bps = 0.0;
+                        }
+                        self.rate_base = Some(RateBase {
+                            ts: ack.common.ts,
+                            bytes: ack.rx_bytes,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts outstanding probes older than the dead-link timeout as unanswered.
+    fn expire_probes(&mut self, now: Instant) {
+        let limit = self.dead_after();
+        let mut lost = 0;
+        for p in self.probes.iter_mut() {
+            if matches!(p, Some((_, t)) if now.saturating_duration_since(*t) > limit) {
+                *p = None;
+                lost += 1;
+            }
+        }
+        if lost > 0 {
+            self.probes_unanswered += lost;
+            self.consecutive = 0;
+        }
     }
 
     // ----- receiver side -----
 
     /// Any sealed, authenticated packet that arrived on this link. `local_ts` is this endpoint's
     /// own clock in the wire's units (microseconds, wrapping) at arrival.
-    pub fn on_packet_received(&mut self, now: Instant, common: &Common, bytes: usize, local_ts: u32) {
-        todo!()
+    pub fn on_packet_received(
+        &mut self,
+        now: Instant,
+        common: &Common,
+        bytes: usize,
+        local_ts: u32,
+    ) {
+        self.last_rx = Some(now);
+        self.rx_packets = self.rx_packets.wrapping_add(1);
+        self.rx_bytes = self.rx_bytes.wrapping_add(bytes as u64);
+        self.rx_seq_max = Some(match self.rx_seq_max {
+            Some(m) if (common.link_seq.wrapping_sub(m) as i32) <= 0 => m,
+            _ => common.link_seq,
+        });
+
+        let rel = local_ts.wrapping_sub(common.ts);
+        let unwrapped = match self.rel_last {
+            None => rel as i32 as i64,
+            Some((last, last_unwrapped)) => last_unwrapped + rel.wrapping_sub(last) as i32 as i64,
+        };
+        self.rel_last = Some((rel, unwrapped));
+        match &mut self.rel_min {
+            None => {
+                self.rel_min = Some(WindowedMin::new(now, unwrapped));
+                self.rel_smooth = unwrapped as f64;
+            }
+            Some(m) => {
+                m.update(MIN_WINDOW, now, unwrapped);
+                self.rel_smooth += (unwrapped as f64 - self.rel_smooth) * REL_OWD_GAIN;
+            }
+        }
     }
     /// Fills the receiver-report fields of an ack (`rx_link_seq_max`, `rx_packets`, `rx_bytes`,
     /// `qdelay_us`). `owd_offset_us` is left to the endpoint, which sees every link.
-    pub fn fill_report(&self, now: Instant, ack: &mut ProbeAckRepr) {
-        todo!()
+    pub fn fill_report(&self, _now: Instant, ack: &mut ProbeAckRepr) {
+        ack.rx_link_seq_max = self.rx_seq_max.unwrap_or(0);
+        ack.rx_packets = self.rx_packets;
+        ack.rx_bytes = self.rx_bytes;
+        ack.qdelay_us = self.rx_qdelay().as_micros().min(u32::MAX as u128) as u32;
+    }
+    /// Queueing delay seen by this receiver on this link: smoothed recent relative one-way delay
+    /// minus its windowed minimum (what [`fill_report`](Self::fill_report) reports).
+    pub fn rx_qdelay(&self) -> Duration {
+        match &self.rel_min {
+            None => Duration::ZERO,
+            Some(m) => {
+                let q = self.rel_smooth - m.get() as f64;
+                if q.is_finite() && q > 0.0 {
+                    Duration::from_micros(q.min(u32::MAX as f64) as u64)
+                } else {
+                    Duration::ZERO
+                }
+            }
+        }
     }
     /// Windowed minimum of `local_ts - send_ts` (wrapping microseconds) over recent arrivals: the
     /// link's base one-way delay plus the (unknown, shared by all links) clock offset. Compare
     /// links with `wrapping_sub` as i32.
     pub fn base_rel_owd(&self) -> Option<u32> {
-        todo!()
+        self.rel_min.map(|m| m.get() as u32)
     }
 
     // ----- timers -----
 
     /// Earliest instant at which `handle_timeout` has something to do (next probe or down deadline).
     pub fn poll_timeout(&self) -> Instant {
-        todo!()
+        match (self.state, self.last_ack) {
+            (LinkState::Up | LinkState::Degraded, Some(t)) => {
+                self.next_probe.min(t + self.dead_after())
+            }
+            _ => self.next_probe,
+        }
     }
     /// Returns the new state if it changed (e.g. acks stopped: DOWN).
     pub fn handle_timeout(&mut self, now: Instant) -> Option<LinkState> {
-        todo!()
+        self.expire_probes(now);
+        if self.state == LinkState::Down {
+            return None;
+        }
+        let last = self.last_ack.unwrap_or(now);
+        if now.saturating_duration_since(last) >= self.dead_after() {
+            self.state = LinkState::Down;
+            self.consecutive = 0;
+            // Measure loss and rate afresh once the link is back (what was lost while it was
+            // dark says nothing about the link that comes back).
+            self.report = None;
+            self.rate_base = None;
+            self.loss = 0.0;
+            self.rate_bps = 0.0;
+            return Some(LinkState::Down);
+        }
+        None
     }
 
     // ----- readings -----
 
     pub fn state(&self) -> LinkState {
-        todo!()
+        self.state
     }
     pub fn srtt(&self) -> Option<Duration> {
-        todo!()
+        self.srtt
     }
     pub fn rttvar(&self) -> Option<Duration> {
-        todo!()
+        self.srtt.map(|_| self.rttvar)
     }
     /// Lowest RTT seen over a recent window (path delay without queueing).
     pub fn min_rtt(&self) -> Option<Duration> {
-        todo!()
+        self.min_rtt
+            .map(|m| Duration::from_micros(m.get().max(0) as u64))
     }
     /// Recent loss fraction of our packets on this link, from the peer's reports (0..1).
     pub fn loss(&self) -> f64 {
-        todo!()
+        self.loss
     }
     /// Recent rate at which our packets arrived at the peer on this link, bits per second
     /// (0 when unknown).
     pub fn delivery_rate_bps(&self) -> f64 {
-        todo!()
+        self.rate_bps
     }
     /// Queueing delay the peer last reported for this link.
     pub fn qdelay(&self) -> Duration {
-        todo!()
+        self.qdelay
     }
     /// This link's base one-way delay minus the peer's fastest link's, as the peer last reported.
     pub fn owd_offset(&self) -> Duration {
-        todo!()
+        self.owd_offset
     }
     /// When an authenticated packet last arrived on this link.
     pub fn last_rx(&self) -> Option<Instant> {
-        todo!()
+        self.last_rx
     }
+    /// When the last probe ack arrived.
+    pub fn last_ack(&self) -> Option<Instant> {
+        self.last_ack
+    }
+    /// Probes sent / answered / given up on (never answered).
+    pub fn probes_sent(&self) -> u64 {
+        self.probes_sent
+    }
+    pub fn probes_answered(&self) -> u64 {
+        self.probes_answered
+    }
+    pub fn probes_unanswered(&self) -> u64 {
+        self.probes_unanswered
+    }
+    /// Sealed packets and bytes sent on this link (as recorded by `on_packet_sent`).
+    pub fn tx_packets(&self) -> u64 {
+        self.tx_packets
+    }
+    pub fn tx_bytes(&self) -> u64 {
+        self.tx_bytes
+    }
+    /// Receiver side: sealed packets / bytes received on this link (wrapping, as reported).
+    pub fn rx_packets(&self) -> u32 {
+        self.rx_packets
+    }
+    pub fn rx_bytes(&self) -> u64 {
+        self.rx_bytes
+    }
+}
+
+/// Weight of a sample covering `dt` in an EWMA of time constant `tau`.
+fn ewma_weight(dt: Duration, tau: Duration) -> f64 {
+    let x = dt.as_secs_f64() / tau.as_secs_f64().max(1e-9);
+    (1.0 - (-x).exp()).clamp(0.0, 1.0)
 }
