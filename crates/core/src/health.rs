@@ -22,7 +22,8 @@
 //! - **Liveness**: a new link is DOWN; `rise` consecutive answered probes bring it UP; an UP or
 //!   DEGRADED link with no ack for `max(down_after, srtt + 4*rttvar + probe_interval)` is DOWN.
 //!   A probe counts as unanswered when a later probe is answered first (links are FIFO), when its
-//!   slot in the ring of outstanding probes is reused, or when it is older than that same timeout;
+//!   slot in the ring of outstanding probes is reused, or when it is older than that timeout (at
+//!   least [`PROBE_EXPIRY`]);
 //!   an unanswered probe resets the "consecutive answered" count.
 //! - **Receiver side**: per-link counters and the relative one-way delay
 //!   `rel = local_ts - sender_ts` (wrapping; includes the unknown clock offset shared by every link
@@ -45,7 +46,10 @@ pub const RATE_MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// was idle, down, or the report is absurd) restart the measurement.
 pub const RATE_MAX_INTERVAL: Duration = Duration::from_secs(5);
 /// Outstanding probes remembered (id -> send instant).
-pub const PROBE_RING: usize = 32;
+pub const PROBE_RING: usize = 64;
+/// A probe unanswered for `max(this, dead_after)` is given up (so that links with an RTT of
+/// seconds still get their first RTT sample before their probes are given up).
+pub const PROBE_EXPIRY: Duration = Duration::from_secs(3);
 /// Weight of a new relative one-way-delay sample in the receiver's smoothed value.
 const REL_OWD_GAIN: f64 = 1.0 / 8.0;
 /// Per-report sanity bound: more than this many packets between two acks is not believed.
@@ -417,7 +421,7 @@ impl LinkHealth {
 
     /// Counts outstanding probes older than the dead-link timeout as unanswered.
     fn expire_probes(&mut self, now: Instant) {
-        let limit = self.dead_after();
+        let limit = self.dead_after().max(PROBE_EXPIRY);
         let mut lost = 0;
         for p in self.probes.iter_mut() {
             if matches!(p, Some((_, t)) if now.saturating_duration_since(*t) > limit) {
@@ -600,4 +604,666 @@ impl LinkHealth {
 fn ewma_weight(dt: Duration, tau: Duration) -> f64 {
     let x = dt.as_secs_f64() / tau.as_secs_f64().max(1e-9);
     (1.0 - (-x).exp()).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The peer as seen through its acks: counters of what arrived from us on this link.
+    #[derive(Default)]
+    struct Peer {
+        rx_packets: u32,
+        seq_max: u32,
+        rx_bytes: u64,
+        /// Peer clock, microseconds (wrapping).
+        ts: u32,
+    }
+
+    impl Peer {
+        /// `sent` of our packets of `size` bytes went out, `lost` of them did not arrive;
+        /// `dt` passed on the peer's clock.
+        fn traffic(&mut self, sent: u32, lost: u32, size: u64, dt: Duration) {
+            self.seq_max = self.seq_max.wrapping_add(sent);
+            self.rx_packets = self.rx_packets.wrapping_add(sent - lost);
+            self.rx_bytes = self.rx_bytes.wrapping_add((sent - lost) as u64 * size);
+            self.ts = self.ts.wrapping_add(dt.as_micros() as u32);
+        }
+        fn ack(&self, probe_id: u32) -> ProbeAckRepr {
+            ProbeAckRepr {
+                common: Common {
+                    link_seq: 0,
+                    ts: self.ts,
+                },
+                probe_id,
+                echo_ts: 0,
+                hold_us: 0,
+                rx_link_seq_max: self.seq_max,
+                rx_packets: self.rx_packets,
+                rx_bytes: self.rx_bytes,
+                qdelay_us: 0,
+                owd_offset_us: 0,
+            }
+        }
+    }
+
+    /// Drives a link in virtual time: probes when due; each probe is answered after `rtt` unless
+    /// `answer` says no. Returns the instant of the first state change to `want`, if any.
+    struct Script {
+        h: LinkHealth,
+        now: Instant,
+        peer: Peer,
+        next_id: u32,
+        /// (due, probe id) acks in flight.
+        pending: Vec<(Instant, u32)>,
+    }
+
+    impl Script {
+        fn new(cfg: HealthConfig) -> Self {
+            let now = Instant::now();
+            Script {
+                h: LinkHealth::new(cfg, now),
+                now,
+                peer: Peer::default(),
+                next_id: 0,
+                pending: Vec::new(),
+            }
+        }
+        /// Runs until `until`, answering probes after `rtt` when `answer` is true; returns every
+        /// state change with its instant.
+        fn run(
+            &mut self,
+            until: Instant,
+            rtt: Duration,
+            answer: bool,
+        ) -> Vec<(Instant, LinkState)> {
+            let mut changes = Vec::new();
+            loop {
+                let ack_due = self.pending.iter().map(|p| p.0).min();
+                let t = ack_due.map_or(self.h.poll_timeout(), |a| a.min(self.h.poll_timeout()));
+                if t > until {
+                    self.now = until;
+                    return changes;
+                }
+                self.now = self.now.max(t);
+                if let Some(pos) = self.pending.iter().position(|p| p.0 <= self.now) {
+                    let (_, id) = self.pending.remove(pos);
+                    self.peer.traffic(1, 0, 60, ms(100));
+                    if let Some(s) = self.h.on_probe_ack(self.now, &self.peer.ack(id)) {
+                        changes.push((self.now, s));
+                    }
+                    continue;
+                }
+                if let Some(s) = self.h.handle_timeout(self.now) {
+                    changes.push((self.now, s));
+                }
+                if self.now >= self.h.next_probe_at() {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.h.on_probe_sent(self.now, id);
+                    if answer {
+                        self.pending.push((self.now + rtt, id));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = HealthConfig::default();
+        assert_eq!(c.probe_interval, ms(100));
+        assert_eq!(c.down_after, ms(500));
+        assert_eq!(c.rise, 3);
+        assert_eq!((c.degraded_loss, c.recovered_loss), (0.10, 0.03));
+    }
+
+    #[test]
+    fn first_rtt_sample_and_convergence() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        assert_eq!(h.srtt(), None);
+        h.on_probe_sent(t0, 7);
+        let mut ack = ProbeAckRepr {
+            probe_id: 7,
+            hold_us: 2_000,
+            ..Default::default()
+        };
+        h.on_probe_ack(t0 + ms(42), &ack);
+        // 42 ms minus 2 ms held by the peer.
+        assert_eq!(h.srtt(), Some(ms(40)));
+        assert_eq!(h.rttvar(), Some(ms(20)));
+        assert_eq!(h.min_rtt(), Some(ms(40)));
+        // Then a steady 20 ms: srtt converges to it, rttvar shrinks, min follows.
+        let mut t = t0 + ms(100);
+        for id in 8..60 {
+            h.on_probe_sent(t, id);
+            ack.probe_id = id;
+            ack.hold_us = 0;
+            h.on_probe_ack(t + ms(20), &ack);
+            t += ms(100);
+        }
+        let srtt = h.srtt().unwrap();
+        assert!(
+            srtt >= ms(20) && srtt < Duration::from_micros(20_100),
+            "{srtt:?}"
+        );
+        assert!(h.rttvar().unwrap() < ms(1), "{:?}", h.rttvar());
+        assert_eq!(h.min_rtt(), Some(ms(20)));
+        assert_eq!(h.probes_answered(), 53);
+        assert_eq!(h.probes_unanswered(), 0);
+    }
+
+    #[test]
+    fn rfc6298_update_rule() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        h.on_probe_sent(t0, 1);
+        h.on_probe_ack(
+            t0 + ms(100),
+            &ProbeAckRepr {
+                probe_id: 1,
+                ..Default::default()
+            },
+        );
+        h.on_probe_sent(t0 + ms(100), 2);
+        h.on_probe_ack(
+            t0 + ms(300),
+            &ProbeAckRepr {
+                probe_id: 2,
+                ..Default::default()
+            },
+        );
+        // rttvar = 3/4 * 50 + 1/4 * |100 - 200| = 62.5 ms; srtt = 7/8 * 100 + 1/8 * 200 = 112.5 ms.
+        assert_eq!(h.rttvar(), Some(Duration::from_micros(62_500)));
+        assert_eq!(h.srtt(), Some(Duration::from_micros(112_500)));
+        assert_eq!(h.min_rtt(), Some(ms(100)));
+    }
+
+    #[test]
+    fn unknown_or_absurd_acks_give_no_rtt() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        h.on_probe_sent(t0, 1);
+        // Unknown id, then a hold longer than the elapsed time.
+        h.on_probe_ack(
+            t0 + ms(10),
+            &ProbeAckRepr {
+                probe_id: 99,
+                ..Default::default()
+            },
+        );
+        h.on_probe_ack(
+            t0 + ms(10),
+            &ProbeAckRepr {
+                probe_id: 1,
+                hold_us: 50_000,
+                ..Default::default()
+            },
+        );
+        assert_eq!(h.srtt(), None);
+        // The matched ack still counts as an answer.
+        assert_eq!(h.probes_answered(), 1);
+    }
+
+    #[test]
+    fn new_link_is_down_and_rises_after_three_answered_probes() {
+        let mut s = Script::new(HealthConfig::default());
+        assert_eq!(s.h.state(), LinkState::Down);
+        let t0 = s.now;
+        let changes = s.run(t0 + ms(1000), ms(30), true);
+        // Probes at 0, 100, 200 ms, answered at 30, 130, 230 ms: UP at 230 ms.
+        assert_eq!(changes, vec![(t0 + ms(230), LinkState::Up)]);
+    }
+
+    #[test]
+    fn dead_link_goes_down_in_under_a_second_and_comes_back() {
+        let mut s = Script::new(HealthConfig::default());
+        let t0 = s.now;
+        s.run(t0 + ms(2000), ms(40), true);
+        assert_eq!(s.h.state(), LinkState::Up);
+        // The link goes dark at 2 s (acks in flight are lost too).
+        let dark = s.now;
+        s.pending.clear();
+        let sent_before = s.h.probes_sent();
+        let changes = s.run(dark + ms(3000), ms(40), false);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let (t_down, st) = changes[0];
+        assert_eq!(st, LinkState::Down);
+        let detect = t_down - dark;
+        assert!(detect < ms(1000), "dead link detected after {detect:?}");
+        assert!(detect >= ms(400), "too eager: {detect:?}");
+        // Probes go on while DOWN (that is how the link comes back).
+        assert!(
+            s.h.probes_sent() - sent_before >= 29,
+            "{}",
+            s.h.probes_sent() - sent_before
+        );
+        // Light again: three answered probes bring it UP by itself.
+        let back = s.now;
+        let changes = s.run(back + ms(1000), ms(40), true);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].1, LinkState::Up);
+        assert!(
+            changes[0].0 - back <= ms(100) + ms(300) + ms(40),
+            "{:?}",
+            changes[0].0 - back
+        );
+        // The probes sent into the dark were counted as never answered.
+        assert!(s.h.probes_unanswered() >= 29, "{}", s.h.probes_unanswered());
+    }
+
+    #[test]
+    fn down_deadline_follows_rtt_when_it_is_long() {
+        // RTT 800 ms: the deadline is srtt + 4 rttvar + probe interval, not 500 ms.
+        let mut s = Script::new(HealthConfig::default());
+        let t0 = s.now;
+        s.run(t0 + ms(10_000), ms(800), true);
+        assert_eq!(s.h.state(), LinkState::Up);
+        let dead_after = s.h.dead_after();
+        assert!(dead_after >= ms(900), "{dead_after:?}");
+        // Steady RTT: no false DOWN happened.
+        assert_eq!(s.h.probes_unanswered(), 0);
+    }
+
+    #[test]
+    fn an_unanswered_probe_restarts_the_rise_count() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        let ack = |id| ProbeAckRepr {
+            probe_id: id,
+            ..Default::default()
+        };
+        for id in 0..4 {
+            h.on_probe_sent(t0 + ms(100 * id as u64), id);
+        }
+        // Probe 0 answered, 1 lost, 2 and 3 answered: only two in a row.
+        assert_eq!(h.on_probe_ack(t0 + ms(10), &ack(0)), None);
+        assert_eq!(h.on_probe_ack(t0 + ms(210), &ack(2)), None);
+        assert_eq!(h.on_probe_ack(t0 + ms(310), &ack(3)), None);
+        assert_eq!(h.state(), LinkState::Down);
+        assert_eq!(h.probes_unanswered(), 1);
+        h.on_probe_sent(t0 + ms(400), 4);
+        assert_eq!(h.on_probe_ack(t0 + ms(410), &ack(4)), Some(LinkState::Up));
+    }
+
+    /// Brings `h` UP with three answered probes, then feeds `n` acks 100 ms apart, each reporting
+    /// `sent` packets of which `lost` were lost.
+    fn feed_loss(
+        h: &mut LinkHealth,
+        peer: &mut Peer,
+        t: &mut Instant,
+        id: &mut u32,
+        n: usize,
+        sent: u32,
+        lost: u32,
+    ) -> Vec<LinkState> {
+        let mut changes = Vec::new();
+        for _ in 0..n {
+            h.on_probe_sent(*t, *id);
+            *t += ms(20);
+            peer.traffic(sent, lost, 1000, ms(100));
+            if let Some(s) = h.on_probe_ack(*t, &peer.ack(*id)) {
+                changes.push(s);
+            }
+            *id += 1;
+            *t += ms(80);
+        }
+        changes
+    }
+
+    #[test]
+    fn loss_estimate_and_degraded_hysteresis() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let (mut peer, mut id) = (Peer::default(), 0);
+        assert_eq!(
+            feed_loss(&mut h, &mut peer, &mut t, &mut id, 3, 100, 0),
+            vec![LinkState::Up]
+        );
+        assert_eq!(h.loss(), 0.0);
+        // 20% loss: DEGRADED, and the estimate converges to 0.2.
+        let ch = feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 100, 20);
+        assert_eq!(ch, vec![LinkState::Degraded]);
+        assert!((h.loss() - 0.2).abs() < 0.01, "{}", h.loss());
+        // 5% loss: between the thresholds, stays DEGRADED.
+        let ch = feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 100, 5);
+        assert!(ch.is_empty(), "{ch:?}");
+        assert!((h.loss() - 0.05).abs() < 0.01, "{}", h.loss());
+        // No loss: UP again once the estimate falls to 3%.
+        let ch = feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 100, 0);
+        assert_eq!(ch, vec![LinkState::Up]);
+        assert!(h.loss() < 0.01);
+        // 5% loss from UP: stays UP (hysteresis both ways).
+        let ch = feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 100, 5);
+        assert!(ch.is_empty(), "{ch:?}");
+        assert_eq!(h.state(), LinkState::Up);
+    }
+
+    #[test]
+    fn loss_is_smoothed_over_about_a_second() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let (mut peer, mut id) = (Peer::default(), 0);
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 3, 100, 0);
+        // One interval of 50% loss is not enough to degrade the link...
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 1, 100, 50);
+        assert!(h.loss() > 0.02 && h.loss() < 0.10, "{}", h.loss());
+        assert_eq!(h.state(), LinkState::Up);
+        // ...and it is forgotten within a few seconds.
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 30, 100, 0);
+        assert!(h.loss() < 0.01, "{}", h.loss());
+    }
+
+    #[test]
+    fn delivery_rate_from_reports() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let (mut peer, mut id) = (Peer::default(), 0);
+        assert_eq!(h.delivery_rate_bps(), 0.0);
+        // 1250 packets of 1000 bytes per 100 ms of peer clock: 100 Mbit/s.
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 10, 1250, 0);
+        let r = h.delivery_rate_bps();
+        assert!((r - 100e6).abs() < 1e3, "{r}");
+        // Rate drops to 10 Mbit/s: the estimate follows within about a second.
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 20, 125, 0);
+        let r = h.delivery_rate_bps();
+        assert!((r - 10e6).abs() < 0.1e6, "{r}");
+        // Lost packets are not delivered: 10% loss of 10 Mbit/s offered.
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 20, 125, 12);
+        let r = h.delivery_rate_bps();
+        assert!((r - 9.04e6).abs() < 0.1e6, "{r}");
+    }
+
+    #[test]
+    fn rate_uses_peer_clock_not_arrival_times() {
+        // Acks bunch up on arrival (jitter), but the peer's timestamps are 100 ms apart.
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let mut peer = Peer::default();
+        for id in 0..20 {
+            h.on_probe_sent(t, id);
+            peer.traffic(125, 0, 1000, ms(100));
+            t += if id % 2 == 0 { ms(1) } else { ms(199) };
+            h.on_probe_ack(t, &peer.ack(id));
+        }
+        let r = h.delivery_rate_bps();
+        assert!((r - 10e6).abs() < 1e3, "{r}");
+    }
+
+    #[test]
+    fn wrapping_counters_and_timestamps() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let mut peer = Peer {
+            rx_packets: u32::MAX - 500,
+            seq_max: u32::MAX - 300,
+            rx_bytes: u64::MAX - 100_000,
+            ts: u32::MAX - 250_000,
+        };
+        let mut id = 0;
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 30, 100, 10);
+        assert!(
+            peer.seq_max < 10_000 && peer.ts < 10_000_000,
+            "counters wrapped"
+        );
+        assert!((h.loss() - 0.1).abs() < 0.01, "{}", h.loss());
+        let r = h.delivery_rate_bps();
+        // 90 packets of 1000 bytes per 100 ms: 7.2 Mbit/s.
+        assert!((r - 7.2e6).abs() < 1e3, "{r}");
+    }
+
+    #[test]
+    fn backwards_report_rebases_instead_of_counting() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let (mut peer, mut id) = (Peer::default(), 0);
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 5, 100, 0);
+        // The peer restarted: counters from zero. No loss or rate spike.
+        let mut peer2 = Peer::default();
+        feed_loss(&mut h, &mut peer2, &mut t, &mut id, 5, 100, 0);
+        assert_eq!(h.loss(), 0.0);
+        // 100 packets of 1000 bytes per 100 ms, before and after: 8 Mbit/s, no spike.
+        assert!(
+            (h.delivery_rate_bps() - 8e6).abs() < 1e3,
+            "{}",
+            h.delivery_rate_bps()
+        );
+    }
+
+    #[test]
+    fn qdelay_and_owd_offset_are_the_peers_last_report() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        let ack = ProbeAckRepr {
+            qdelay_us: 7_000,
+            owd_offset_us: 15_000,
+            ..Default::default()
+        };
+        h.on_probe_ack(t0, &ack);
+        assert_eq!((h.qdelay(), h.owd_offset()), (ms(7), ms(15)));
+        h.on_probe_ack(
+            t0,
+            &ProbeAckRepr {
+                qdelay_us: 0,
+                owd_offset_us: -5,
+                ..Default::default()
+            },
+        );
+        assert_eq!((h.qdelay(), h.owd_offset()), (ms(0), ms(0)));
+    }
+
+    #[test]
+    fn receiver_counters_wrap_and_fill_the_report() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        assert_eq!(h.last_rx(), None);
+        assert_eq!(h.base_rel_owd(), None);
+        let seqs = [u32::MAX - 2, u32::MAX - 1, u32::MAX, 0, 2, 1];
+        for (i, &s) in seqs.iter().enumerate() {
+            let c = Common {
+                link_seq: s,
+                ts: 1_000,
+            };
+            h.on_packet_received(t0 + ms(i as u64), &c, 100, 21_000);
+        }
+        let mut ack = ProbeAckRepr::default();
+        h.fill_report(t0, &mut ack);
+        assert_eq!(
+            ack.rx_link_seq_max, 2,
+            "highest across the wrap, not the numerically largest"
+        );
+        assert_eq!(ack.rx_packets, 6);
+        assert_eq!(ack.rx_bytes, 600);
+        assert_eq!(ack.qdelay_us, 0);
+        assert_eq!(h.base_rel_owd(), Some(20_000));
+        assert_eq!(h.last_rx(), Some(t0 + ms(5)));
+    }
+
+    #[test]
+    fn one_way_delay_base_and_queueing_delay_across_clock_wrap() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        // Sender clock near wrap, receiver clock offset so that `rel` itself wraps too.
+        let mut send_ts = u32::MAX - 1_000_000;
+        let offset: u32 = u32::MAX - 5_000; // receiver = sender + offset + owd
+        let owd = 10_000u32;
+        for i in 0..100u32 {
+            let c = Common {
+                link_seq: i,
+                ts: send_ts,
+            };
+            h.on_packet_received(
+                t0 + ms(i as u64),
+                &c,
+                1000,
+                send_ts.wrapping_add(offset).wrapping_add(owd),
+            );
+            send_ts = send_ts.wrapping_add(20_000);
+        }
+        let base = h.base_rel_owd().unwrap();
+        assert_eq!(base, offset.wrapping_add(owd));
+        let mut ack = ProbeAckRepr::default();
+        h.fill_report(t0, &mut ack);
+        assert_eq!(ack.qdelay_us, 0);
+        // A queue builds: one-way delay grows by 30 ms. The reported queueing delay follows.
+        for i in 100..140u32 {
+            let c = Common {
+                link_seq: i,
+                ts: send_ts,
+            };
+            h.on_packet_received(
+                t0 + ms(i as u64),
+                &c,
+                1000,
+                send_ts.wrapping_add(offset).wrapping_add(owd + 30_000),
+            );
+            send_ts = send_ts.wrapping_add(20_000);
+        }
+        h.fill_report(t0, &mut ack);
+        assert!(
+            ack.qdelay_us > 29_000 && ack.qdelay_us <= 30_000,
+            "{}",
+            ack.qdelay_us
+        );
+        assert_eq!(h.base_rel_owd(), Some(base));
+        // Links are compared with wrapping_sub as i32: a link 25 ms slower.
+        let other = base.wrapping_add(25_000);
+        assert_eq!(other.wrapping_sub(base) as i32, 25_000);
+    }
+
+    #[test]
+    fn base_owd_window_forgets_old_minimum() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        h.on_packet_received(t0, &Common { link_seq: 0, ts: 0 }, 100, 5_000);
+        // The path becomes 20 ms longer for good (a route change): the base follows after ~10 s.
+        for i in 1..150u64 {
+            let ts = (i * 100_000) as u32;
+            h.on_packet_received(
+                t0 + ms(i * 100),
+                &Common {
+                    link_seq: i as u32,
+                    ts,
+                },
+                100,
+                ts + 25_000,
+            );
+        }
+        assert_eq!(h.base_rel_owd(), Some(25_000));
+    }
+
+    #[test]
+    fn poll_timeout_is_next_probe_or_down_deadline() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        assert_eq!(h.poll_timeout(), t0);
+        assert_eq!(h.next_probe_at(), t0);
+        h.on_probe_sent(t0, 0);
+        assert_eq!(h.next_probe_at(), t0 + ms(100));
+        assert_eq!(h.poll_timeout(), t0 + ms(100));
+        assert_eq!(h.handle_timeout(t0 + ms(50)), None);
+    }
+
+    fn arb_ack() -> impl Strategy<Value = ProbeAckRepr> {
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<i32>(),
+        )
+            .prop_map(
+                |(link_seq, ts, probe_id, hold_us, seq_max, pkts, bytes, qd, off)| ProbeAckRepr {
+                    common: Common { link_seq, ts },
+                    probe_id: probe_id % 64,
+                    echo_ts: 0,
+                    hold_us,
+                    rx_link_seq_max: seq_max,
+                    rx_packets: pkts,
+                    rx_bytes: bytes,
+                    qdelay_us: qd,
+                    owd_offset_us: off,
+                },
+            )
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Advance(u32),
+        Probe(u32),
+        Ack(ProbeAckRepr),
+        /// A plausible ack: small increments of every counter.
+        Steady {
+            dpkts: u16,
+            dlost: u16,
+            dts_us: u32,
+        },
+        Rx(Common, u16, u32),
+        Timeout,
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u32..2_000_000).prop_map(Op::Advance),
+            (0u32..64).prop_map(Op::Probe),
+            arb_ack().prop_map(Op::Ack),
+            (any::<u16>(), any::<u16>(), any::<u32>()).prop_map(|(dpkts, dlost, dts_us)| {
+                Op::Steady {
+                    dpkts,
+                    dlost,
+                    dts_us,
+                }
+            }),
+            (any::<u32>(), any::<u32>(), any::<u16>(), any::<u32>())
+                .prop_map(|(s, ts, b, l)| Op::Rx(Common { link_seq: s, ts }, b, l)),
+            Just(Op::Timeout),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_reports_never_break_it(ops in proptest::collection::vec(arb_op(), 1..200)) {
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut h = LinkHealth::new(HealthConfig::default(), t0);
+            let mut peer = Peer::default();
+            let mut id = 0;
+            for op in ops {
+                match op {
+                    Op::Advance(us) => now += Duration::from_micros(us as u64),
+                    Op::Probe(i) => h.on_probe_sent(now, i),
+                    Op::Ack(a) => { h.on_probe_ack(now, &a); }
+                    Op::Steady { dpkts, dlost, dts_us } => {
+                        let lost = dlost.min(dpkts) as u32;
+                        peer.traffic(dpkts as u32, lost, 1400, Duration::from_micros(dts_us as u64));
+                        h.on_probe_sent(now, id);
+                        h.on_probe_ack(now, &peer.ack(id));
+                        id = (id + 1) % 64;
+                    }
+                    Op::Rx(c, b, l) => h.on_packet_received(now, &c, b as usize, l),
+                    Op::Timeout => { h.handle_timeout(now); }
+                }
+                let loss = h.loss();
+                prop_assert!((0.0..=1.0).contains(&loss), "loss {}", loss);
+                let r = h.delivery_rate_bps();
+                prop_assert!(r.is_finite() && r >= 0.0, "rate {}", r);
+                prop_assert!(h.poll_timeout() >= t0);
+                let mut ack = ProbeAckRepr::default();
+                h.fill_report(now, &mut ack);
+                if let Some(srtt) = h.srtt() {
+                    prop_assert!(srtt <= now - t0);
+                }
+            }
+        }
+    }
 }
