@@ -1,5 +1,21 @@
 //! `braid up`: the bonding tunnel endpoint on Linux (TUN + one UDP socket per uplink), its
 //! configuration, control socket commands and metrics. Drives `braid_core::Endpoint`.
+//!
+//! - [`config`]: the TOML file, validated into [`config::Config`];
+//! - [`runner`]: the event loop (mio) around the core, and the control commands it answers;
+//! - [`metrics`]: Prometheus encoding of the core's statistics;
+//! - [`status`]: `braid status` for humans.
+
+pub mod config;
+pub mod metrics;
+pub mod runner;
+pub mod status;
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+pub use status::render_status;
 
 /// `braid up` arguments.
 #[derive(Debug, clap::Args)]
@@ -10,17 +26,98 @@ pub struct UpArgs {
 
 /// `braid link ...`: change the links of a running endpoint.
 #[derive(Debug, clap::Subcommand)]
-pub enum LinkCmd {}
-
-pub fn run_up(_args: UpArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+pub enum LinkCmd {
+    /// Add an uplink to a running client (a new UDP socket; the tunnel stays up).
+    Add {
+        /// Name of the new link (unique in the bundle).
+        name: String,
+        /// Send through this interface (SO_BINDTODEVICE).
+        #[arg(long, required_unless_present = "bind")]
+        dev: Option<String>,
+        /// Send from this local address (ADDRESS or ADDRESS:PORT).
+        #[arg(long)]
+        bind: Option<String>,
+        /// The server's address over this uplink (default: the first configured link's remote).
+        #[arg(long, value_name = "HOST:PORT")]
+        remote: Option<String>,
+        /// Estimated bandwidth, bit/s.
+        #[arg(long, value_name = "BPS")]
+        bandwidth: Option<u64>,
+        /// Priority (used by the `backup` scheduler; higher is preferred).
+        #[arg(long, value_name = "N")]
+        priority: Option<u8>,
+    },
+    /// Remove a link (its socket is closed; traffic moves to the other links).
+    Remove {
+        /// Name of the link.
+        name: String,
+    },
+    /// Change a link's configured bandwidth or priority.
+    Set {
+        /// Name of the link.
+        name: String,
+        #[arg(long, value_name = "BPS")]
+        bandwidth: Option<u64>,
+        #[arg(long, value_name = "N")]
+        priority: Option<u8>,
+    },
 }
 
-pub fn run_link(_control: Option<std::path::PathBuf>, _cmd: LinkCmd) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+/// Runs `braid up CONFIG` in the foreground until SIGINT/SIGTERM.
+pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
+    let cfg = config::Config::load(&args.config)?;
+    let mut runner = runner::Runner::new(cfg.clone())?;
+    let h = runner.handle();
+    let control = braid_linux::control::ControlServer::bind(&cfg.control, move |req| h.control(req))?;
+    let metrics = match cfg.metrics {
+        Some(addr) => {
+            let h = runner.handle();
+            Some(braid_linux::metrics::MetricsServer::bind(addr, move || match h.call(runner::Command::Metrics) {
+                Value::String(s) => s,
+                v => format!("# error: {v}\n"),
+            })?)
+        }
+        None => None,
+    };
+    tracing::info!(
+        "braid {} up as {:?}: TUN {} {}/{} mtu {}, scheduler {}, {} link(s), control {}{}",
+        env!("CARGO_PKG_VERSION"),
+        cfg.role,
+        cfg.name,
+        cfg.address,
+        cfg.prefix,
+        cfg.mtu,
+        cfg.scheduler,
+        cfg.links.len(),
+        cfg.control.display(),
+        metrics.as_ref().map(|m| format!(", metrics http://{}/metrics", m.local_addr())).unwrap_or_default()
+    );
+    let result = runner.run();
+    drop(metrics);
+    drop(control);
+    drop(runner);
+    result?;
+    tracing::info!("{} removed; bye", cfg.name);
+    Ok(())
 }
 
-/// Renders a tunnel's `status` reply for humans.
-pub fn render_status(_status: &serde_json::Value) -> String {
-    String::new()
+/// Sends a `braid link ...` command to a running endpoint.
+pub fn run_link(control: Option<PathBuf>, cmd: LinkCmd) -> anyhow::Result<()> {
+    let path = braid_linux::control::resolve(control.as_deref())?;
+    let (req, what) = match cmd {
+        LinkCmd::Add { name, dev, bind, remote, bandwidth, priority } => (
+            json!({"cmd": "link-add", "name": name, "dev": dev, "bind": bind, "remote": remote, "bandwidth": bandwidth, "priority": priority}),
+            format!("link {name} added"),
+        ),
+        LinkCmd::Remove { name } => (json!({"cmd": "link-remove", "name": name}), format!("link {name} removed")),
+        LinkCmd::Set { name, bandwidth, priority } => {
+            if bandwidth.is_none() && priority.is_none() {
+                anyhow::bail!("link set {name}: give --bandwidth BPS and/or --priority N");
+            }
+            (json!({"cmd": "link-set", "name": name, "bandwidth": bandwidth, "priority": priority}), format!("link {name} changed"))
+        }
+    };
+    braid_linux::control::request(&path, &req)?;
+    println!("{what}");
+    Ok(())
 }

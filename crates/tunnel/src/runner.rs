@@ -1,0 +1,681 @@
+//! The `braid up` event loop: one thread, one `mio` poll over the TUN device, the link sockets,
+//! a waker for control commands and a signal pipe, with the endpoint's `poll_timeout` as the
+//! poll timeout. Everything moves in batches:
+//!
+//! 1. TUN readable: read up to [`BATCH`] packets -> `Endpoint::send_packet` each;
+//! 2. socket readable: one `recvmmsg` of up to [`BATCH`] datagrams -> `handle_datagram` each;
+//! 3. `poll_transmit` drained into per-socket queues -> one `sendmmsg` per socket;
+//! 4. `poll_deliver` drained -> TUN writes; `poll_event` -> log lines.
+//!
+//! Readiness is edge-triggered: a source that filled a whole batch stays "ready" and is served
+//! again on the next turn (after the others), so one busy source cannot starve the rest.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
+use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Transmit};
+use braid_linux::tun::Tun;
+use braid_linux::udp::{BindOptions, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_json::{json, Value};
+
+use crate::config::{Config, LinkSpec};
+
+const TUN: Token = Token(0);
+const WAKER: Token = Token(1);
+const SIGNAL: Token = Token(2);
+const FIRST_SOCKET: usize = 16;
+/// Datagrams a socket may hold waiting for buffer space before new ones are dropped.
+const MAX_PENDING: usize = 4096;
+
+/// A request from the control socket or the metrics server to the loop.
+#[derive(Debug)]
+pub enum Command {
+    Status,
+    Metrics,
+    LinkAdd(LinkAddReq),
+    LinkRemove { name: String },
+    LinkSet { name: String, bandwidth: Option<u64>, priority: Option<u8> },
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkAddReq {
+    pub name: String,
+    pub dev: Option<String>,
+    pub bind: Option<String>,
+    pub remote: Option<String>,
+    pub bandwidth: Option<u64>,
+    pub priority: Option<u8>,
+}
+
+/// Hands commands to the loop and waits for its answer.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<(Command, mpsc::Sender<Value>)>,
+    waker: Arc<Waker>,
+}
+
+impl Handle {
+    pub fn call(&self, cmd: Command) -> Value {
+        let (rtx, rrx) = mpsc::channel();
+        if self.tx.send((cmd, rtx)).is_err() || self.waker.wake().is_err() {
+            return json!({"error": "braid is shutting down"});
+        }
+        rrx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| json!({"error": "braid did not answer in time"}))
+    }
+
+    /// Parses a control request line into a command and runs it.
+    pub fn control(&self, req: Value) -> Value {
+        let cmd = req.get("cmd").and_then(|c| c.as_str()).unwrap_or("");
+        let name = || req.get("name").and_then(|n| n.as_str()).map(str::to_string);
+        match cmd {
+            "status" => self.call(Command::Status),
+            "metrics" => self.call(Command::Metrics),
+            "link-add" => {
+                let mut body = req.clone();
+                if let Some(o) = body.as_object_mut() {
+                    o.remove("cmd");
+                }
+                match serde_json::from_value::<LinkAddReq>(body) {
+                    Ok(r) => self.call(Command::LinkAdd(r)),
+                    Err(e) => json!({"error": format!("link-add: {e}")}),
+                }
+            }
+            "link-remove" => match name() {
+                Some(name) => self.call(Command::LinkRemove { name }),
+                None => json!({"error": "link-remove needs a name"}),
+            },
+            "link-set" => match name() {
+                Some(name) => {
+                    let bandwidth = req.get("bandwidth").and_then(|b| b.as_u64());
+                    let priority = match req.get("priority").and_then(|p| p.as_u64()) {
+                        Some(p) if p > 255 => return json!({"error": "priority must be 0..255"}),
+                        p => p.map(|p| p as u8),
+                    };
+                    self.call(Command::LinkSet { name, bandwidth, priority })
+                }
+                None => json!({"error": "link-set needs a name"}),
+            },
+            other => json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set)")}),
+        }
+    }
+}
+
+struct Sock {
+    sock: UdpSocket,
+    /// The client link this socket carries (`None`: the server's listening socket).
+    link: Option<LinkId>,
+    readable: bool,
+    pending: VecDeque<Transmit>,
+    /// Send errors since the last log line about them.
+    send_errors: u64,
+    last_send_error: Option<String>,
+}
+
+/// A running endpoint: its I/O and the sans-I/O core.
+pub struct Runner {
+    cfg: Config,
+    ep: Endpoint,
+    poll: Poll,
+    tun: Tun,
+    socks: HashMap<Token, Sock>,
+    /// Client: link id -> its socket's token and its spec.
+    links: BTreeMap<LinkId, (Token, LinkSpec)>,
+    next_token: usize,
+    next_link_id: LinkId,
+    cmd_rx: mpsc::Receiver<(Command, mpsc::Sender<Value>)>,
+    handle: Handle,
+    signal_rx: UnixStream,
+    tun_ready: bool,
+    tun_bufs: Vec<Vec<u8>>,
+    tun_lens: Vec<usize>,
+    recv: RecvBatch,
+    started: Instant,
+    session_seen: bool,
+    tun_write_errors: u64,
+    udp_drops: u64,
+    last_auth_warn: (Instant, u64),
+}
+
+/// Why the loop stopped.
+pub enum Exit {
+    Signal,
+}
+
+fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
+    let opts = BindOptions {
+        dev: spec.dev.clone(),
+        addr: spec.bind,
+        ipv6: spec.remote.is_ipv6(),
+        buffer_bytes: DEFAULT_BUFFER,
+    };
+    let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
+    s.connect(spec.remote).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
+    Ok(s)
+}
+
+impl Runner {
+    /// Opens sockets, the TUN device (configured through netlink) and the core endpoint.
+    pub fn new(cfg: Config) -> anyhow::Result<Runner> {
+        let now = Instant::now();
+        let mut ep_cfg = EpConfig::new(cfg.role, cfg.psk);
+        ep_cfg.cipher = cfg.cipher;
+        ep_cfg.scheduler = cfg.scheduler.clone();
+        if let Some(p) = cfg.probe_interval {
+            ep_cfg.health.probe_interval = p;
+        }
+        if let Some(d) = cfg.down_after {
+            ep_cfg.health.down_after = d;
+        }
+        if let Some(m) = cfg.reorder_max {
+            ep_cfg.reorder.max_timeout = m;
+            ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
+        }
+        use rand::SeedableRng;
+        let rng = Box::new(rand::rngs::StdRng::from_entropy());
+        let mut ep = Endpoint::new(ep_cfg, now, rng).map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let (tx, cmd_rx) = mpsc::channel();
+
+        // Sockets first: a bad interface or address fails before the TUN device exists.
+        let mut socks = HashMap::new();
+        let mut links = BTreeMap::new();
+        let mut next_token = FIRST_SOCKET;
+        match cfg.role {
+            Role::Server => {
+                let listen = cfg.listen.expect("validated: server has listen");
+                let opts = BindOptions { addr: Some(listen), buffer_bytes: DEFAULT_BUFFER, ..Default::default() };
+                let s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("listen {listen}: {e}"))?;
+                socks.insert(Token(next_token), Sock::new(s, None));
+                next_token += 1;
+            }
+            Role::Client => {
+                for spec in &cfg.links {
+                    let s = open_link_socket(spec)?;
+                    socks.insert(Token(next_token), Sock::new(s, Some(spec.id)));
+                    links.insert(spec.id, (Token(next_token), spec.clone()));
+                    next_token += 1;
+                }
+            }
+        }
+        let tun = Tun::open(&cfg.name)?;
+        braid_linux::netlink::configure(&cfg.name, cfg.address, cfg.prefix, cfg.mtu)
+            .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
+        poll.registry().register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
+        for (t, s) in &socks {
+            poll.registry().register(&mut SourceFd(&s.sock.as_raw_fd()), *t, Interest::READABLE | Interest::WRITABLE)?;
+        }
+        for (id, (_, spec)) in &links {
+            ep.add_link(now, *id, link_config(spec)).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
+        }
+
+        let (signal_tx, signal_rx) = UnixStream::pair()?;
+        signal_rx.set_nonblocking(true)?;
+        signal_tx.set_nonblocking(true)?;
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::low_level::pipe::register(sig, signal_tx.try_clone()?)?;
+        }
+        poll.registry().register(&mut SourceFd(&signal_rx.as_raw_fd()), SIGNAL, Interest::READABLE)?;
+
+        let mtu_buf = (cfg.mtu as usize).max(1500) + 64;
+        let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
+        Ok(Runner {
+            handle: Handle { tx, waker },
+            cfg,
+            ep,
+            poll,
+            tun,
+            socks,
+            links,
+            next_token,
+            next_link_id,
+            cmd_rx,
+            signal_rx,
+            tun_ready: true,
+            tun_bufs: (0..BATCH).map(|_| vec![0u8; mtu_buf]).collect(),
+            tun_lens: vec![0; BATCH],
+            recv: RecvBatch::new(BATCH),
+            started: now,
+            session_seen: false,
+            tun_write_errors: 0,
+            udp_drops: 0,
+            last_auth_warn: (now, 0),
+        })
+    }
+
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Runs until SIGINT/SIGTERM (`Ok`) or a fatal condition (`Err`, e.g. no session in time).
+    pub fn run(&mut self) -> anyhow::Result<Exit> {
+        let mut events = Events::with_capacity(256);
+        let mut next_check = Instant::now() + Duration::from_secs(1);
+        loop {
+            let now = Instant::now();
+            let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
+            let timeout = if busy {
+                Duration::ZERO
+            } else {
+                let until = self.ep.poll_timeout().unwrap_or(now + Duration::from_secs(1)).min(next_check);
+                until.saturating_duration_since(now)
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            let mut signalled = false;
+            let mut writable = Vec::new();
+            for ev in events.iter() {
+                match ev.token() {
+                    TUN => self.tun_ready = true,
+                    WAKER => {}
+                    SIGNAL => {
+                        let mut b = [0u8; 16];
+                        while matches!((&self.signal_rx).read(&mut b), Ok(n) if n > 0) {}
+                        signalled = true;
+                    }
+                    t => {
+                        if let Some(s) = self.socks.get_mut(&t) {
+                            if ev.is_readable() || ev.is_error() {
+                                s.readable = true;
+                            }
+                            if ev.is_writable() {
+                                writable.push(t);
+                            }
+                        }
+                    }
+                }
+            }
+            if signalled {
+                tracing::info!("signal received: closing the session and removing {}", self.cfg.name);
+                self.shutdown();
+                return Ok(Exit::Signal);
+            }
+            let now = Instant::now();
+            self.serve_commands(now);
+            self.read_tun(now);
+            self.flush_transmits();
+            self.read_sockets(now);
+            if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+                self.ep.handle_timeout(now);
+            }
+            self.flush_transmits();
+            let _ = writable;
+            self.deliver(now);
+            self.log_events();
+            if now >= next_check {
+                next_check = now + Duration::from_secs(1);
+                self.check(now)?;
+            }
+        }
+    }
+
+    fn read_tun(&mut self, now: Instant) {
+        if !self.tun_ready {
+            return;
+        }
+        match self.tun.recv_batch(&mut self.tun_bufs, &mut self.tun_lens) {
+            Ok(n) => {
+                for i in 0..n {
+                    self.ep.send_packet(now, &self.tun_bufs[i][..self.tun_lens[i]]);
+                }
+                if n < self.tun_bufs.len() {
+                    self.tun_ready = false;
+                }
+            }
+            Err(e) => {
+                tracing::warn!("TUN {}: read failed: {e}", self.cfg.name);
+                self.tun_ready = false;
+            }
+        }
+    }
+
+    fn read_sockets(&mut self, now: Instant) {
+        let tokens: Vec<Token> = self.socks.iter().filter(|(_, s)| s.readable).map(|(t, _)| *t).collect();
+        for t in tokens {
+            let Some(s) = self.socks.get_mut(&t) else { continue };
+            match s.sock.recv_batch(&mut self.recv) {
+                Ok(n) => {
+                    if n < self.recv.capacity() {
+                        s.readable = false;
+                    }
+                    let via = s.link;
+                    for i in 0..n {
+                        if let Some((from, bytes)) = self.recv.get_mut(i) {
+                            self.ep.handle_datagram(now, via, from, bytes);
+                        }
+                    }
+                }
+                Err(e) => {
+                    s.readable = false;
+                    tracing::debug!("receive on {}: {e}", self.sock_name(t));
+                }
+            }
+        }
+    }
+
+    fn sock_name(&self, t: Token) -> String {
+        match self.socks.get(&t).and_then(|s| s.link) {
+            Some(id) => format!("link {}", self.link_name(id)),
+            None => "the listening socket".to_string(),
+        }
+    }
+
+    fn link_name(&self, id: LinkId) -> String {
+        match self.links.get(&id) {
+            Some((_, spec)) => spec.name.clone(),
+            None => format!("link{id}"),
+        }
+    }
+
+    /// Moves the endpoint's datagrams into per-socket queues and sends each queue in batches.
+    fn flush_transmits(&mut self) {
+        let listen = if self.cfg.role == Role::Server { self.socks.keys().next().copied() } else { None };
+        while let Some(t) = self.ep.poll_transmit() {
+            let tok = match self.cfg.role {
+                Role::Server => listen,
+                Role::Client => self.links.get(&t.link).map(|(tok, _)| *tok),
+            };
+            match tok.and_then(|tok| self.socks.get_mut(&tok)) {
+                Some(s) if s.pending.len() < MAX_PENDING => s.pending.push_back(t),
+                _ => {
+                    self.udp_drops += 1;
+                    self.ep.recycle(t.payload);
+                }
+            }
+        }
+        for s in self.socks.values_mut() {
+            while !s.pending.is_empty() {
+                let (a, b) = s.pending.as_slices();
+                let part = if a.is_empty() { b } else { a };
+                let msgs: Vec<(Option<SocketAddr>, &[u8])> =
+                    part.iter().map(|t| (t.dst, t.payload.as_slice())).collect();
+                let rep = s.sock.send_batch(&msgs);
+                drop(msgs);
+                let consumed = rep.sent + rep.failed;
+                if rep.failed > 0 {
+                    s.send_errors += rep.failed as u64;
+                    s.last_send_error = rep.last_error.map(|e| e.to_string());
+                }
+                for _ in 0..consumed {
+                    if let Some(t) = s.pending.pop_front() {
+                        self.ep.recycle(t.payload);
+                    }
+                }
+                if rep.would_block || consumed == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, now: Instant) {
+        while let Some(p) = self.ep.poll_deliver(now) {
+            match self.tun.send(&p) {
+                Ok(_) => {}
+                Err(e) => {
+                    self.tun_write_errors += 1;
+                    tracing::debug!("TUN {}: write failed: {e}", self.cfg.name);
+                }
+            }
+            self.ep.recycle(p);
+        }
+    }
+
+    fn log_events(&mut self) {
+        while let Some(ev) = self.ep.poll_event() {
+            match ev {
+                Event::SessionUp { session } => {
+                    self.session_seen = true;
+                    tracing::info!("session {session:08x} up: tunnel {} ({}/{}) is ready", self.cfg.name, self.cfg.address, self.cfg.prefix);
+                }
+                Event::SessionClosed => tracing::warn!("session closed by the peer (or replaced)"),
+                Event::LinkState { link, state } => {
+                    let name = self.link_name(link);
+                    match state {
+                        LinkState::Up => tracing::info!("link {name}: up"),
+                        LinkState::Degraded => tracing::warn!("link {name}: degraded (loss)"),
+                        LinkState::Down => tracing::warn!("link {name}: down"),
+                    }
+                }
+                Event::LinkLearned { link, addr } => tracing::info!("link {} learned: client at {addr}", self.link_name(link)),
+            }
+        }
+    }
+
+    /// Once a second: failures that deserve a log line (or an exit).
+    fn check(&mut self, now: Instant) -> anyhow::Result<()> {
+        for (t, s) in self.socks.iter_mut() {
+            if s.send_errors > 0 {
+                let name = match s.link {
+                    Some(id) => self.links.get(&id).map(|(_, sp)| format!("link {}", sp.name)).unwrap_or_default(),
+                    None => "listening socket".into(),
+                };
+                tracing::debug!(token = t.0, "{name}: {} datagrams not sent: {}", s.send_errors, s.last_send_error.as_deref().unwrap_or("?"));
+                s.send_errors = 0;
+            }
+        }
+        if self.ep.is_connected() {
+            return Ok(());
+        }
+        let stats = self.ep.stats(now);
+        let auth = stats.drops.auth;
+        let waited = now.saturating_duration_since(self.started);
+        if auth > self.last_auth_warn.1 && now.saturating_duration_since(self.last_auth_warn.0) >= Duration::from_secs(3) {
+            tracing::error!(
+                "authentication fails: {auth} datagrams from the peer did not authenticate (the two ends do not use the same key)"
+            );
+            self.last_auth_warn = (now, auth);
+        }
+        if self.cfg.role == Role::Client && !self.session_seen {
+            if let Some(limit) = self.cfg.connect_timeout {
+                if waited >= limit {
+                    if auth > 0 {
+                        anyhow::bail!(
+                            "no session with the server after {}s: authentication fails ({auth} datagrams did not authenticate: the two ends do not use the same key)",
+                            limit.as_secs()
+                        );
+                    }
+                    let tried: Vec<String> = self.links.values().map(|(_, s)| format!("{} -> {}", s.name, s.remote)).collect();
+                    anyhow::bail!(
+                        "no session with the server after {}s: no link answers ({})",
+                        limit.as_secs(),
+                        tried.join(", ")
+                    );
+                }
+            }
+            if waited >= Duration::from_secs(3) && waited < Duration::from_secs(4) && auth == 0 {
+                tracing::warn!("no answer from the server yet on any link; still trying");
+            }
+        }
+        Ok(())
+    }
+
+    fn serve_commands(&mut self, now: Instant) {
+        while let Ok((cmd, reply)) = self.cmd_rx.try_recv() {
+            let v = match cmd {
+                Command::Status => self.status(now),
+                Command::Metrics => Value::String(crate::metrics::encode(&self.cfg, &self.ep.stats(now), self.extra_counters())),
+                Command::LinkAdd(r) => self.link_add(now, r).map(|()| json!({"ok": true})).unwrap_or_else(err_json),
+                Command::LinkRemove { name } => self.link_remove(now, &name).map(|()| json!({"ok": true})).unwrap_or_else(err_json),
+                Command::LinkSet { name, bandwidth, priority } => {
+                    self.link_set(&name, bandwidth, priority).map(|()| json!({"ok": true})).unwrap_or_else(err_json)
+                }
+            };
+            let _ = reply.send(v);
+        }
+    }
+
+    fn extra_counters(&self) -> crate::metrics::Extra {
+        crate::metrics::Extra { udp_send_drops: self.udp_drops, tun_write_errors: self.tun_write_errors }
+    }
+
+    fn find_link(&self, name: &str, stats: &BundleStats) -> Option<LinkId> {
+        if let Some((id, _)) = self.links.iter().find(|(_, (_, s))| s.name == name) {
+            return Some(*id);
+        }
+        stats.links.iter().find(|l| l.name == name).map(|l| l.id)
+    }
+
+    fn link_add(&mut self, now: Instant, r: LinkAddReq) -> anyhow::Result<()> {
+        if self.cfg.role == Role::Server {
+            anyhow::bail!("links are added on the client; the server learns them as they arrive");
+        }
+        if r.name.is_empty() || r.name.len() > 32 || r.name.contains(char::is_whitespace) {
+            anyhow::bail!("link name {:?}: 1 to 32 characters, no spaces", r.name);
+        }
+        if self.links.values().any(|(_, s)| s.name == r.name) {
+            anyhow::bail!("link {} already exists", r.name);
+        }
+        if r.dev.is_none() && r.bind.is_none() {
+            anyhow::bail!("link {}: needs --dev IFACE and/or --bind ADDRESS", r.name);
+        }
+        let bind = match &r.bind {
+            Some(b) => Some(crate::config::parse_bind(b).map_err(|m| anyhow::anyhow!("link {}: bind: {m}", r.name))?),
+            None => None,
+        };
+        let (remote_text, remote) = match &r.remote {
+            Some(t) => (
+                t.clone(),
+                crate::config::resolve_remote(t, bind.map(|b| b.ip())).map_err(|m| anyhow::anyhow!("link {}: remote: {m}", r.name))?,
+            ),
+            None => match self.cfg.links.first() {
+                Some(first) => (first.remote_text.clone(), first.remote),
+                None => anyhow::bail!("link {}: needs --remote HOST:PORT", r.name),
+            },
+        };
+        if r.bandwidth == Some(0) {
+            anyhow::bail!("link {}: bandwidth must be > 0", r.name);
+        }
+        let id = self.next_link_id;
+        let spec = LinkSpec {
+            id,
+            name: r.name.clone(),
+            dev: r.dev.clone(),
+            bind,
+            remote_text,
+            remote,
+            bandwidth_bps: r.bandwidth,
+            priority: r.priority.unwrap_or(0),
+        };
+        let sock = open_link_socket(&spec)?;
+        let tok = Token(self.next_token);
+        self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), tok, Interest::READABLE | Interest::WRITABLE)?;
+        self.ep.add_link(now, id, link_config(&spec)).map_err(|e: EndpointError| {
+            let _ = self.poll.registry().deregister(&mut SourceFd(&sock.as_raw_fd()));
+            anyhow::anyhow!("link {}: {e}", spec.name)
+        })?;
+        self.next_token += 1;
+        self.next_link_id += 1;
+        tracing::info!("link {} added (id {id}, dev {:?}, bind {:?}, remote {})", spec.name, spec.dev, spec.bind, spec.remote);
+        let mut s = Sock::new(sock, Some(id));
+        s.readable = true;
+        self.socks.insert(tok, s);
+        self.links.insert(id, (tok, spec));
+        Ok(())
+    }
+
+    fn link_remove(&mut self, now: Instant, name: &str) -> anyhow::Result<()> {
+        let stats = self.ep.stats(now);
+        let id = self.find_link(name, &stats).ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
+        self.ep.remove_link(now, id)?;
+        // Datagrams queued for it are sent if they can be, then the socket goes.
+        self.flush_transmits();
+        if let Some((tok, _)) = self.links.remove(&id) {
+            if let Some(mut s) = self.socks.remove(&tok) {
+                let _ = self.poll.registry().deregister(&mut SourceFd(&s.sock.as_raw_fd()));
+                for t in s.pending.drain(..) {
+                    self.ep.recycle(t.payload);
+                }
+            }
+        }
+        tracing::info!("link {name} removed");
+        Ok(())
+    }
+
+    fn link_set(&mut self, name: &str, bandwidth: Option<u64>, priority: Option<u8>) -> anyhow::Result<()> {
+        let stats = self.ep.stats(Instant::now());
+        let id = self.find_link(name, &stats).ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
+        if bandwidth == Some(0) {
+            anyhow::bail!("bandwidth must be > 0");
+        }
+        self.ep.set_link(id, bandwidth.map(Some), priority)?;
+        if let Some((_, spec)) = self.links.get_mut(&id) {
+            if let Some(b) = bandwidth {
+                spec.bandwidth_bps = Some(b);
+            }
+            if let Some(p) = priority {
+                spec.priority = p;
+            }
+        }
+        tracing::info!("link {name}: bandwidth {bandwidth:?} priority {priority:?}");
+        Ok(())
+    }
+
+    /// The `status` reply: the core's statistics plus what the runner knows (kind, name, link
+    /// devices and remotes, totals).
+    fn status(&self, now: Instant) -> Value {
+        let stats = self.ep.stats(now);
+        let mut v = serde_json::to_value(&stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        let up = stats.links.iter().filter(|l| l.state != LinkState::Down).count();
+        let total_bw: u64 = stats.links.iter().filter(|l| l.state != LinkState::Down).filter_map(|l| l.bandwidth_bps).sum();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("kind".into(), json!("tunnel"));
+            o.insert("name".into(), json!(self.cfg.name));
+            o.insert("address".into(), json!(format!("{}/{}", self.cfg.address, self.cfg.prefix)));
+            o.insert("mtu".into(), json!(self.cfg.mtu));
+            o.insert("listen".into(), json!(self.cfg.listen.map(|l| l.to_string())));
+            o.insert("connected".into(), json!(self.ep.is_connected()));
+            o.insert("links_up".into(), json!(up));
+            o.insert("total_bandwidth_bps".into(), json!(total_bw));
+            o.insert("uptime_s".into(), json!(now.saturating_duration_since(self.started).as_secs_f64()));
+            if let Some(Value::Array(links)) = o.get_mut("links") {
+                for l in links.iter_mut() {
+                    let id = l.get("id").and_then(|i| i.as_u64()).unwrap_or(0) as LinkId;
+                    let rtt_ms = l.get("srtt_us").and_then(|r| r.as_f64()).map(|r| r / 1000.0);
+                    if let Some(lo) = l.as_object_mut() {
+                        lo.insert("rtt_ms".into(), json!(rtt_ms));
+                        if let Some((_, spec)) = self.links.get(&id) {
+                            lo.insert("dev".into(), json!(spec.dev));
+                            lo.insert("bind".into(), json!(spec.bind.map(|b| b.to_string())));
+                            lo.insert("remote".into(), json!(spec.remote.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Says goodbye on every link, sends what can be sent, and releases the TUN device.
+    fn shutdown(&mut self) {
+        self.ep.close(Instant::now());
+        self.flush_transmits();
+    }
+}
+
+impl Sock {
+    fn new(sock: UdpSocket, link: Option<LinkId>) -> Sock {
+        Sock { sock, link, readable: true, pending: VecDeque::new(), send_errors: 0, last_send_error: None }
+    }
+}
+
+fn link_config(spec: &LinkSpec) -> LinkConfig {
+    LinkConfig { name: spec.name.clone(), bandwidth_bps: spec.bandwidth_bps, priority: spec.priority }
+}
+
+fn err_json(e: anyhow::Error) -> Value {
+    json!({"error": format!("{e:#}")})
+}
