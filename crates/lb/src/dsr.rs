@@ -13,11 +13,16 @@
 //! sends on its own, and [`Neighbors`] decides (with the caller's `now`) when a backend's MAC must
 //! be asked for again. Every function takes untrusted bytes and never panics on them.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use etherparse::{Ipv4Slice, Ipv6Slice};
+
+use crate::algo::PickKey;
+use crate::backend::{BackendId, BackendTable};
+pub use crate::flow::FlowKey;
+use crate::flow::FlowTable;
 
 /// An Ethernet MAC address.
 pub type Mac = [u8; 6];
@@ -71,56 +76,6 @@ pub struct DsrConfig {
     /// The balancer's own IPv6 address on the interface (link-local is best): source of its
     /// Neighbor Solicitations. Without one, IPv6 backends cannot be resolved.
     pub ipv6: Option<Ipv6Addr>,
-}
-
-/// The 5-tuple of a packet for the VIP. Fragments of a datagram carry no ports (see [`classify`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FlowKey {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub src_port: u16,
-    pub dst_port: u16,
-    /// The IP protocol number (6 = TCP, 17 = UDP).
-    pub protocol: u8,
-}
-
-impl FlowKey {
-    /// A stable 64-bit hash of the 5-tuple (FNV-1a then a 64-bit finalizer). Stable across
-    /// processes and versions, so two balancers with the same backends pick the same one.
-    pub fn hash64(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |bytes: &[u8]| {
-            for &b in bytes {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        };
-        match (self.src, self.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                eat(&s.octets());
-                eat(&d.octets());
-            }
-            (s, d) => {
-                eat(&to_v6(s).octets());
-                eat(&to_v6(d).octets());
-            }
-        }
-        eat(&self.src_port.to_be_bytes());
-        eat(&self.dst_port.to_be_bytes());
-        eat(&[self.protocol]);
-        // splitmix64 finalizer: FNV alone leaves the high bits weak for short inputs.
-        let mut z = h;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-fn to_v6(a: IpAddr) -> Ipv6Addr {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    }
 }
 
 /// A packet for the VIP that must go to a backend.
@@ -271,13 +226,7 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
         if !service_matches(cfg, protocol, port) {
             return Frame::Ignore(Ignored::OtherService);
         }
-        let flow = FlowKey {
-            src,
-            dst,
-            src_port: 0,
-            dst_port: 0,
-            protocol,
-        };
+        let flow = FlowKey::new(protocol, SocketAddr::new(src, 0), SocketAddr::new(dst, 0));
         return Frame::ToVip(VipPacket {
             flow,
             syn: false,
@@ -295,13 +244,11 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
     if !service_matches(cfg, protocol, Some(dst_port)) {
         return Frame::Ignore(Ignored::OtherService);
     }
-    let flow = FlowKey {
-        src,
-        dst,
-        src_port,
-        dst_port,
+    let flow = FlowKey::new(
         protocol,
-    };
+        SocketAddr::new(src, src_port),
+        SocketAddr::new(dst, dst_port),
+    );
     Frame::ToVip(VipPacket {
         flow,
         syn,
@@ -769,6 +716,313 @@ impl Neighbors {
     }
 }
 
+/// Where a flow goes: the backend and the MAC it was sent to (kept so that the flows of a removed
+/// backend can finish).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowTarget {
+    pub backend: BackendId,
+    pub mac: Mac,
+}
+
+/// What the runtime must do with a received frame after [`DsrBalancer::handle_frame`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The frame was rewritten in place: send it back out of the interface.
+    Forward { backend: BackendId },
+    /// Send this frame (an ARP reply or Neighbor Advertisement for the VIP).
+    Reply(Vec<u8>),
+    /// Nothing to send (a MAC was learned, or the frame is not for us).
+    None,
+    /// A packet for the VIP that could not be forwarded.
+    Drop(DropReason),
+}
+
+/// Why a packet for the VIP was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// No backend may take new flows (all down, draining or removed).
+    NoBackend,
+    /// Backends are up but none's MAC is known yet.
+    NoMac,
+}
+
+/// Counters of the DSR data path (for `braid status` and metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsrStats {
+    /// Packets and IP bytes forwarded to backends.
+    pub forwarded_packets: u64,
+    pub forwarded_bytes: u64,
+    /// ARP replies / Neighbor Advertisements sent for the VIP.
+    pub answered: u64,
+    /// Backend MACs learned (new or changed).
+    pub learned: u64,
+    pub dropped_no_backend: u64,
+    pub dropped_no_mac: u64,
+    /// Frames not for us, or malformed.
+    pub ignored: u64,
+    pub malformed: u64,
+    /// Flows whose backend went down and that were moved to a live one.
+    pub flows_moved: u64,
+}
+
+/// Timing and sizes of the DSR data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DsrTimers {
+    /// A flow without packets for this long is forgotten (and its backend's active count drops).
+    pub flow_idle: Duration,
+    /// After a FIN or RST, the flow is kept this long for the last ACKs and retransmissions.
+    pub closing_idle: Duration,
+    /// Flow table capacity.
+    pub max_flows: usize,
+    /// ARP/NS retry while a backend's MAC is unknown (doubles up to `neighbor_refresh`).
+    pub neighbor_retry: Duration,
+    /// ARP/NS refresh of known MACs.
+    pub neighbor_refresh: Duration,
+}
+
+impl Default for DsrTimers {
+    fn default() -> Self {
+        DsrTimers {
+            flow_idle: Duration::from_secs(300),
+            closing_idle: Duration::from_secs(10),
+            max_flows: 1 << 20,
+            neighbor_retry: Duration::from_millis(500),
+            neighbor_refresh: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The DSR data path, sans I/O: frames in ([`DsrBalancer::handle_frame`]), frames out (in place,
+/// replies, and [`DsrBalancer::poll_transmit`] for ARP/NS requests), all against a
+/// [`BackendTable`] that the caller owns (it is shared with the health checker and the control
+/// socket, so it is passed in rather than held).
+///
+/// Flow stickiness: a flow's first packet picks a backend through the table's algorithm (Maglev:
+/// the same pick on every balancer with the same backends); the pick is remembered in a flow
+/// table, so a flow stays on its backend when backends are added, removed, drained or
+/// re-weighted. Only when its backend goes *down* (health checks) is a flow moved: its packets
+/// would be lost anyway, and the new backend answers a TCP flow with a RST at once instead of the
+/// client waiting for a timeout. A removed backend's flows keep going to its last known MAC until
+/// they end.
+pub struct DsrBalancer {
+    cfg: DsrConfig,
+    timers: DsrTimers,
+    flows: FlowTable<FlowTarget>,
+    /// Flows that saw a FIN or RST: no longer counted as active, kept a little for the last ACKs.
+    closing: FlowTable<FlowTarget>,
+    neighbors: Neighbors,
+    seen_generation: u64,
+    stats: DsrStats,
+}
+
+impl DsrBalancer {
+    pub fn new(cfg: DsrConfig, timers: DsrTimers) -> Self {
+        DsrBalancer {
+            flows: FlowTable::new(timers.flow_idle, timers.max_flows),
+            closing: FlowTable::new(timers.closing_idle, timers.max_flows),
+            neighbors: Neighbors::new(timers.neighbor_retry, timers.neighbor_refresh),
+            cfg,
+            timers,
+            seen_generation: 0,
+            stats: DsrStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &DsrConfig {
+        &self.cfg
+    }
+
+    pub fn timers(&self) -> &DsrTimers {
+        &self.timers
+    }
+
+    pub fn stats(&self) -> DsrStats {
+        self.stats
+    }
+
+    /// Flows currently tracked (active, closing).
+    pub fn flow_count(&self) -> (usize, usize) {
+        (self.flows.len(), self.closing.len())
+    }
+
+    /// The MAC learned for `ip`.
+    pub fn neighbor(&self, ip: IpAddr) -> Option<Mac> {
+        self.neighbors.mac(ip)
+    }
+
+    /// Brings the tracked backend addresses in line with the table (call after any change; cheap
+    /// when nothing changed).
+    pub fn sync_backends(&mut self, table: &BackendTable, now: Instant) {
+        if table.generation() == self.seen_generation {
+            return;
+        }
+        self.seen_generation = table.generation();
+        let wanted: HashSet<IpAddr> = table.backends().iter().map(|b| b.addr.ip()).collect();
+        let gone: Vec<IpAddr> = self
+            .neighbors
+            .tracked()
+            .filter(|ip| !wanted.contains(ip))
+            .collect();
+        for ip in gone {
+            self.neighbors.untrack(ip);
+        }
+        for ip in wanted {
+            self.neighbors.track(ip, now);
+        }
+    }
+
+    /// Handles one received frame. For [`Action::Forward`], `frame` has been rewritten in place.
+    pub fn handle_frame(
+        &mut self,
+        frame: &mut [u8],
+        table: &mut BackendTable,
+        now: Instant,
+    ) -> Action {
+        match classify(frame, &self.cfg) {
+            Frame::Answer(reply) => {
+                self.stats.answered += 1;
+                Action::Reply(reply)
+            }
+            Frame::Neighbor { ip, mac } => {
+                if self.neighbors.handle_learned(ip, mac, now) {
+                    self.stats.learned += 1;
+                }
+                Action::None
+            }
+            Frame::Ignore(why) => {
+                self.stats.ignored += 1;
+                if why == Ignored::Malformed {
+                    self.stats.malformed += 1;
+                }
+                Action::None
+            }
+            Frame::ToVip(p) => match self.route(&p, table, now) {
+                Ok(target) => {
+                    set_macs(frame, target.mac, self.cfg.mac);
+                    table.add_bytes(target.backend, p.ip_len as u64, 0);
+                    self.stats.forwarded_packets += 1;
+                    self.stats.forwarded_bytes += p.ip_len as u64;
+                    Action::Forward {
+                        backend: target.backend,
+                    }
+                }
+                Err(why) => {
+                    match why {
+                        DropReason::NoBackend => self.stats.dropped_no_backend += 1,
+                        DropReason::NoMac => self.stats.dropped_no_mac += 1,
+                    }
+                    Action::Drop(why)
+                }
+            },
+        }
+    }
+
+    /// The backend (and MAC) for a packet: the flow's, or a new pick.
+    fn route(
+        &mut self,
+        p: &VipPacket,
+        table: &mut BackendTable,
+        now: Instant,
+    ) -> Result<FlowTarget, DropReason> {
+        let key = p.flow;
+        let known = match self.flows.get(&key, now) {
+            Some(t) => Some((t, false)),
+            None => self.closing.get(&key, now).map(|t| (t, true)),
+        };
+        if let Some((mut target, closing)) = known {
+            match table.get(target.backend) {
+                // Removed: let the flow finish on its old backend.
+                None => return self.finish(key, target, closing, p, table, now),
+                Some(b) if b.health.is_up() => {
+                    // The backend's MAC may have changed since (a NIC swap, a failed-over host).
+                    if let Some(mac) = self.neighbors.mac(b.addr.ip()) {
+                        target.mac = mac;
+                    }
+                    return self.finish(key, target, closing, p, table, now);
+                }
+                Some(_) => {
+                    // Down: move the flow (below).
+                    self.flows.remove(&key);
+                    self.closing.remove(&key);
+                    if !closing {
+                        table.conn_closed(target.backend);
+                    }
+                    self.stats.flows_moved += 1;
+                }
+            }
+        }
+        let pick = PickKey {
+            flow_hash: key.hash(),
+            client_hash: key.client_hash(),
+        };
+        let mut exclude: Vec<BackendId> = Vec::new();
+        let mut any_backend = false;
+        while let Some(id) = table.pick(pick, &exclude) {
+            any_backend = true;
+            let ip = table.get(id).map(|b| b.addr.ip());
+            if let Some(mac) = ip.and_then(|ip| self.neighbors.mac(ip)) {
+                let target = FlowTarget { backend: id, mac };
+                table.conn_opened(id);
+                self.flows.insert(key, target, now);
+                return self.finish(key, target, false, p, table, now);
+            }
+            exclude.push(id);
+        }
+        Err(if any_backend {
+            DropReason::NoMac
+        } else {
+            DropReason::NoBackend
+        })
+    }
+
+    /// Moves a flow to the closing table on FIN/RST.
+    fn finish(
+        &mut self,
+        key: FlowKey,
+        target: FlowTarget,
+        closing: bool,
+        p: &VipPacket,
+        table: &mut BackendTable,
+        now: Instant,
+    ) -> Result<FlowTarget, DropReason> {
+        if p.fin_or_rst && !closing {
+            self.flows.remove(&key);
+            self.closing.insert(key, target, now);
+            table.conn_closed(target.backend);
+        }
+        Ok(target)
+    }
+
+    /// Frames to send now: ARP requests / Neighbor Solicitations for backends whose MAC is
+    /// unknown or due for a refresh. Also expires idle flows.
+    pub fn poll_transmit(&mut self, table: &mut BackendTable, now: Instant) -> Vec<Vec<u8>> {
+        self.sync_backends(table, now);
+        for (_, target) in self.flows.expire(now) {
+            table.conn_closed(target.backend);
+        }
+        self.closing.expire(now);
+        self.neighbors
+            .poll_requests(now)
+            .into_iter()
+            .filter_map(|ip| resolve_frame(&self.cfg, ip))
+            .collect()
+    }
+
+    /// When [`DsrBalancer::poll_transmit`] next has work (neighbor requests; flow expiry is
+    /// checked at least once a second by the caller anyway).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.neighbors.poll_timeout()
+    }
+
+    /// Frames that announce the VIP (gratuitous ARP or unsolicited NA): send at start-up.
+    pub fn announce(&self) -> Vec<Vec<u8>> {
+        gratuitous_arp_frame(&self.cfg)
+            .into_iter()
+            .chain(unsolicited_advertisement_frame(&self.cfg))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -829,10 +1083,10 @@ mod tests {
         let Frame::ToVip(p) = classify(&f, &cfg4()) else {
             panic!("not for VIP")
         };
-        assert_eq!(p.flow.src, IpAddr::from([198, 18, 0, 1]));
-        assert_eq!(p.flow.dst, IpAddr::from([198, 18, 0, 100]));
+        assert_eq!(p.flow.src, SocketAddr::from(([198, 18, 0, 1], 40000)));
+        assert_eq!(p.flow.dst, SocketAddr::from(([198, 18, 0, 100], 80)));
         assert_eq!(
-            (p.flow.src_port, p.flow.dst_port, p.flow.protocol),
+            (p.flow.src.port(), p.flow.dst.port(), p.flow.proto),
             (40000, 80, 6)
         );
         assert!(p.syn && !p.fin_or_rst && !p.fragment);
@@ -950,7 +1204,7 @@ mod tests {
             panic!("not for VIP")
         };
         assert_eq!(
-            (p.flow.src_port, p.flow.dst_port, p.flow.protocol),
+            (p.flow.src.port(), p.flow.dst.port(), p.flow.proto),
             (5353, 53, 17)
         );
         assert_eq!(p.ip_len, f.len() - 14);
@@ -1082,7 +1336,7 @@ mod tests {
             panic!()
         };
         assert!(p.fragment);
-        assert_eq!((p.flow.src_port, p.flow.dst_port), (0, 0));
+        assert_eq!((p.flow.src.port(), p.flow.dst.port()), (0, 0));
         // A later fragment (offset 8 bytes) with no UDP header at all still goes the same way.
         f[14 + 6] = 0x20;
         f[14 + 7] = 1;
@@ -1090,28 +1344,6 @@ mod tests {
             panic!()
         };
         assert_eq!(p.flow, q.flow);
-    }
-
-    #[test]
-    fn hash_is_stable_and_spreads() {
-        let k = FlowKey {
-            src: "198.18.0.1".parse().unwrap(),
-            dst: "198.18.0.100".parse().unwrap(),
-            src_port: 40000,
-            dst_port: 80,
-            protocol: 6,
-        };
-        assert_eq!(k.hash64(), k.hash64());
-        let mut buckets = [0u32; 4];
-        for p in 0..4000u16 {
-            let h = FlowKey {
-                src_port: 30000 + p,
-                ..k
-            }
-            .hash64();
-            buckets[(h % 4) as usize] += 1;
-        }
-        assert!(buckets.iter().all(|&b| b > 800), "{buckets:?}");
     }
 
     #[test]
@@ -1141,6 +1373,254 @@ mod tests {
         n.untrack(ip);
         assert_eq!(n.mac(ip), None);
         assert_eq!(n.poll_timeout(), None);
+    }
+
+    mod balancer {
+        use super::*;
+        use crate::algo::Algorithm;
+        use crate::health::HealthParams;
+
+        fn backend_ip(i: u8) -> Ipv4Addr {
+            Ipv4Addr::new(198, 18, 0, 10 + i)
+        }
+        fn backend_mac(i: u8) -> Mac {
+            [0x02, 0, 0, 0, 0xbb, i]
+        }
+        fn table(n: u8) -> BackendTable {
+            let mut t =
+                BackendTable::new(Algorithm::Maglev, 65537, HealthParams { fall: 2, rise: 2 })
+                    .unwrap();
+            for i in 1..=n {
+                t.add(SocketAddr::new(IpAddr::V4(backend_ip(i)), 80), 1)
+                    .unwrap();
+            }
+            t
+        }
+        fn arp_reply(i: u8) -> Vec<u8> {
+            arp_frame(
+                2,
+                backend_mac(i),
+                backend_ip(i),
+                LB,
+                LB,
+                Ipv4Addr::new(198, 18, 0, 2),
+            )
+        }
+        fn which(f: &[u8]) -> u8 {
+            assert_eq!(&f[6..12], &LB);
+            f[5]
+        }
+        /// Sends a packet of flow `port` and returns the backend number it went to.
+        fn send(
+            lb: &mut DsrBalancer,
+            t: &mut BackendTable,
+            port: u16,
+            syn: bool,
+            now: Instant,
+        ) -> Result<u8, Action> {
+            let mut f = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], port, 80, syn);
+            match lb.handle_frame(&mut f, t, now) {
+                Action::Forward { .. } => Ok(which(&f)),
+                other => Err(other),
+            }
+        }
+
+        fn ready(n: u8) -> (DsrBalancer, BackendTable, Instant) {
+            let now = Instant::now();
+            let mut t = table(n);
+            let mut lb = DsrBalancer::new(cfg4(), DsrTimers::default());
+            let reqs = lb.poll_transmit(&mut t, now);
+            assert_eq!(reqs.len(), usize::from(n), "one ARP request per backend");
+            for i in 1..=n {
+                let mut r = arp_reply(i);
+                assert_eq!(lb.handle_frame(&mut r, &mut t, now), Action::None);
+            }
+            assert_eq!(lb.stats().learned, u64::from(n));
+            (lb, t, now)
+        }
+
+        #[test]
+        fn no_mac_no_forwarding_then_arp_requests_resolve_backends() {
+            let now = Instant::now();
+            let mut t = table(3);
+            let mut lb = DsrBalancer::new(cfg4(), DsrTimers::default());
+            assert_eq!(
+                send(&mut lb, &mut t, 1000, true, now),
+                Err(Action::Drop(DropReason::NoMac))
+            );
+            let reqs = lb.poll_transmit(&mut t, now);
+            let mut asked: Vec<[u8; 4]> =
+                reqs.iter().map(|r| r[38..42].try_into().unwrap()).collect();
+            asked.sort();
+            assert_eq!(
+                asked,
+                vec![[198, 18, 0, 11], [198, 18, 0, 12], [198, 18, 0, 13]]
+            );
+            // Only backend 2 answers: every flow goes there.
+            lb.handle_frame(&mut arp_reply(2), &mut t, now);
+            for port in 0..50 {
+                assert_eq!(send(&mut lb, &mut t, 2000 + port, true, now), Ok(2));
+            }
+            let empty = &mut table(0);
+            let mut lb2 = DsrBalancer::new(cfg4(), DsrTimers::default());
+            assert_eq!(
+                send(&mut lb2, empty, 1, true, now),
+                Err(Action::Drop(DropReason::NoBackend))
+            );
+        }
+
+        #[test]
+        fn flows_spread_and_stay_when_a_backend_is_added() {
+            let (mut lb, mut t, now) = ready(3);
+            let mut first = HashMap::new();
+            let mut counts = [0u32; 4];
+            for port in 0..600u16 {
+                let b = send(&mut lb, &mut t, 10000 + port, true, now).unwrap();
+                counts[usize::from(b)] += 1;
+                first.insert(port, b);
+            }
+            assert!(counts[1..].iter().all(|&c| c > 150), "{counts:?}");
+            assert_eq!(t.backends().iter().map(|b| b.active).sum::<u64>(), 600);
+            // Two balancers with the same backends pick the same backend for a new flow.
+            let (mut other, mut t2, _) = ready(3);
+            for port in 0..600u16 {
+                assert_eq!(
+                    send(&mut other, &mut t2, 10000 + port, true, now),
+                    Ok(first[&port])
+                );
+            }
+            // A 4th backend: Maglev would move ~1/4 of the flows; the flow table keeps them all.
+            t.add(SocketAddr::new(IpAddr::V4(backend_ip(4)), 80), 1)
+                .unwrap();
+            lb.poll_transmit(&mut t, now);
+            lb.handle_frame(&mut arp_reply(4), &mut t, now);
+            for port in 0..600u16 {
+                assert_eq!(
+                    send(&mut lb, &mut t, 10000 + port, false, now),
+                    Ok(first[&port])
+                );
+            }
+            // New flows do reach it.
+            let new_on_4 = (0..400u16)
+                .filter(|p| send(&mut lb, &mut t, 20000 + p, true, now) == Ok(4))
+                .count();
+            assert!(new_on_4 > 50, "{new_on_4}");
+        }
+
+        #[test]
+        fn a_dead_backend_loses_its_flows_and_comes_back() {
+            let (mut lb, mut t, now) = ready(3);
+            let mut first = HashMap::new();
+            for port in 0..300u16 {
+                first.insert(
+                    port,
+                    send(&mut lb, &mut t, 10000 + port, true, now).unwrap(),
+                );
+            }
+            let dead = t
+                .find(SocketAddr::new(IpAddr::V4(backend_ip(2)), 80))
+                .unwrap();
+            for k in 0..2 {
+                t.handle_check(
+                    dead,
+                    now + Duration::from_millis(k),
+                    false,
+                    None,
+                    "connect: refused",
+                );
+            }
+            assert!(!t.get(dead).unwrap().health.is_up());
+            for port in 0..300u16 {
+                let b = send(&mut lb, &mut t, 10000 + port, false, now).unwrap();
+                if first[&port] == 2 {
+                    assert_ne!(b, 2, "flow {port} still sent to the dead backend");
+                } else {
+                    assert_eq!(b, first[&port], "flow {port} of a live backend moved");
+                }
+            }
+            assert!(lb.stats().flows_moved > 50);
+            assert_eq!(t.get(dead).unwrap().active, 0);
+            // Back up after `rise` good checks: new flows reach it again.
+            for k in 0..2 {
+                t.handle_check(dead, now + Duration::from_millis(10 + k), true, None, "ok");
+            }
+            let back = (0..300u16)
+                .filter(|p| send(&mut lb, &mut t, 30000 + p, true, now) == Ok(2))
+                .count();
+            assert!(back > 50, "{back}");
+        }
+
+        #[test]
+        fn removed_backend_flows_finish_drained_ones_too() {
+            let (mut lb, mut t, now) = ready(3);
+            let mut first = HashMap::new();
+            for port in 0..300u16 {
+                first.insert(
+                    port,
+                    send(&mut lb, &mut t, 10000 + port, true, now).unwrap(),
+                );
+            }
+            t.drain(SocketAddr::new(IpAddr::V4(backend_ip(1)), 80))
+                .unwrap();
+            t.remove(SocketAddr::new(IpAddr::V4(backend_ip(3)), 80))
+                .unwrap();
+            lb.poll_transmit(&mut t, now);
+            for port in 0..300u16 {
+                assert_eq!(
+                    send(&mut lb, &mut t, 10000 + port, false, now),
+                    Ok(first[&port])
+                );
+            }
+            for port in 0..200u16 {
+                assert_eq!(send(&mut lb, &mut t, 40000 + port, true, now), Ok(2));
+            }
+        }
+
+        #[test]
+        fn fin_closes_and_idle_flows_expire() {
+            let (mut lb, mut t, now) = ready(1);
+            send(&mut lb, &mut t, 5000, true, now).unwrap();
+            send(&mut lb, &mut t, 5001, true, now).unwrap();
+            assert_eq!(t.backends()[0].active, 2);
+            let mut fin = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], 5000, 80, false);
+            fin[14 + 20 + 13] |= 0x01;
+            assert!(matches!(
+                lb.handle_frame(&mut fin, &mut t, now),
+                Action::Forward { .. }
+            ));
+            assert_eq!(t.backends()[0].active, 1);
+            assert_eq!(lb.flow_count(), (1, 1));
+            // The last ACK after the FIN still goes to the same backend.
+            assert_eq!(send(&mut lb, &mut t, 5000, false, now), Ok(1));
+            let later = now + Duration::from_secs(301);
+            lb.poll_transmit(&mut t, later);
+            assert_eq!(lb.flow_count(), (0, 0));
+            assert_eq!(t.backends()[0].active, 0);
+            assert_eq!(t.backends()[0].total, 2);
+            assert!(t.backends()[0].bytes_in > 0);
+        }
+
+        #[test]
+        fn arp_for_the_vip_is_answered_and_counted() {
+            let (mut lb, mut t, now) = ready(1);
+            let mut req = arp_frame(
+                1,
+                CLIENT,
+                Ipv4Addr::new(198, 18, 0, 1),
+                BROADCAST,
+                [0; 6],
+                Ipv4Addr::new(198, 18, 0, 100),
+            );
+            assert!(matches!(
+                lb.handle_frame(&mut req, &mut t, now),
+                Action::Reply(_)
+            ));
+            assert_eq!(lb.stats().answered, 1);
+            let ann = lb.announce();
+            assert_eq!(ann.len(), 1);
+            assert_eq!(&ann[0][28..32], &[198, 18, 0, 100]);
+            assert_eq!(&ann[0][38..42], &[198, 18, 0, 100]);
+        }
     }
 
     proptest! {
