@@ -149,7 +149,8 @@ pub struct ReorderBuffer {
     /// Packets in the ring.
     held: usize,
     /// Delivery point: the next sequence number to deliver. Meaningless until `started`.
-    next: u64,
+    /// Wider than a sequence number so that delivering `u64::MAX` cannot overflow it.
+    next: u128,
     started: bool,
     /// Bit `s % cap` set: `s` (in `[next - cap, next)`) was delivered (not skipped).
     delivered_bits: Vec<u64>,
@@ -208,14 +209,15 @@ impl ReorderBuffer {
     pub fn push(&mut self, now: Instant, seq: u64, link: LinkId, packet: Vec<u8>) -> Pushed {
         if !self.started {
             self.started = true;
-            self.next = seq;
+            self.next = seq as u128;
         }
         match self.link_max.iter_mut().find(|e| e.0 == link) {
             Some(e) => e.1 = e.1.max(seq),
             None => self.link_max.push((link, seq)),
         }
-        if seq < self.next {
-            return if self.next - seq <= self.cap && self.bit(seq) {
+        let pos = seq as u128;
+        if pos < self.next {
+            return if self.next - pos <= self.cap as u128 && self.bit(seq) {
                 self.stats.duplicates += 1;
                 Pushed::Duplicate
             } else {
@@ -223,9 +225,9 @@ impl ReorderBuffer {
                 Pushed::Late
             };
         }
-        if seq - self.next >= self.cap {
+        if pos - self.next >= self.cap as u128 {
             // Far future: slide the window so that `seq` is its last slot.
-            self.advance_to(seq - self.cap + 1);
+            self.advance_to(pos - self.cap as u128 + 1);
         }
         let i = self.idx(seq);
         if self.slots[i].is_some() {
@@ -243,7 +245,7 @@ impl ReorderBuffer {
         while self.depth() > self.cap as usize {
             match self.ready.pop_front() {
                 Some(s) => {
-                    if self.next - s.seq <= self.cap {
+                    if self.next - s.seq as u128 <= self.cap as u128 {
                         self.set_bit(s.seq, false);
                     }
                     self.stats.overflow += 1;
@@ -258,28 +260,33 @@ impl ReorderBuffer {
 
     /// Moves the delivery point to `to` (> next): held packets below it go to `ready`, missing
     /// ones are skipped. Costs O(min(to - next, capacity)).
-    fn advance_to(&mut self, to: u64) {
+    fn advance_to(&mut self, to: u128) {
         let span = to - self.next;
-        if span >= self.cap {
+        if span >= self.cap as u128 {
             // Every slot is below `to`: walk the whole ring in sequence order.
             // The bitmap then covers `[to - cap, to)`: only moved packets in that range are set.
             self.delivered_bits.iter_mut().for_each(|w| *w = 0);
             let mut moved = 0u64;
             for k in 0..self.cap {
-                let s = self.next + k;
+                let Ok(s) = u64::try_from(self.next + k as u128) else {
+                    break;
+                };
                 let i = self.idx(s);
                 if let Some(slot) = self.slots[i].take() {
                     self.ready.push_back(slot);
                     moved += 1;
-                    if to - s <= self.cap {
+                    if to - s as u128 <= self.cap as u128 {
                         self.set_bit(s, true);
                     }
                 }
             }
             self.held = 0;
-            self.stats.skipped = self.stats.skipped.saturating_add(span - moved);
+            let skipped = (span - moved as u128).min(u64::MAX as u128) as u64;
+            self.stats.skipped = self.stats.skipped.saturating_add(skipped);
         } else {
+            // Here `to - next < cap` and `to <= u64::MAX + 1`.
             for s in self.next..to {
+                let s = s as u64;
                 let i = self.idx(s);
                 match self.slots[i].take() {
                     Some(slot) => {
@@ -300,7 +307,7 @@ impl ReorderBuffer {
 
     fn prune_arrivals(&mut self) {
         while let Some(&(seq, _)) = self.arrivals.front() {
-            let still_held = seq >= self.next
+            let still_held = seq as u128 >= self.next
                 && self.slots[self.idx(seq)]
                     .as_ref()
                     .is_some_and(|s| s.seq == seq);
@@ -329,12 +336,12 @@ impl ReorderBuffer {
     }
 
     /// Rule (a): every link that carries data has delivered something beyond `seq`.
-    fn passed_by_all_links(&self, seq: u64) -> bool {
+    fn passed_by_all_links(&self, seq: u128) -> bool {
         !self.links.is_empty()
             && self
                 .links
                 .iter()
-                .all(|l| self.link_max.iter().any(|e| e.0 == *l && e.1 > seq))
+                .all(|l| self.link_max.iter().any(|e| e.0 == *l && e.1 as u128 > seq))
     }
 
     fn deliver(&mut self, now: Instant, slot: Slot) -> Vec<u8> {
@@ -353,10 +360,12 @@ impl ReorderBuffer {
         if !self.started || self.held == 0 {
             return None;
         }
-        let i = self.idx(self.next);
+        // A packet is held, so `next <= its seq <= u64::MAX`.
+        let head = self.next as u64;
+        let i = self.idx(head);
         if let Some(slot) = self.slots[i].take() {
             self.held -= 1;
-            self.set_bit(self.next, true);
+            self.set_bit(head, true);
             self.next += 1;
             self.prune_arrivals();
             return Some(self.deliver(now, slot));
@@ -372,7 +381,8 @@ impl ReorderBuffer {
         // Skip the run of missing sequence numbers up to the next held packet (by timeout: all of
         // them; by rule (a): only those every link has passed).
         let mut s = self.next;
-        while self.slots[self.idx(s)].is_none() && (timed_out || self.passed_by_all_links(s)) {
+        while self.slots[self.idx(s as u64)].is_none() && (timed_out || self.passed_by_all_links(s))
+        {
             s += 1;
         }
         if timed_out {
@@ -392,7 +402,7 @@ impl ReorderBuffer {
         if self.held == 0 {
             return None;
         }
-        if let Some(s) = &self.slots[self.idx(self.next)] {
+        if let Some(s) = &self.slots[self.idx(self.next as u64)] {
             return Some(s.arrival);
         }
         self.arrivals.front().map(|&(_, t)| t + self.timeout)
@@ -405,7 +415,7 @@ impl ReorderBuffer {
         self.arrivals.clear();
         self.ready.clear();
         self.link_max.clear();
-        self.next = next;
+        self.next = next as u128;
         self.started = true;
     }
     pub fn depth(&self) -> usize {
@@ -416,7 +426,8 @@ impl ReorderBuffer {
     }
     /// The delivery point (next sequence number expected), once known.
     pub fn next_seq(&self) -> Option<u64> {
-        self.started.then_some(self.next)
+        self.started
+            .then_some(self.next.min(u64::MAX as u128) as u64)
     }
     /// Percentile (0..=100) of the time packets waited in the buffer, over all delivered so far.
     pub fn wait_percentile(&self, p: f64) -> Duration {
@@ -425,5 +436,365 @@ impl ReorderBuffer {
     /// Forgets the wait histogram (e.g. between measurement phases).
     pub fn clear_waits(&mut self) {
         self.waits.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+    fn pkt(seq: u64) -> Vec<u8> {
+        seq.to_be_bytes().to_vec()
+    }
+    fn seq_of(p: &[u8]) -> u64 {
+        u64::from_be_bytes(p.try_into().unwrap())
+    }
+    fn buf(cap: usize) -> ReorderBuffer {
+        ReorderBuffer::new(ReorderConfig {
+            capacity: cap,
+            ..Default::default()
+        })
+    }
+    fn drain(b: &mut ReorderBuffer, now: Instant) -> Vec<u64> {
+        std::iter::from_fn(|| b.pop(now))
+            .map(|p| seq_of(&p))
+            .collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ReorderConfig::default();
+        assert_eq!(
+            (c.capacity, c.min_timeout, c.max_timeout),
+            (4096, ms(2), ms(500))
+        );
+        let b = ReorderBuffer::new(c);
+        assert_eq!(b.timeout(), INITIAL_TIMEOUT);
+        assert_eq!(b.next_seq(), None);
+        assert_eq!(b.poll_timeout(), None);
+    }
+
+    #[test]
+    fn in_order_passes_straight_through() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        for s in 1000..1100 {
+            assert_eq!(b.push(t, s, 1, pkt(s)), Pushed::Queued);
+            assert_eq!(b.poll_timeout(), Some(t), "deliverable now");
+            assert_eq!(drain(&mut b, t), vec![s]);
+            assert_eq!(b.depth(), 0);
+        }
+        assert_eq!(b.stats().delivered, 100);
+        assert_eq!(b.stats().max_depth, 1);
+        assert_eq!(b.wait_percentile(99.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn reorders_and_rejects_duplicates() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.reset(10);
+        assert_eq!(b.push(t, 12, 1, pkt(12)), Pushed::Queued);
+        assert_eq!(b.push(t, 11, 1, pkt(11)), Pushed::Queued);
+        assert_eq!(b.push(t, 12, 2, pkt(12)), Pushed::Duplicate, "held twice");
+        assert!(drain(&mut b, t).is_empty(), "10 still missing");
+        assert_eq!(b.depth(), 2);
+        assert_eq!(b.push(t, 10, 2, pkt(10)), Pushed::Queued);
+        assert_eq!(drain(&mut b, t), vec![10, 11, 12]);
+        assert_eq!(
+            b.push(t, 11, 2, pkt(11)),
+            Pushed::Duplicate,
+            "already delivered"
+        );
+        assert_eq!(
+            b.push(t, 9, 2, pkt(9)),
+            Pushed::Late,
+            "before the session start"
+        );
+        assert_eq!(b.stats().duplicates, 2);
+        assert_eq!(b.stats().late, 1);
+        assert_eq!(b.stats().max_depth, 3);
+    }
+
+    #[test]
+    fn gap_passed_by_every_link_is_lost_at_once() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        b.push(t, 0, 1, pkt(0));
+        b.push(t, 2, 1, pkt(2));
+        // Link 1 has passed 1, link 2 has said nothing yet: wait.
+        assert_eq!(drain(&mut b, t), vec![0]);
+        b.push(t, 3, 2, pkt(3));
+        // Now both links have delivered something beyond 1: it is lost, no need to wait.
+        assert_eq!(drain(&mut b, t), vec![2, 3]);
+        assert_eq!((b.stats().skipped, b.stats().timeouts), (1, 0));
+        // Late arrival of the skipped one.
+        assert_eq!(b.push(t, 1, 2, pkt(1)), Pushed::Late);
+    }
+
+    #[test]
+    fn rule_of_links_only_skips_what_every_link_passed() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        b.push(t, 0, 1, pkt(0));
+        b.push(t, 5, 1, pkt(5));
+        b.push(t, 2, 2, pkt(2));
+        // Link 2 is at 2: 1 is lost, but 3 and 4 may still come on link 2.
+        assert_eq!(drain(&mut b, t), vec![0, 2]);
+        assert_eq!(b.stats().skipped, 1);
+        b.push(t, 4, 2, pkt(4));
+        // Link 2 passed 3 now.
+        assert_eq!(drain(&mut b, t), vec![4, 5]);
+        assert_eq!(b.stats().skipped, 2);
+        // A link that stops carrying data is removed from the set: its silence no longer holds
+        // the bundle.
+        b.push(t, 7, 1, pkt(7));
+        assert!(drain(&mut b, t).is_empty());
+        b.set_links(&[1]);
+        assert_eq!(drain(&mut b, t), vec![7]);
+    }
+
+    #[test]
+    fn head_gap_times_out_at_the_right_virtual_time() {
+        let t0 = Instant::now();
+        let mut b = buf(64);
+        b.set_timeout(ms(10));
+        b.push(t0, 0, 1, pkt(0));
+        assert_eq!(drain(&mut b, t0), vec![0]);
+        // 1 is lost; 2 arrives at 1 ms, 3 at 4 ms.
+        b.push(t0 + ms(1), 2, 1, pkt(2));
+        b.push(t0 + ms(4), 3, 1, pkt(3));
+        assert_eq!(
+            b.poll_timeout(),
+            Some(t0 + ms(11)),
+            "first packet behind the gap + timeout"
+        );
+        assert!(drain(&mut b, t0 + ms(11) - Duration::from_micros(1)).is_empty());
+        assert_eq!(drain(&mut b, t0 + ms(11)), vec![2, 3]);
+        assert_eq!((b.stats().skipped, b.stats().timeouts), (1, 1));
+        assert_eq!(b.poll_timeout(), None);
+        // Waits: 0 (seq 0), 10 ms (seq 2), 7 ms (seq 3).
+        let p100 = b.wait_percentile(100.0);
+        assert!(p100 >= ms(9) && p100 <= ms(11), "{p100:?}");
+        let p50 = b.wait_percentile(50.0);
+        assert!(
+            p50 >= Duration::from_micros(6500) && p50 <= Duration::from_micros(7500),
+            "{p50:?}"
+        );
+        assert_eq!(b.wait_percentile(0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn second_gap_waits_from_its_own_first_packet() {
+        let t0 = Instant::now();
+        let mut b = buf(64);
+        b.set_timeout(ms(10));
+        b.reset(0);
+        b.push(t0, 1, 1, pkt(1));
+        b.push(t0 + ms(8), 3, 1, pkt(3));
+        assert_eq!(drain(&mut b, t0 + ms(10)), vec![1]);
+        // 2 is missing; 3 arrived at 8 ms: its wait ends at 18 ms.
+        assert_eq!(b.poll_timeout(), Some(t0 + ms(18)));
+        assert!(drain(&mut b, t0 + ms(17)).is_empty());
+        assert_eq!(drain(&mut b, t0 + ms(18)), vec![3]);
+        assert_eq!(b.stats().timeouts, 2);
+    }
+
+    #[test]
+    fn timeout_is_clamped() {
+        let mut b = buf(8);
+        b.set_timeout(Duration::ZERO);
+        assert_eq!(b.timeout(), ms(2));
+        b.set_timeout(ms(10_000));
+        assert_eq!(b.timeout(), ms(500));
+        b.set_timeout(ms(35));
+        assert_eq!(b.timeout(), ms(35));
+    }
+
+    #[test]
+    fn far_future_seq_slides_the_window_without_allocating() {
+        let t = Instant::now();
+        let mut b = buf(16);
+        b.reset(0);
+        for s in [1, 2, 5] {
+            b.push(t, s, 1, pkt(s));
+        }
+        let huge = u64::MAX - 3;
+        assert_eq!(b.push(t, huge, 1, pkt(huge)), Pushed::Queued);
+        assert!(b.depth() <= 16);
+        // What was held comes out in order; the gaps just below the far packet, inside the new
+        // window, get their normal wait.
+        assert_eq!(drain(&mut b, t), vec![1, 2, 5]);
+        assert_eq!(b.stats().skipped, huge - 15 - 3);
+        assert_eq!(drain(&mut b, t + INITIAL_TIMEOUT), vec![huge]);
+        // Everything between was given up (counted, not iterated).
+        assert_eq!(b.stats().skipped, huge - 3);
+        assert_eq!(b.push(t, 3, 1, pkt(3)), Pushed::Late);
+        assert_eq!(b.push(t, huge, 1, pkt(huge)), Pushed::Duplicate);
+        // And the window goes on up to the very last sequence number.
+        for s in huge + 1..=u64::MAX {
+            assert_eq!(b.push(t, s, 1, pkt(s)), Pushed::Queued);
+        }
+        assert_eq!(drain(&mut b, t), vec![u64::MAX - 2, u64::MAX - 1, u64::MAX]);
+    }
+
+    #[test]
+    fn slide_within_the_window_skips_only_the_oldest_gaps() {
+        let t = Instant::now();
+        let mut b = buf(8);
+        b.reset(0);
+        b.push(t, 1, 1, pkt(1));
+        b.push(t, 3, 1, pkt(3));
+        // 9 needs the window [2, 10): 0 is skipped, 1 is delivered, 3 stays held behind gap 2.
+        b.push(t, 9, 1, pkt(9));
+        assert_eq!(b.stats().skipped, 1);
+        assert_eq!(drain(&mut b, t), vec![1]);
+        b.push(t, 2, 1, pkt(2));
+        assert_eq!(drain(&mut b, t), vec![2, 3]);
+    }
+
+    #[test]
+    fn depth_is_bounded_when_nobody_pops() {
+        let t = Instant::now();
+        let mut b = buf(32);
+        b.reset(0);
+        let mut s = 1u64;
+        for i in 0..10_000u64 {
+            b.push(t, s, 1, pkt(s));
+            assert!(b.depth() <= 32);
+            s += 1 + (i % 7) * 5;
+        }
+        assert!(b.stats().overflow > 0);
+        let out = drain(&mut b, t + ms(1000));
+        assert!(out.windows(2).all(|w| w[0] < w[1]));
+        assert!(out.len() <= 32);
+    }
+
+    #[test]
+    fn reset_starts_a_new_session() {
+        let t = Instant::now();
+        let mut b = buf(16);
+        b.push(t, 100, 1, pkt(100));
+        b.push(t, 102, 1, pkt(102));
+        assert_eq!(drain(&mut b, t), vec![100]);
+        b.reset(0);
+        assert_eq!(b.depth(), 0);
+        assert_eq!(b.next_seq(), Some(0));
+        b.push(t, 0, 1, pkt(0));
+        assert_eq!(drain(&mut b, t), vec![0]);
+    }
+
+    #[test]
+    fn histogram_buckets_are_monotone_and_close() {
+        let mut last = 0;
+        for v in (0..2_000_000u64)
+            .step_by(997)
+            .chain([u64::MAX / 2, u64::MAX])
+        {
+            let i = Histogram::index(v);
+            assert!(i < HIST_BUCKETS);
+            assert!(i >= last);
+            last = i;
+            let mid = Histogram::value(i) as f64;
+            assert!(
+                (mid - v as f64).abs() <= 0.07 * v as f64 + 1.0,
+                "{v} -> {mid}"
+            );
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Push `base + off` (base: near the delivery point) on link.
+        Near(u16, u16),
+        Far(u64, u16),
+        Advance(u16),
+        Pop,
+        Links(Vec<u16>),
+        Timeout(u16),
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0u16..200, 0u16..3).prop_map(|(o, l)| Op::Near(o, l)),
+            1 => (any::<u64>(), 0u16..3).prop_map(|(s, l)| Op::Far(s, l)),
+            1 => (u64::MAX - 100..=u64::MAX, 0u16..3).prop_map(|(s, l)| Op::Far(s, l)),
+            3 => (0u16..20_000).prop_map(Op::Advance),
+            4 => Just(Op::Pop),
+            1 => proptest::collection::vec(0u16..3, 0..3).prop_map(Op::Links),
+            1 => (0u16..1000).prop_map(Op::Timeout),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #[test]
+        fn invariants_hold_for_arbitrary_sequences(
+            cap in 1usize..64,
+            first in prop_oneof![0u64..10, any::<u64>()],
+            ops in proptest::collection::vec(arb_op(), 1..300),
+        ) {
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut b = buf(cap);
+            let mut queued = BTreeSet::new();
+            let mut out: Vec<u64> = Vec::new();
+            let base = |b: &ReorderBuffer| b.next_seq().unwrap_or(first);
+            let mut check = |b: &mut ReorderBuffer, now: Instant, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
+                while let Some(p) = b.pop(now) {
+                    let s = seq_of(&p);
+                    prop_assert!(out.last().map_or(true, |&l| s > l), "not increasing: {:?} then {}", out.last(), s);
+                    out.push(s);
+                }
+                prop_assert!(b.depth() <= cap, "depth {} > {}", b.depth(), cap);
+                Ok(())
+            };
+            for op in ops {
+                match op {
+                    Op::Near(off, l) => {
+                        let s = base(&b).saturating_add(off as u64).saturating_sub(50);
+                        let next = b.next_seq();
+                        let r = b.push(now, s, l, pkt(s));
+                        if r == Pushed::Queued {
+                            prop_assert!(queued.insert(s), "{} queued twice", s);
+                            prop_assert!(next.map_or(true, |n| s >= n));
+                        } else {
+                            prop_assert!(next.is_some_and(|n| s < n) || queued.contains(&s));
+                        }
+                    }
+                    Op::Far(s, l) => {
+                        if b.push(now, s, l, pkt(s)) == Pushed::Queued {
+                            prop_assert!(queued.insert(s), "{} queued twice", s);
+                        }
+                    }
+                    Op::Advance(us) => now += Duration::from_micros(us as u64),
+                    Op::Pop => check(&mut b, now, &mut out)?,
+                    Op::Links(ls) => b.set_links(&ls),
+                    Op::Timeout(ms_) => b.set_timeout(Duration::from_millis(ms_ as u64)),
+                }
+                prop_assert!(b.depth() <= cap);
+                if let Some(t) = b.poll_timeout() {
+                    prop_assert!(t <= now + ms(500));
+                }
+            }
+            // Flush: after the longest timeout everything held comes out.
+            now += ms(501);
+            check(&mut b, now, &mut out)?;
+            prop_assert_eq!(b.depth(), 0);
+            prop_assert_eq!(b.poll_timeout(), None);
+            // Every packet accepted was delivered exactly once, or dropped for memory (counted).
+            let delivered: BTreeSet<u64> = out.iter().copied().collect();
+            prop_assert_eq!(delivered.len(), out.len());
+            prop_assert!(delivered.is_subset(&queued));
+            prop_assert_eq!(queued.len() as u64, out.len() as u64 + b.stats().overflow);
+            prop_assert_eq!(b.stats().delivered, out.len() as u64);
+        }
     }
 }
