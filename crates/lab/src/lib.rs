@@ -1,17 +1,808 @@
 //! `braid lab`: a private network in namespaces with emulated links, two braid endpoints, real
 //! kernel TCP through them, and a report. Also the harness of the end-to-end tests and benchmarks.
+//!
+//! - [`spec`]: link specifications (`RATE[/DELAY[/LOSS%[/JITTER]]]`).
+//! - [`netns`]: namespaces, veths and the processes the lab runs inside them (all cleaned up by Drop).
+//! - [`shaper`] + [`emulator`]: the link emulator (braid's own forwarding engine; no netem here).
+//! - [`traffic`]: TCP sink and source.
+//! - [`report`]: the figures, the table and the JSON.
+//! - [`Lab`]: the whole set-up as a value, used by `braid lab` and by the end-to-end tests.
 
+pub mod emulator;
+pub mod netns;
+pub mod report;
+pub mod shaper;
+pub mod spec;
+pub mod traffic;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::emulator::EmuStats;
+use crate::netns::{Proc, Topology};
+use crate::report::{BundleReport, FailReport, LabReport, LinkReport, RunReport};
+pub use crate::spec::LinkSpec;
+
+/// Tunnel addresses (inside 198.18.0.0/15, outside the links' 198.18.<i>.0/24).
+pub const TUNNEL_A: &str = "198.19.0.1";
+pub const TUNNEL_B: &str = "198.19.0.2";
+/// UDP port of the server endpoint.
+pub const BRAID_PORT: u16 = 5050;
+/// TCP port of the sink.
+pub const SINK_PORT: u16 = 5201;
+/// MTU of the emulated uplinks.
+pub const UNDERLAY_MTU: u32 = 1500;
+/// The largest tunnel MTU whose packets still fit the uplinks: 1500 - IPv4 - UDP - braid's header
+/// and tag (77 bytes in all).
+pub const MAX_TUNNEL_MTU: u32 = UNDERLAY_MTU - 28 - braid_core::wire::DATA_OVERHEAD as u32;
+/// IPv4 + TCP headers with timestamps: what each TCP segment carries besides payload.
+pub const TCP_IP_HEADERS: u32 = 52;
+
+fn parse_link_spec(s: &str) -> Result<LinkSpec, String> {
+    s.parse()
+}
+
+/// `--fail NAME@SECONDS`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailSpec {
+    /// Link index, from 1.
+    pub link: usize,
+    pub at: Duration,
+}
+
+fn parse_fail(s: &str) -> Result<FailSpec, String> {
+    let (name, at) = s.split_once('@').ok_or_else(|| format!("'{s}' must be NAME@SECONDS, e.g. link2@10"))?;
+    let num = name.strip_prefix("link").unwrap_or(name);
+    let link: usize = num.parse().map_err(|_| format!("'{name}' is not a link name (link1, link2, ...) or index"))?;
+    if link == 0 {
+        return Err("links are numbered from 1".into());
+    }
+    let secs: f64 = at.trim_end_matches('s').parse().map_err(|_| format!("'{at}' is not a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("fail time '{at}' must be positive"));
+    }
+    Ok(FailSpec { link, at: Duration::from_secs_f64(secs) })
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim_end_matches('s').parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(1.0..=3600.0).contains(&v) {
+        return Err(format!("duration '{s}' must be between 1 and 3600 seconds"));
+    }
+    Ok(v)
+}
+
+/// `braid lab`: emulated uplinks between two namespaces, each link measured alone with one TCP flow,
+/// then the bundle (two `braid up` endpoints) with the same traffic. Needs root.
 #[derive(Debug, clap::Args)]
-pub struct LabArgs {}
+pub struct LabArgs {
+    /// An emulated uplink, RATE[/DELAY[/LOSS%[/JITTER]]], e.g. 50mbit/20ms/0.5%/1ms (repeat for
+    /// each link; default: 1mbit/10ms, 2mbit/10ms and 3mbit/10ms). Rates kbit/mbit/gbit of IP
+    /// bytes; delay one way, us/ms/s; loss per direction.
+    #[arg(long = "link", value_name = "SPEC", value_parser = parse_link_spec)]
+    pub links: Vec<LinkSpec>,
+    /// Seconds of traffic per run.
+    #[arg(long, value_name = "SECONDS", default_value = "20", value_parser = parse_seconds)]
+    pub duration: f64,
+    /// Scheduler of the bundle (round-robin, weighted, adaptive, flow-hash, redundant, backup).
+    #[arg(long, value_name = "NAME")]
+    pub scheduler: Option<String>,
+    /// Parallel TCP flows per run.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub flows: u16,
+    /// Take a link down during the bundle run: NAME@SECONDS (NAME = link1, link2, ... or the
+    /// index), e.g. link2@10. Reports how long traffic stalled and whether TCP survived.
+    #[arg(long, value_name = "NAME@SECONDS", value_parser = parse_fail)]
+    pub fail: Option<FailSpec>,
+    /// Print one JSON object with every figure instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the runs of each link alone.
+    #[arg(long)]
+    pub skip_single: bool,
+    /// Skip the bundle run (measure the emulated links only).
+    #[arg(long)]
+    pub skip_bundle: bool,
+    /// Queue of each emulated link, in milliseconds of its rate (at least 48 KB).
+    #[arg(long, value_name = "MS", default_value_t = shaper::DEFAULT_QUEUE_MS)]
+    pub queue_ms: u64,
+    /// MTU of the tunnel (default: the largest that fits a 1500-byte uplink).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_TUNNEL_MTU as i64))]
+    pub mtu: Option<u32>,
+    /// Do not tell the endpoints the links' rates (`bandwidth` in the config): let them learn.
+    #[arg(long)]
+    pub no_bandwidth_hint: bool,
+    /// Seed of the emulator's random loss and jitter.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// No live view on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
 
 /// Hidden helper processes the lab starts inside its namespaces.
 #[derive(Debug, clap::Subcommand)]
-pub enum LabInternal {}
-
-pub fn run_lab(_args: LabArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+pub enum LabInternal {
+    /// The link emulator (namespace E).
+    Emulate {
+        #[arg(long = "link", value_parser = parse_link_spec)]
+        links: Vec<LinkSpec>,
+        #[arg(long, default_value_t = shaper::DEFAULT_QUEUE_MS)]
+        queue_ms: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 1000)]
+        stats_ms: u64,
+    },
+    /// TCP sink (host B).
+    Sink {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        flows: usize,
+        /// Measurement window, seconds.
+        #[arg(long)]
+        window: f64,
+        #[arg(long, default_value_t = 20.0)]
+        accept_timeout: f64,
+    },
+    /// TCP source (host A).
+    Source {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        flows: usize,
+        /// Seconds of writing.
+        #[arg(long)]
+        duration: f64,
+        #[arg(long, default_value_t = 15.0)]
+        connect_timeout: f64,
+    },
 }
 
-pub fn run_internal(_cmd: LabInternal) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
+    if !v.is_finite() || v < 0.0 || v > 86400.0 {
+        bail!("bad {what}: {v}");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+pub fn run_internal(cmd: LabInternal) -> anyhow::Result<()> {
+    match cmd {
+        LabInternal::Emulate { links, queue_ms, seed, stats_ms } => emulator::run(&links, queue_ms, seed, stats_ms),
+        LabInternal::Sink { listen, flows, window, accept_timeout } => {
+            traffic::run_sink(listen, flows, secs(window, "window")?, secs(accept_timeout, "accept timeout")?)
+        }
+        LabInternal::Source { connect, flows, duration, connect_timeout } => {
+            traffic::run_source(connect, flows, secs(duration, "duration")?, secs(connect_timeout, "connect timeout")?)
+        }
+    }
+}
+
+static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Whether SIGINT or SIGTERM arrived (after [`install_signal_handlers`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+/// SIGINT/SIGTERM set a flag that every wait of the lab checks, so it unwinds and cleans up.
+pub fn install_signal_handlers() -> anyhow::Result<()> {
+    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, flag.clone()).context("installing signal handlers")?;
+    }
+    Ok(())
+}
+
+/// Options of a [`Lab`].
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// The `braid` binary to run inside the namespaces.
+    pub exe: PathBuf,
+    /// Namespace prefix (`bl<pid>` by default; tests add a tag).
+    pub prefix: String,
+    pub queue_ms: u64,
+    pub seed: u64,
+}
+
+impl LabOptions {
+    pub fn new(exe: PathBuf) -> Self {
+        LabOptions {
+            exe,
+            prefix: format!("bl{}", std::process::id()),
+            queue_ms: shaper::DEFAULT_QUEUE_MS,
+            seed: 1,
+        }
+    }
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Idle round trip figures from `ping`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PingStats {
+    pub sent: u32,
+    pub received: u32,
+    pub min_ms: f64,
+    pub avg_ms: f64,
+    pub max_ms: f64,
+}
+
+impl PingStats {
+    pub fn loss(&self) -> f64 {
+        if self.sent == 0 {
+            return 0.0;
+        }
+        1.0 - f64::from(self.received) / f64::from(self.sent)
+    }
+}
+
+/// The result of one traffic run.
+#[derive(Debug, Clone)]
+pub struct TcpRun {
+    pub sink: traffic::SinkReport,
+    pub source: traffic::SourceReport,
+    /// Emulator counters at the start and end of the steady part of the run.
+    pub emu_start: Option<EmuStats>,
+    pub emu_end: Option<EmuStats>,
+}
+
+impl TcpRun {
+    pub fn survived(&self) -> bool {
+        let sent: u64 = self.source.flows.iter().map(|f| f.bytes_sent).sum();
+        let got: u64 = self.sink.flows.iter().map(|f| f.bytes).sum();
+        self.source.flows.iter().all(|f| f.error.is_none())
+            && self.sink.flows.iter().all(|f| f.clean_eof && f.error.is_none())
+            && sent == got
+            && sent > 0
+    }
+
+    /// Average A->B rate of each link in the steady part of the run (IP bytes, bit/s).
+    pub fn link_rates(&self) -> Vec<f64> {
+        match (&self.emu_start, &self.emu_end) {
+            (Some(a), Some(b)) if b.t > a.t => a
+                .links
+                .iter()
+                .zip(&b.links)
+                .map(|(x, y)| (y[0].bytes - x[0].bytes) as f64 * 8.0 / (b.t - a.t))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The lab: namespaces, the link emulator, and (after [`Lab::start_bundle`]) two endpoints.
+/// Dropping it stops every process and deletes the namespaces.
+pub struct Lab {
+    // Field order is drop order: endpoints, then the emulator, then the namespaces, then files.
+    endpoints: Vec<Proc>,
+    emulator: Proc,
+    pub topo: Topology,
+    dir: TempDir,
+    pub specs: Vec<LinkSpec>,
+    exe: PathBuf,
+    stats: Arc<Mutex<Vec<EmuStats>>>,
+    emu_started: Instant,
+    client_control: Option<PathBuf>,
+}
+
+impl Lab {
+    /// Builds the namespaces and links and starts the emulator.
+    pub fn start(specs: &[LinkSpec], opts: &LabOptions) -> anyhow::Result<Lab> {
+        if specs.is_empty() || specs.len() > 16 {
+            bail!("the lab needs 1 to 16 links, not {}", specs.len());
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("braid lab needs root to build network namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN): run it with sudo");
+        }
+        let dir = std::env::temp_dir().join(format!("braid-lab-{}", opts.prefix));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let dir = TempDir(dir);
+        let topo = Topology::create(&opts.prefix, specs.len())?;
+        let mut args: Vec<String> = vec!["lab-internal".into(), "emulate".into()];
+        for s in specs {
+            args.push("--link".into());
+            args.push(s.to_string());
+        }
+        args.extend(["--queue-ms".into(), opts.queue_ms.to_string(), "--seed".into(), opts.seed.to_string()]);
+        let mut emulator = Proc::spawn("emulator", &topo.ns_e(), &opts.exe, &args, dir.0.join("emulator.log"))?;
+        let ready = emulator.read_line(Duration::from_secs(10))?;
+        if ready != "ready" {
+            bail!("emulator said '{ready}' instead of ready: {}", emulator.log_tail());
+        }
+        let emu_started = Instant::now();
+        let stats = Arc::new(Mutex::new(Vec::new()));
+        let mut out = emulator.stdout.take().context("emulator stdout")?;
+        let sink = stats.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut line = String::new();
+            while matches!(out.read_line(&mut line), Ok(n) if n > 0) {
+                if let Ok(s) = serde_json::from_str::<EmuStats>(line.trim()) {
+                    if let Ok(mut v) = sink.lock() {
+                        v.push(s);
+                    }
+                }
+                line.clear();
+            }
+        });
+        Ok(Lab {
+            endpoints: Vec::new(),
+            emulator,
+            topo,
+            dir,
+            specs: specs.to_vec(),
+            exe: opts.exe.clone(),
+            stats,
+            emu_started,
+            client_control: None,
+        })
+    }
+
+    /// The lab's working directory (configs, logs, control sockets).
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Control socket of the client endpoint, once started.
+    pub fn client_control(&self) -> Option<&Path> {
+        self.client_control.as_deref()
+    }
+
+    /// Latest emulator counters.
+    pub fn emu_stats(&self) -> Option<EmuStats> {
+        self.stats.lock().ok().and_then(|v| v.last().cloned())
+    }
+
+    fn emu_stats_history(&self) -> Vec<EmuStats> {
+        self.stats.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn emu_command(&mut self, cmd: &str) -> anyhow::Result<()> {
+        let stdin = self.emulator.stdin.as_mut().context("emulator stdin")?;
+        writeln!(stdin, "{cmd}").and_then(|_| stdin.flush()).context("emulator control")?;
+        Ok(())
+    }
+
+    /// Makes link `i` (from 1) drop everything, both ways.
+    pub fn fail_link(&mut self, i: usize) -> anyhow::Result<()> {
+        self.emu_command(&format!("fail {i}"))
+    }
+
+    /// Brings link `i` back.
+    pub fn restore_link(&mut self, i: usize) -> anyhow::Result<()> {
+        self.emu_command(&format!("restore {i}"))
+    }
+
+    /// Pings host B over link `i` from host A.
+    pub fn ping(&self, i: usize, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
+        ping(&self.topo.ns_a(), &netns::addr_b(i), count, interval)
+    }
+
+    /// Runs `flows` TCP flows from host A to `dst` for `duration` (measured at the sink);
+    /// `tick` is called about every 100 ms with the seconds elapsed (for live views and failures).
+    pub fn run_tcp(
+        &mut self,
+        dst: &str,
+        flows: u16,
+        duration: Duration,
+        tick: &mut dyn FnMut(&mut Lab, f64) -> anyhow::Result<()>,
+    ) -> anyhow::Result<TcpRun> {
+        let listen = format!("{dst}:{SINK_PORT}");
+        let dur = duration.as_secs_f64();
+        let sink_args: Vec<String> = ["lab-internal", "sink", "--listen", &listen, "--flows", &flows.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--window".to_string(), format!("{dur}")])
+            .collect();
+        let mut sink = Proc::spawn("sink", &self.topo.ns_b(), &self.exe, &sink_args, self.dir.0.join("sink.log"))?;
+        let l = sink.read_line(Duration::from_secs(10))?;
+        if l != "listening" {
+            bail!("sink said '{l}': {}", sink.log_tail());
+        }
+        // The source writes one second longer than the window so the window is full of traffic.
+        let src_args: Vec<String> = ["lab-internal", "source", "--connect", &listen, "--flows", &flows.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--duration".to_string(), format!("{}", dur + 1.0)])
+            .collect();
+        let mut source =
+            Proc::spawn("source", &self.topo.ns_a(), &self.exe, &src_args, self.dir.0.join("source.log"))?;
+        let start = Instant::now();
+        let t_emu_start = start.duration_since(self.emu_started).as_secs_f64();
+        let deadline = start + duration + Duration::from_secs(60);
+        while source.try_wait().is_none() {
+            if interrupted() {
+                bail!("interrupted");
+            }
+            if Instant::now() > deadline {
+                bail!("the traffic run did not finish in time: {}", source.log_tail());
+            }
+            tick(self, start.elapsed().as_secs_f64())?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let src_out = source.wait_output(Duration::from_secs(5), &interrupted)?;
+        let sink_out = sink.wait_output(Duration::from_secs(30), &interrupted)?;
+        let source: traffic::SourceReport = serde_json::from_str(src_out.trim())
+            .with_context(|| format!("source report '{}'", src_out.trim()))?;
+        let sink: traffic::SinkReport =
+            serde_json::from_str(sink_out.trim()).with_context(|| format!("sink report '{}'", sink_out.trim()))?;
+        // Steady part: from 1 s after the start to the end of the window.
+        let hist = self.emu_stats_history();
+        let emu_start = hist.iter().find(|s| s.t >= t_emu_start + 1.0).cloned();
+        let emu_end = hist.iter().rev().find(|s| s.t <= t_emu_start + dur + 0.5).cloned();
+        Ok(TcpRun { sink, source, emu_start, emu_end })
+    }
+
+    /// Writes the two endpoints' configs and starts `braid up` in each host; returns once every
+    /// link is up and the tunnel carries a ping.
+    pub fn start_bundle(&mut self, scheduler: Option<&str>, mtu: u32, bandwidth_hint: bool) -> anyhow::Result<()> {
+        use base64::Engine;
+        use rand::RngCore;
+        let mut key = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut key);
+        let key = base64::engine::general_purpose::STANDARD.encode(key);
+        let sched = scheduler.map(|s| format!("scheduler = {}\n", toml_str(s))).unwrap_or_default();
+        let dir = self.dir.0.clone();
+        let server_ctl = dir.join("server.sock");
+        let client_ctl = dir.join("client.sock");
+        let server = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"server\"\nkey = \"{key}\"\naddress = \"{TUNNEL_B}/30\"\nmtu = {mtu}\n\
+             listen = \"0.0.0.0:{BRAID_PORT}\"\n{sched}control = {}\n",
+            toml_str(&server_ctl.display().to_string())
+        );
+        let mut client = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{key}\"\naddress = \"{TUNNEL_A}/30\"\nmtu = {mtu}\n\
+             {sched}control = {}\n",
+            toml_str(&client_ctl.display().to_string())
+        );
+        for (i, s) in self.specs.iter().enumerate() {
+            let n = i + 1;
+            client += &format!(
+                "\n[[link]]\nname = \"link{n}\"\nbind = \"{}\"\nremote = \"{}:{BRAID_PORT}\"\n",
+                netns::addr_a(n),
+                netns::addr_b(n)
+            );
+            if bandwidth_hint {
+                client += &format!("bandwidth = {}\n", s.rate_bps);
+            }
+        }
+        let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let p = dir.join(name);
+            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&p)?;
+            f.write_all(text.as_bytes())?;
+            Ok(p)
+        };
+        let server_cfg = write("server.toml", &server)?;
+        let client_cfg = write("client.toml", &client)?;
+        let up = |cfg: &Path| vec!["--log-level".to_string(), "info".into(), "up".into(), cfg.display().to_string()];
+        let srv = Proc::spawn("braid up (server)", &self.topo.ns_b(), &self.exe, &up(&server_cfg), dir.join("server.log"))?;
+        self.endpoints.push(srv);
+        std::thread::sleep(Duration::from_millis(100));
+        let cli = Proc::spawn("braid up (client)", &self.topo.ns_a(), &self.exe, &up(&client_cfg), dir.join("client.log"))?;
+        self.endpoints.push(cli);
+        self.client_control = Some(client_ctl.clone());
+
+        // Wait for every link to be up, then for a ping through the tunnel.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut last = String::from("no status yet");
+        loop {
+            if interrupted() {
+                bail!("interrupted");
+            }
+            for ep in &mut self.endpoints {
+                if let Some(st) = ep.try_wait() {
+                    bail!("{} exited ({st}): {}", ep.name, ep.log_tail());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("the bundle did not come up within 15 s ({last})");
+            }
+            match braid_linux::control::request(&client_ctl, &serde_json::json!({"cmd": "status"})) {
+                Ok(st) => {
+                    let (up, total) = links_up(&st);
+                    last = format!("{up} of {total} links up");
+                    if total == self.specs.len() && up == total {
+                        let p = ping(&self.topo.ns_a(), TUNNEL_B, 1, Duration::from_millis(200))?;
+                        if p.received == 1 {
+                            return Ok(());
+                        }
+                        last = "links up but no ping through the tunnel".into();
+                    }
+                }
+                Err(e) => last = format!("status: {e:#}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Checks that the endpoints still run.
+    pub fn check_endpoints(&mut self) -> anyhow::Result<()> {
+        for ep in &mut self.endpoints {
+            if let Some(st) = ep.try_wait() {
+                bail!("{} exited ({st}): {}", ep.name, ep.log_tail());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// Counts links whose state is "up" in a `status` reply (tolerant of the reply's exact shape).
+fn links_up(st: &serde_json::Value) -> (usize, usize) {
+    let links = st.get("links").and_then(|l| l.as_array()).cloned().unwrap_or_default();
+    let up = links
+        .iter()
+        .filter(|l| l.get("state").and_then(|s| s.as_str()).is_some_and(|s| s.eq_ignore_ascii_case("up")))
+        .count();
+    (up, links.len())
+}
+
+/// Runs `ping` in namespace `ns` and parses its summary.
+pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-n", "-q", "-c", &count.to_string()])
+        .args(["-i", &format!("{:.3}", interval.as_secs_f64()), "-W", "2", dst])
+        .output()
+        .context("cannot run ping (is iputils-ping installed?)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut st = PingStats::default();
+    for line in text.lines() {
+        if line.contains("packets transmitted") {
+            let nums: Vec<u32> = line.split(',').filter_map(|p| p.split_whitespace().next()?.parse().ok()).collect();
+            if nums.len() >= 2 {
+                st.sent = nums[0];
+                st.received = nums[1];
+            }
+        } else if let Some(rest) = line.split(" = ").nth(1).filter(|_| line.starts_with("rtt") || line.starts_with("round-trip")) {
+            let v: Vec<f64> = rest.split_whitespace().next().unwrap_or("").split('/').filter_map(|x| x.parse().ok()).collect();
+            if v.len() >= 3 {
+                st.min_ms = v[0];
+                st.avg_ms = v[1];
+                st.max_ms = v[2];
+            }
+        }
+    }
+    if st.sent == 0 {
+        bail!("ping {dst} in {ns} printed no summary: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(st)
+}
+
+/// The default links: the classic Multilink PPP lab.
+pub fn default_links() -> Vec<LinkSpec> {
+    [1_000_000, 2_000_000, 3_000_000].iter().map(|&r| LinkSpec::new(r, Duration::from_millis(10))).collect()
+}
+
+/// The live view: one line per second on stderr (redrawn in place on a terminal).
+struct Live {
+    enabled: bool,
+    tty: bool,
+    last_draw: f64,
+    drawn: bool,
+}
+
+impl Live {
+    fn new(enabled: bool) -> Self {
+        use std::io::IsTerminal;
+        Live { enabled, tty: std::io::stderr().is_terminal(), last_draw: 0.0, drawn: false }
+    }
+
+    fn tick(&mut self, lab: &Lab, label: &str, elapsed: f64, total: f64, only: Option<usize>) {
+        if !self.enabled || elapsed - self.last_draw < 1.0 {
+            return;
+        }
+        self.last_draw = elapsed;
+        let hist = lab.stats.lock().map(|v| v.iter().rev().take(2).cloned().collect::<Vec<_>>()).unwrap_or_default();
+        if hist.len() < 2 || hist[0].t <= hist[1].t {
+            return;
+        }
+        let (new, old) = (&hist[0], &hist[1]);
+        let dt = new.t - old.t;
+        let mut line = format!("{label:<7} {:>3.0}/{total:.0}s ", elapsed.min(total));
+        let mut sum = 0.0;
+        for (i, spec) in lab.specs.iter().enumerate() {
+            if only.is_some_and(|o| o != i) {
+                continue;
+            }
+            let rate = (new.links[i][0].bytes - old.links[i][0].bytes) as f64 * 8.0 / dt;
+            sum += rate;
+            let frac = (rate / spec.rate_bps as f64).clamp(0.0, 1.0);
+            let filled = (frac * 10.0).round() as usize;
+            line += &format!(" link{} {}{} {:>6.2}", i + 1, "█".repeat(filled), "·".repeat(10 - filled), rate / 1e6);
+        }
+        line += &format!("  = {:.2} Mbit/s", sum / 1e6);
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[K{line}");
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+        let _ = err.flush();
+        self.drawn = true;
+    }
+
+    fn end_run(&mut self) {
+        if self.enabled && self.tty && self.drawn {
+            eprint!("\r\x1b[K");
+        }
+        self.last_draw = 0.0;
+        self.drawn = false;
+    }
+}
+
+fn run_report(run: &TcpRun) -> RunReport {
+    RunReport {
+        goodput_bps: run.sink.goodput_bps,
+        per_second_bps: run.sink.per_second_bps.clone(),
+        longest_gap_ms: run.sink.longest_gap_ms,
+        longest_gap_at_s: run.sink.longest_gap_at_s,
+        survived: run.survived(),
+        bytes_sent: run.source.flows.iter().map(|f| f.bytes_sent).sum(),
+        bytes_received: run.sink.flows.iter().map(|f| f.bytes).sum(),
+        errors: run
+            .source
+            .flows
+            .iter()
+            .filter_map(|f| f.error.clone())
+            .chain(run.sink.flows.iter().filter_map(|f| f.error.clone()))
+            .collect(),
+        link_rates_bps: run.link_rates(),
+    }
+}
+
+/// `braid lab`.
+pub fn run_lab(args: LabArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the braid binary")?;
+    install_signal_handlers()?;
+    let report = run_lab_with(&args, exe).map_err(|e| if interrupted() { anyhow::anyhow!("interrupted") } else { e })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report::render(&report));
+    }
+    Ok(())
+}
+
+/// Runs the lab as `args` says, with `exe` as the braid binary, and returns the figures.
+pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
+    let specs = if args.links.is_empty() { default_links() } else { args.links.clone() };
+    if let Some(f) = &args.fail {
+        if f.link > specs.len() {
+            bail!("--fail link{}: there are only {} links", f.link, specs.len());
+        }
+        if f.at.as_secs_f64() >= args.duration {
+            bail!("--fail at {:.1} s is not inside the {} s run", f.at.as_secs_f64(), args.duration);
+        }
+        if args.skip_bundle {
+            bail!("--fail applies to the bundle run; it cannot go with --skip-bundle");
+        }
+    }
+    let duration = Duration::from_secs_f64(args.duration);
+    let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
+    let mut opts = LabOptions::new(exe);
+    opts.queue_ms = args.queue_ms;
+    opts.seed = args.seed;
+    let mut live = Live::new(!args.quiet);
+    if !args.quiet {
+        eprintln!(
+            "braid lab: {} links ({}), {} s per run, {} flow(s); namespaces {}a/b/e",
+            specs.len(),
+            specs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            args.duration,
+            args.flows,
+            opts.prefix
+        );
+    }
+    let mut lab = Lab::start(&specs, &opts)?;
+
+    let mut links = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        let n = i + 1;
+        let p = lab.ping(n, 5, Duration::from_millis(50)).ok();
+        links.push(LinkReport {
+            name: format!("link{n}"),
+            spec: s.to_string(),
+            rate_bps: s.rate_bps,
+            delay_ms: s.delay.as_secs_f64() * 1e3,
+            loss_pct: s.loss * 100.0,
+            jitter_ms: s.jitter.as_secs_f64() * 1e3,
+            queue_bytes: shaper::queue_limit_bytes(s.rate_bps, args.queue_ms),
+            ping_rtt_ms: p.filter(|p| p.received > 0).map(|p| p.avg_ms),
+            single: None,
+        });
+    }
+    if !args.skip_single {
+        for i in 0..specs.len() {
+            let label = format!("link{}", i + 1);
+            let run = lab.run_tcp(&netns::addr_b(i + 1), args.flows, duration, &mut |lab, t| {
+                live.tick(lab, &label, t, args.duration, Some(i));
+                Ok(())
+            })?;
+            live.end_run();
+            links[i].single = Some(run_report(&run));
+        }
+    }
+
+    let mut bundle = None;
+    if !args.skip_bundle {
+        lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
+        let mut failed = false;
+        let fail = args.fail.clone();
+        let run = lab.run_tcp(TUNNEL_B, args.flows, duration, &mut |lab, t| {
+            if let Some(f) = &fail {
+                if !failed && t >= f.at.as_secs_f64() {
+                    lab.fail_link(f.link)?;
+                    failed = true;
+                }
+            }
+            lab.check_endpoints()?;
+            live.tick(lab, "bundle", t, args.duration, None);
+            Ok(())
+        })?;
+        live.end_run();
+        let status = lab
+            .client_control()
+            .and_then(|p| braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok());
+        let r = run_report(&run);
+        bundle = Some(BundleReport {
+            scheduler: args.scheduler.clone().unwrap_or_else(|| "default".into()),
+            tunnel_mtu: mtu,
+            fail: args.fail.as_ref().map(|f| FailReport {
+                link: format!("link{}", f.link),
+                at_s: f.at.as_secs_f64(),
+                longest_gap_ms: r.longest_gap_ms,
+                survived: r.survived,
+            }),
+            run: r,
+            client_status: status,
+        });
+    }
+    Ok(LabReport::new(opts.prefix.clone(), args.duration, args.flows, args.queue_ms, links, bundle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fail_spec() {
+        assert_eq!(parse_fail("link2@10").unwrap(), FailSpec { link: 2, at: Duration::from_secs(10) });
+        assert_eq!(parse_fail("3@1.5s").unwrap(), FailSpec { link: 3, at: Duration::from_millis(1500) });
+        for bad in ["link2", "x@1", "link0@1", "link1@-1", "link1@abc"] {
+            assert!(parse_fail(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tunnel_mtu_fits_the_underlay() {
+        assert_eq!(MAX_TUNNEL_MTU + 77, UNDERLAY_MTU);
+    }
+
+    #[test]
+    fn counts_links_up() {
+        let st = serde_json::json!({"links": [{"state": "UP"}, {"state": "down"}, {"state": "up"}]});
+        assert_eq!(links_up(&st), (2, 3));
+        assert_eq!(links_up(&serde_json::json!({})), (0, 0));
+    }
 }

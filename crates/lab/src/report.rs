@@ -1,0 +1,220 @@
+//! The lab's figures, as a table for people and one JSON object for programs.
+//!
+//! What "% of the sum" means: a link's RATE counts IP bytes. One TCP flow alone on a link carries
+//! at most `(1500 - 52) / 1500` = 96.5% of it as payload (IPv4 + TCP headers with timestamps are
+//! 52 bytes per 1500-byte packet). Through the tunnel every packet also carries 77 bytes of outer
+//! IPv4, UDP and braid header and tag, so with a tunnel MTU of 1423 the payload ceiling is
+//! `(1423 - 52) / 1500` = 91.4% of the nominal rate. The report therefore gives the bundle's TCP
+//! goodput against the sum of the nominal rates (what a user bought), against the sum of what each
+//! link gave alone with plain TCP (what the bundle could at best add up to without its own
+//! overhead), and the ceilings that the headers impose, plus how full each link was (IP bytes the
+//! emulator forwarded / rate): that last figure shows the scheduler's share of any shortfall.
+
+use serde::Serialize;
+
+use crate::spec::format_rate;
+use crate::{TCP_IP_HEADERS, UNDERLAY_MTU};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LabReport {
+    pub netns_prefix: String,
+    pub duration_s: f64,
+    pub flows: u16,
+    pub queue_ms: u64,
+    pub links: Vec<LinkReport>,
+    pub nominal_sum_bps: f64,
+    /// Sum of the links' goodput alone (when every link was measured).
+    pub single_sum_bps: Option<f64>,
+    /// TCP payload ceiling of one link alone, as a fraction of its rate.
+    pub single_ceiling: f64,
+    pub bundle: Option<BundleReport>,
+    /// Bundle goodput / nominal sum.
+    pub bundle_of_nominal: Option<f64>,
+    /// Bundle goodput / sum of the links alone.
+    pub bundle_of_single_sum: Option<f64>,
+    /// TCP payload ceiling through the tunnel, as a fraction of the nominal sum.
+    pub bundle_ceiling: Option<f64>,
+    /// IP bytes the emulator forwarded A->B on all links during the bundle run / nominal sum.
+    pub bundle_link_utilization: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkReport {
+    pub name: String,
+    pub spec: String,
+    pub rate_bps: u64,
+    pub delay_ms: f64,
+    pub loss_pct: f64,
+    pub jitter_ms: f64,
+    /// The emulator's drop-tail queue limit in each direction.
+    pub queue_bytes: u64,
+    /// Average of 5 idle pings over the link.
+    pub ping_rtt_ms: Option<f64>,
+    /// The link alone with plain TCP.
+    pub single: Option<RunReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// TCP payload received per second inside the window, bit/s.
+    pub goodput_bps: f64,
+    pub per_second_bps: Vec<f64>,
+    /// Longest time with no byte received (ms) and when it began (s into the window).
+    pub longest_gap_ms: f64,
+    pub longest_gap_at_s: f64,
+    /// Every flow ended cleanly and delivered every byte it sent.
+    pub survived: bool,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub errors: Vec<String>,
+    /// A->B IP bit/s the emulator forwarded on each link during the steady part of the run.
+    pub link_rates_bps: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BundleReport {
+    pub scheduler: String,
+    pub tunnel_mtu: u32,
+    pub run: RunReport,
+    pub fail: Option<FailReport>,
+    /// The client's `status` reply at the end of the run.
+    pub client_status: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FailReport {
+    pub link: String,
+    pub at_s: f64,
+    /// Longest time without a received byte during the run.
+    pub longest_gap_ms: f64,
+    pub survived: bool,
+}
+
+impl LabReport {
+    pub fn new(
+        netns_prefix: String,
+        duration_s: f64,
+        flows: u16,
+        queue_ms: u64,
+        links: Vec<LinkReport>,
+        bundle: Option<BundleReport>,
+    ) -> LabReport {
+        let nominal_sum_bps: f64 = links.iter().map(|l| l.rate_bps as f64).sum();
+        let single_sum_bps = links
+            .iter()
+            .map(|l| l.single.as_ref().map(|s| s.goodput_bps))
+            .sum::<Option<f64>>();
+        let single_ceiling = f64::from(UNDERLAY_MTU - TCP_IP_HEADERS) / f64::from(UNDERLAY_MTU);
+        let bundle_goodput = bundle.as_ref().map(|b| b.run.goodput_bps);
+        let bundle_ceiling =
+            bundle.as_ref().map(|b| f64::from(b.tunnel_mtu - TCP_IP_HEADERS) / f64::from(UNDERLAY_MTU));
+        let bundle_link_utilization = bundle
+            .as_ref()
+            .filter(|b| !b.run.link_rates_bps.is_empty())
+            .map(|b| b.run.link_rates_bps.iter().sum::<f64>() / nominal_sum_bps);
+        LabReport {
+            netns_prefix,
+            duration_s,
+            flows,
+            queue_ms,
+            bundle_of_nominal: bundle_goodput.map(|g| g / nominal_sum_bps),
+            bundle_of_single_sum: bundle_goodput.zip(single_sum_bps).map(|(g, s)| g / s),
+            links,
+            nominal_sum_bps,
+            single_sum_bps,
+            single_ceiling,
+            bundle,
+            bundle_ceiling,
+            bundle_link_utilization,
+        }
+    }
+}
+
+fn mbit(bps: f64) -> String {
+    format!("{:.2}", bps / 1e6)
+}
+
+/// The table `braid lab` prints.
+pub fn render(r: &LabReport) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
+        "link", "spec", "ping rtt", "TCP alone", "of rate", "link used"
+    );
+    for l in &r.links {
+        let rtt = l.ping_rtt_ms.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "-".into());
+        let (alone, pct, used) = match &l.single {
+            Some(s) => (
+                format!("{} Mbit/s", mbit(s.goodput_bps)),
+                format!("{:.1}%", 100.0 * s.goodput_bps / l.rate_bps as f64),
+                s.link_rates_bps
+                    .iter()
+                    .copied()
+                    .reduce(f64::max)
+                    .map(|v| format!("{:.1}%", 100.0 * v / l.rate_bps as f64))
+                    .unwrap_or_else(|| "-".into()),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        out += &format!("{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n", l.name, l.spec, rtt, alone, pct, used);
+    }
+    let sum_alone = r.single_sum_bps.map(|s| format!("{} Mbit/s", mbit(s))).unwrap_or_else(|| "-".into());
+    let sum_pct =
+        r.single_sum_bps.map(|s| format!("{:.1}%", 100.0 * s / r.nominal_sum_bps)).unwrap_or_else(|| "-".into());
+    out += &format!(
+        "{:<8} {:<22} {:>9} {:>12} {:>8}\n",
+        "sum",
+        format!("{}", format_rate(r.nominal_sum_bps as u64)),
+        "",
+        sum_alone,
+        sum_pct
+    );
+    if let Some(b) = &r.bundle {
+        let used = r.bundle_link_utilization.map(|u| format!("{:.1}%", 100.0 * u)).unwrap_or_else(|| "-".into());
+        out += &format!(
+            "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
+            "bundle",
+            format!("{} flow(s), {}", r.flows, b.scheduler),
+            "",
+            format!("{} Mbit/s", mbit(b.run.goodput_bps)),
+            format!("{:.1}%", 100.0 * b.run.goodput_bps / r.nominal_sum_bps),
+            used
+        );
+        if !b.run.link_rates_bps.is_empty() {
+            let per: Vec<String> = b
+                .run
+                .link_rates_bps
+                .iter()
+                .zip(&r.links)
+                .map(|(v, l)| format!("{} {} ({:.0}%)", l.name, mbit(*v), 100.0 * v / l.rate_bps as f64))
+                .collect();
+            out += &format!("  bundle per link on the wire (Mbit/s of IP): {}\n", per.join(", "));
+        }
+        out += &format!(
+            "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel, {:.1}% alone\n",
+            b.tunnel_mtu,
+            100.0 * r.bundle_ceiling.unwrap_or(0.0),
+            100.0 * r.single_ceiling
+        );
+        if let Some(f) = &b.fail {
+            out += &format!(
+                "  {} failed at {:.1} s: longest stall {:.0} ms, TCP connection {}\n",
+                f.link,
+                f.at_s,
+                f.longest_gap_ms,
+                if f.survived { "survived" } else { "BROKEN" }
+            );
+        } else if !b.run.survived {
+            out += &format!("  the TCP connection did not finish cleanly: {}\n", b.run.errors.join("; "));
+        }
+        let of_alone =
+            r.bundle_of_single_sum.map(|v| format!(", {:.0}% of the links alone", 100.0 * v)).unwrap_or_default();
+        out += &format!(
+            "bundle: {} Mbit/s of {} ({:.0}%{of_alone})\n",
+            mbit(b.run.goodput_bps),
+            mbit(r.nominal_sum_bps),
+            100.0 * b.run.goodput_bps / r.nominal_sum_bps
+        );
+    }
+    out
+}

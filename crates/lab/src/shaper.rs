@@ -1,0 +1,202 @@
+//! The link model of the emulator, one direction of one link, as pure logic (time comes in).
+//!
+//! A frame of `len` IP bytes arriving at `now`:
+//! 1. is lost with probability `loss` (seeded RNG), before it takes any capacity;
+//! 2. is dropped if the bytes still waiting for the wire plus `len` exceed the queue limit
+//!    (drop-tail);
+//! 3. otherwise it is serialized after every earlier frame:
+//!    `wire_done = max(now, last_wire_done) + len * 8 / rate`;
+//! 4. and delivered at `wire_done + delay + jitter`, where jitter is uniform in [-J, +J] (never a
+//!    negative delay), but never before the previous frame's delivery (the link stays FIFO).
+//!
+//! The backlog in step 2 is derived from the serialization clock: `(last_wire_done - now) * rate`.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::spec::LinkSpec;
+
+/// Default queue: this many milliseconds of the link's rate...
+pub const DEFAULT_QUEUE_MS: u64 = 100;
+/// ...but at least this many bytes (about 32 full-size frames), so slow links still hold a TCP
+/// window's worth of packets.
+pub const MIN_QUEUE_BYTES: u64 = 48_000;
+
+/// Queue limit in bytes for a link of `rate_bps` with a queue of `queue_ms` milliseconds.
+pub fn queue_limit_bytes(rate_bps: u64, queue_ms: u64) -> u64 {
+    (rate_bps.saturating_mul(queue_ms) / 8000).max(MIN_QUEUE_BYTES)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send the frame at this instant.
+    Deliver(Instant),
+    /// Random loss.
+    Lost,
+    /// Queue full.
+    QueueFull,
+}
+
+#[derive(Debug)]
+pub struct Shaper {
+    rate_bps: f64,
+    delay: Duration,
+    jitter: Duration,
+    loss: f64,
+    queue_limit: u64,
+    wire_free_at: Option<Instant>,
+    last_delivery: Option<Instant>,
+    rng: StdRng,
+}
+
+impl Shaper {
+    pub fn new(spec: &LinkSpec, queue_limit: u64, seed: u64) -> Self {
+        Shaper {
+            rate_bps: spec.rate_bps as f64,
+            delay: spec.delay,
+            jitter: spec.jitter,
+            loss: spec.loss,
+            queue_limit,
+            wire_free_at: None,
+            last_delivery: None,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Bytes waiting to be serialized at `now`.
+    pub fn backlog(&self, now: Instant) -> u64 {
+        match self.wire_free_at {
+            Some(t) if t > now => ((t - now).as_secs_f64() * self.rate_bps / 8.0) as u64,
+            _ => 0,
+        }
+    }
+
+    /// Decides the fate of a frame of `len` IP bytes arriving at `now`.
+    pub fn on_frame(&mut self, now: Instant, len: usize) -> Verdict {
+        if self.loss > 0.0 && self.rng.gen::<f64>() < self.loss {
+            return Verdict::Lost;
+        }
+        if self.backlog(now) + len as u64 > self.queue_limit {
+            return Verdict::QueueFull;
+        }
+        let start = match self.wire_free_at {
+            Some(t) if t > now => t,
+            _ => now,
+        };
+        let wire_done = start + Duration::from_secs_f64(len as f64 * 8.0 / self.rate_bps);
+        self.wire_free_at = Some(wire_done);
+        let mut at = wire_done + self.delay;
+        if !self.jitter.is_zero() {
+            let j = self.jitter.as_secs_f64();
+            let off = self.rng.gen_range(-j..=j);
+            at = if off >= 0.0 {
+                at + Duration::from_secs_f64(off)
+            } else {
+                at.checked_sub(Duration::from_secs_f64(-off)).unwrap_or(wire_done).max(wire_done)
+            };
+        }
+        if let Some(prev) = self.last_delivery {
+            at = at.max(prev);
+        }
+        self.last_delivery = Some(at);
+        Verdict::Deliver(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(rate: u64, delay_ms: u64) -> LinkSpec {
+        LinkSpec::new(rate, Duration::from_millis(delay_ms))
+    }
+
+    #[test]
+    fn serializes_at_rate_then_delays() {
+        let t0 = Instant::now();
+        let mut s = Shaper::new(&spec(1_000_000, 10), 1_000_000, 1);
+        // 1250 bytes at 1 Mbit/s = 10 ms on the wire.
+        assert_eq!(s.on_frame(t0, 1250), Verdict::Deliver(t0 + Duration::from_millis(20)));
+        assert_eq!(s.on_frame(t0, 1250), Verdict::Deliver(t0 + Duration::from_millis(30)));
+        assert_eq!(s.backlog(t0), 2500);
+        // After the wire is idle again, a frame goes straight out.
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(s.backlog(t1), 0);
+        assert_eq!(s.on_frame(t1, 1250), Verdict::Deliver(t1 + Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn long_run_rate_is_exact() {
+        let t0 = Instant::now();
+        let mut s = Shaper::new(&spec(10_000_000, 0), u64::MAX, 1);
+        let mut last = t0;
+        for _ in 0..10_000 {
+            if let Verdict::Deliver(at) = s.on_frame(t0, 1500) {
+                last = at;
+            }
+        }
+        // 10 000 * 1500 * 8 bit at 10 Mbit/s = 12 s.
+        let secs = (last - t0).as_secs_f64();
+        assert!((secs - 12.0).abs() < 1e-3, "{secs}");
+    }
+
+    #[test]
+    fn drop_tail_at_queue_limit() {
+        let t0 = Instant::now();
+        let mut s = Shaper::new(&spec(1_000_000, 0), 3000, 1);
+        assert!(matches!(s.on_frame(t0, 1500), Verdict::Deliver(_)));
+        assert!(matches!(s.on_frame(t0, 1500), Verdict::Deliver(_)));
+        assert_eq!(s.on_frame(t0, 1500), Verdict::QueueFull);
+        // 12 ms later one frame has left the queue.
+        let t1 = t0 + Duration::from_millis(12);
+        assert!(matches!(s.on_frame(t1, 1500), Verdict::Deliver(_)));
+        assert_eq!(s.on_frame(t1, 1500), Verdict::QueueFull);
+    }
+
+    #[test]
+    fn loss_rate_matches_and_jitter_keeps_fifo() {
+        let t0 = Instant::now();
+        let mut sp = spec(100_000_000, 20);
+        sp.loss = 0.1;
+        sp.jitter = Duration::from_millis(5);
+        // Dense frames: loss near 10%, never reordered.
+        let mut s = Shaper::new(&sp, u64::MAX, 7);
+        let mut lost = 0;
+        let mut prev = t0;
+        for i in 0..20_000u32 {
+            let now = t0 + Duration::from_micros(u64::from(i) * 200);
+            match s.on_frame(now, 100) {
+                Verdict::Lost => lost += 1,
+                Verdict::Deliver(at) => {
+                    assert!(at >= prev, "reordered");
+                    prev = at;
+                }
+                Verdict::QueueFull => panic!("unbounded queue"),
+            }
+        }
+        assert!((1800..2200).contains(&lost), "{lost}");
+        // Sparse frames (10 ms apart, more than the jitter range): delays spread over 20 +- 5 ms.
+        sp.loss = 0.0;
+        let mut s = Shaper::new(&sp, u64::MAX, 7);
+        let (mut min, mut max, mut sum) = (Duration::MAX, Duration::ZERO, 0.0);
+        for i in 0..2000u32 {
+            let now = t0 + Duration::from_millis(u64::from(i) * 10);
+            let Verdict::Deliver(at) = s.on_frame(now, 100) else { panic!("dropped") };
+            min = min.min(at - now);
+            max = max.max(at - now);
+            sum += (at - now).as_secs_f64();
+        }
+        assert!(min < Duration::from_millis(16) && min >= Duration::from_millis(15), "{min:?}");
+        assert!(max > Duration::from_millis(24) && max <= Duration::from_micros(25_010), "{max:?}");
+        let mean = sum / 2000.0;
+        assert!((mean - 0.020).abs() < 0.0005, "{mean}");
+    }
+
+    #[test]
+    fn queue_limits() {
+        assert_eq!(queue_limit_bytes(1_000_000, 100), MIN_QUEUE_BYTES);
+        assert_eq!(queue_limit_bytes(50_000_000, 100), 625_000);
+    }
+}

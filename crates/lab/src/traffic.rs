@@ -1,0 +1,275 @@
+//! Traffic: real kernel TCP between the lab's hosts. `braid lab-internal sink` (in host B) accepts
+//! the flows, counts what arrives and reports JSON on stdout; `braid lab-internal source` (in host A)
+//! opens the flows and writes as fast as TCP lets it.
+//!
+//! Goodput is measured at the sink over a window of the run's duration that starts at the first
+//! byte received; the source writes a little longer than that so the window is always full. After
+//! the window the sink keeps reading until every flow closes cleanly (EOF) and the source checks
+//! that the sink saw every byte: that is "the TCP connection survived".
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// What the sink reports.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct SinkReport {
+    /// Length of the measurement window (seconds).
+    pub window_s: f64,
+    /// Bytes received inside the window, all flows.
+    pub window_bytes: u64,
+    /// TCP goodput inside the window, bit/s.
+    pub goodput_bps: f64,
+    /// Goodput of each whole second of the window, bit/s.
+    pub per_second_bps: Vec<f64>,
+    /// The longest time inside the window with no byte received on any flow (milliseconds).
+    pub longest_gap_ms: f64,
+    /// When the longest gap started, seconds into the window.
+    pub longest_gap_at_s: f64,
+    /// Per flow: total bytes received and whether it ended with a clean EOF.
+    pub flows: Vec<SinkFlow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct SinkFlow {
+    pub bytes: u64,
+    pub clean_eof: bool,
+    pub error: Option<String>,
+}
+
+/// What the source reports.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct SourceReport {
+    pub flows: Vec<SourceFlow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct SourceFlow {
+    pub bytes_sent: u64,
+    pub error: Option<String>,
+}
+
+/// One flow's reads: (nanoseconds since the sink's start, bytes).
+type Reads = Vec<(u64, u32)>;
+
+fn read_flow(mut s: TcpStream, t0: Instant, deadline: Instant) -> (Reads, SinkFlow) {
+    let mut reads = Vec::with_capacity(1 << 16);
+    let mut flow = SinkFlow::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    loop {
+        if Instant::now() > deadline {
+            flow.error = Some("no EOF before the sink's deadline".into());
+            break;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => {
+                flow.clean_eof = true;
+                break;
+            }
+            Ok(n) => {
+                reads.push((t0.elapsed().as_nanos() as u64, n as u32));
+                flow.bytes += n as u64;
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                flow.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    // Tell the source we are done: it waits for this close.
+    let _ = s.shutdown(Shutdown::Both);
+    (reads, flow)
+}
+
+/// Summarizes the reads of all flows over a window of `window` from the first byte.
+pub fn summarize(mut reads: Reads, window: Duration) -> (u64, Vec<f64>, f64, f64) {
+    reads.sort_unstable_by_key(|r| r.0);
+    let Some(&(first, _)) = reads.first() else {
+        return (0, Vec::new(), window.as_secs_f64() * 1e3, 0.0);
+    };
+    let end = first + window.as_nanos() as u64;
+    let secs = window.as_secs_f64().ceil() as usize;
+    let mut per_second = vec![0u64; secs.max(1)];
+    let mut total = 0u64;
+    let mut prev = first;
+    let (mut gap, mut gap_at) = (0u64, 0u64);
+    for &(t, n) in reads.iter().take_while(|r| r.0 < end) {
+        total += u64::from(n);
+        let idx = (((t - first) / 1_000_000_000) as usize).min(per_second.len() - 1);
+        per_second[idx] += u64::from(n);
+        if t - prev > gap {
+            gap = t - prev;
+            gap_at = prev - first;
+        }
+        prev = t;
+    }
+    // A transfer that stopped before the window ended stalled until the end.
+    if end - prev > gap && reads.last().is_some_and(|r| r.0 < end) {
+        gap = end - prev;
+        gap_at = prev - first;
+    }
+    let per_second_bps = per_second.iter().map(|b| *b as f64 * 8.0).collect();
+    (total, per_second_bps, gap as f64 / 1e6, gap_at as f64 / 1e9)
+}
+
+/// Runs the sink: accepts `flows` connections on `listen`, measures for `window`, reads until
+/// every flow has closed (or `drain` after the window), prints a [`SinkReport`] as JSON.
+pub fn run_sink(listen: SocketAddr, flows: usize, window: Duration, accept_timeout: Duration) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen).with_context(|| format!("sink: listen on {listen}"))?;
+    println!("listening");
+    std::io::stdout().flush()?;
+    listener.set_nonblocking(true)?;
+    let t0 = Instant::now();
+    let accept_deadline = t0 + accept_timeout;
+    // Flows must end (clean EOF) by then: the window, plus generous time to drain and close.
+    let mut handles = Vec::new();
+    while handles.len() < flows {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                let deadline = Instant::now() + window + Duration::from_secs(20);
+                handles.push(std::thread::spawn(move || read_flow(s, t0, deadline)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > accept_deadline {
+                    anyhow::bail!("sink: only {} of {flows} flows connected within {accept_timeout:?}", handles.len());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e).context("sink: accept"),
+        }
+    }
+    let mut all = Vec::new();
+    let mut report = SinkReport { window_s: window.as_secs_f64(), ..Default::default() };
+    for h in handles {
+        let (reads, flow) = h.join().map_err(|_| anyhow::anyhow!("sink: flow thread panicked"))?;
+        all.extend(reads);
+        report.flows.push(flow);
+    }
+    let (bytes, per_second, gap, gap_at) = summarize(all, window);
+    report.window_bytes = bytes;
+    report.goodput_bps = bytes as f64 * 8.0 / window.as_secs_f64();
+    report.per_second_bps = per_second;
+    report.longest_gap_ms = gap;
+    report.longest_gap_at_s = gap_at;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -> SourceFlow {
+    let mut flow = SourceFlow::default();
+    let start = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(s) => break s,
+            Err(e) if start.elapsed() < connect_timeout => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                flow.error = Some(format!("connect {addr}: {e}"));
+                return flow;
+            }
+        }
+    };
+    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+    let buf = vec![0x5au8; 64 * 1024];
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        match s.write(&buf) {
+            Ok(n) => flow.bytes_sent += n as u64,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                flow.error = Some(format!("write: {e}"));
+                return flow;
+            }
+        }
+    }
+    if let Err(e) = s.shutdown(Shutdown::Write) {
+        flow.error = Some(format!("shutdown: {e}"));
+        return flow;
+    }
+    // Wait for the sink to close its side: then it has read everything.
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut b = [0u8; 64];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Ok(_) => flow.error = Some("unexpected data from the sink".into()),
+        Err(e) => flow.error = Some(format!("waiting for the sink to close: {e}")),
+    }
+    flow
+}
+
+/// Runs the source: `flows` TCP connections to `addr`, each writing for `duration`; prints a
+/// [`SourceReport`] as JSON.
+pub fn run_source(addr: SocketAddr, flows: usize, duration: Duration, connect_timeout: Duration) -> anyhow::Result<()> {
+    let handles: Vec<_> =
+        (0..flows).map(|_| std::thread::spawn(move || write_flow(addr, duration, connect_timeout))).collect();
+    let mut report = SourceReport::default();
+    for h in handles {
+        report.flows.push(h.join().map_err(|_| anyhow::anyhow!("source: flow thread panicked"))?);
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_counts_window_and_longest_gap() {
+        let s = 1_000_000_000u64;
+        // First byte at 1 s; reads every 10 ms, a hole from 2.5 s to 3.2 s, window 3 s.
+        let mut reads = Vec::new();
+        let mut t = s;
+        while t < 5 * s {
+            if !(t > 2 * s + s / 2 && t < 3 * s + s / 5) {
+                reads.push((t, 1000));
+            }
+            t += s / 100;
+        }
+        let (bytes, per_sec, gap, at) = summarize(reads, Duration::from_secs(3));
+        assert_eq!(per_sec.len(), 3);
+        assert_eq!(per_sec[0], 100.0 * 1000.0 * 8.0);
+        assert!(bytes < 300 * 1000 && bytes > 220 * 1000, "{bytes}");
+        assert!((gap - 700.0).abs() < 15.0, "{gap}");
+        assert!((at - 1.5).abs() < 0.02, "{at}");
+    }
+
+    #[test]
+    fn summary_of_a_transfer_that_stops_early() {
+        let s = 1_000_000_000u64;
+        let reads = vec![(0, 10), (s / 2, 10)];
+        let (_, _, gap, at) = summarize(reads, Duration::from_secs(2));
+        assert!((gap - 1500.0).abs() < 1.0, "{gap}");
+        assert!((at - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sink_and_source_over_loopback() {
+        // Loopback only: this test needs no namespace.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let sink = std::thread::spawn(move || {
+            let l = TcpListener::bind(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            read_flow(s, Instant::now(), Instant::now() + Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let f = write_flow(addr, Duration::from_millis(200), Duration::from_secs(2));
+        let (reads, flow) = sink.join().unwrap();
+        assert!(f.error.is_none(), "{:?}", f.error);
+        assert!(flow.clean_eof);
+        assert_eq!(flow.bytes, f.bytes_sent);
+        assert!(!reads.is_empty());
+    }
+}
