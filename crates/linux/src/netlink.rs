@@ -37,19 +37,13 @@ fn run<F: std::future::Future<Output = Result<T, NetlinkError>>, T>(
     })
 }
 
-async fn index_of(handle: &rtnetlink::Handle, name: &str) -> Result<u32, NetlinkError> {
-    let mut links = handle.link().get().match_name(name.to_string()).execute();
-    match links.try_next().await {
-        Ok(Some(msg)) => Ok(msg.header.index),
-        Ok(None) => Err(NetlinkError::NoSuchInterface(name.to_string())),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
-            Err(NetlinkError::NoSuchInterface(name.to_string()))
-        }
-        Err(source) => Err(NetlinkError::Request {
-            name: name.to_string(),
-            what: "lookup",
-            source: Box::new(source),
-        }),
+async fn index_of(_handle: &rtnetlink::Handle, name: &str) -> Result<u32, NetlinkError> {
+    // if_nametoindex rather than a link dump: netlink-packet-route logs warnings on attributes
+    // newer kernels add to the dump (IFLA_INET6_CONF), and we only need the index.
+    match nix::net::if_::if_nametoindex(name) {
+        Ok(i) => Ok(i),
+        Err(nix::errno::Errno::ENODEV) => Err(NetlinkError::NoSuchInterface(name.to_string())),
+        Err(e) => Err(NetlinkError::Io(e.into())),
     }
 }
 

@@ -151,8 +151,13 @@ impl Ctx<'_> {
 
 /// Parses "IP/PREFIX" (IPv4 or IPv6).
 pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
-    let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not ADDRESS/PREFIX (e.g. 198.19.0.1/30)"))?;
-    let ip: IpAddr = ip.trim().parse().map_err(|_| format!("{ip:?} is not an IP address"))?;
+    let (ip, prefix) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not ADDRESS/PREFIX (e.g. 198.19.0.1/30)"))?;
+    let ip: IpAddr = ip
+        .trim()
+        .parse()
+        .map_err(|_| format!("{ip:?} is not an IP address"))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     let prefix: u8 = prefix
         .trim()
@@ -169,8 +174,12 @@ pub fn decode_key(s: &str) -> Result<[u8; 32], String> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(s.trim())
         .map_err(|e| format!("key is not base64 ({e}); make one with `braid keygen`"))?;
-    <[u8; 32]>::try_from(bytes.as_slice())
-        .map_err(|_| format!("key is {} bytes, expected 32; make one with `braid keygen`", bytes.len()))
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        format!(
+            "key is {} bytes, expected 32; make one with `braid keygen`",
+            bytes.len()
+        )
+    })
 }
 
 /// Parses "ADDRESS" or "ADDRESS:PORT" (IPv6 as "[::1]:5050").
@@ -178,7 +187,11 @@ pub fn parse_bind(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
-    if let Ok(ip) = s.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+    if let Ok(ip) = s
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
         return Ok(SocketAddr::new(ip, 0));
     }
     Err(format!("{s:?} is not an IP address (or ADDRESS:PORT)"))
@@ -192,16 +205,24 @@ pub fn resolve_remote(s: &str, family_hint: Option<IpAddr>) -> Result<SocketAddr
     if !s.contains(':') {
         return Err(format!("{s:?} is not HOST:PORT"));
     }
-    let addrs: Vec<SocketAddr> = s.to_socket_addrs().map_err(|e| format!("cannot resolve {s:?}: {e}"))?.collect();
+    let addrs: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {s:?}: {e}"))?
+        .collect();
     let pick = match family_hint {
-        Some(h) => addrs.iter().find(|a| a.is_ipv4() == h.is_ipv4()).or(addrs.first()),
+        Some(h) => addrs
+            .iter()
+            .find(|a| a.is_ipv4() == h.is_ipv4())
+            .or(addrs.first()),
         None => addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()),
     };
-    pick.copied().ok_or_else(|| format!("{s:?} resolves to no address"))
+    pick.copied()
+        .ok_or_else(|| format!("{s:?} resolves to no address"))
 }
 
 fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>().map_err(|_| format!("{s:?} is not ADDRESS:PORT"))
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("{s:?} is not ADDRESS:PORT"))
 }
 
 impl Config {
@@ -234,7 +255,12 @@ impl Config {
         let role = match b.role.get_ref().as_str() {
             "client" => Role::Client,
             "server" => Role::Server,
-            other => return Err(cx.at(&b.role, format_args!("role {other:?} is neither \"client\" nor \"server\""))),
+            other => {
+                return Err(cx.at(
+                    &b.role,
+                    format_args!("role {other:?} is neither \"client\" nor \"server\""),
+                ))
+            }
         };
         let psk = match (&b.key, &b.key_file) {
             (Some(_), Some(f)) => return Err(cx.at(f, "give either key or key_file, not both")),
@@ -248,24 +274,46 @@ impl Config {
             }
             (None, None) => return Err(cx.whole("[bundle] needs key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)")),
         };
-        let (address, prefix) = parse_cidr(b.address.get_ref()).map_err(|m| cx.at(&b.address, format_args!("address: {m}")))?;
+        let (address, prefix) = parse_cidr(b.address.get_ref())
+            .map_err(|m| cx.at(&b.address, format_args!("address: {m}")))?;
         let mtu = match &b.mtu {
-            Some(m) if !(576..=65535).contains(m.get_ref()) => return Err(cx.at(m, format_args!("mtu {} out of range 576..65535", m.get_ref()))),
-            Some(m) if address.is_ipv6() && *m.get_ref() < 1280 => return Err(cx.at(m, "mtu below 1280 cannot carry an IPv6 tunnel address")),
+            Some(m) if !(576..=65535).contains(m.get_ref()) => {
+                return Err(cx.at(
+                    m,
+                    format_args!("mtu {} out of range 576..65535", m.get_ref()),
+                ))
+            }
+            Some(m) if address.is_ipv6() && *m.get_ref() < 1280 => {
+                return Err(cx.at(m, "mtu below 1280 cannot carry an IPv6 tunnel address"))
+            }
             Some(m) => *m.get_ref(),
             None => DEFAULT_MTU,
         };
         let listen = match &b.listen {
-            Some(l) => Some(parse_socket_addr(l.get_ref()).map_err(|m| cx.at(l, format_args!("listen: {m}")))?),
+            Some(l) => Some(
+                parse_socket_addr(l.get_ref())
+                    .map_err(|m| cx.at(l, format_args!("listen: {m}")))?,
+            ),
             None => None,
         };
         if role == Role::Server && listen.is_none() {
-            return Err(cx.whole("[bundle] a server needs listen = \"ADDRESS:PORT\" (where its links arrive)"));
+            return Err(cx.whole(
+                "[bundle] a server needs listen = \"ADDRESS:PORT\" (where its links arrive)",
+            ));
         }
         let scheduler = match &b.scheduler {
-            Some(s) if braid_core::sched::NAMES.contains(&s.get_ref().as_str()) => s.get_ref().clone(),
+            Some(s) if braid_core::sched::NAMES.contains(&s.get_ref().as_str()) => {
+                s.get_ref().clone()
+            }
             Some(s) => {
-                return Err(cx.at(s, format_args!("unknown scheduler {:?} (expected one of: {})", s.get_ref(), braid_core::sched::NAMES.join(", "))))
+                return Err(cx.at(
+                    s,
+                    format_args!(
+                        "unknown scheduler {:?} (expected one of: {})",
+                        s.get_ref(),
+                        braid_core::sched::NAMES.join(", ")
+                    ),
+                ))
             }
             None => "adaptive".to_string(),
         };
@@ -275,20 +323,31 @@ impl Config {
             None => braid_linux::control::default_path(&name),
         };
         let metrics = match &b.metrics {
-            Some(m) => Some(parse_socket_addr(m.get_ref()).map_err(|e| cx.at(m, format_args!("metrics: {e}")))?),
+            Some(m) => Some(
+                parse_socket_addr(m.get_ref())
+                    .map_err(|e| cx.at(m, format_args!("metrics: {e}")))?,
+            ),
             None => None,
         };
-        let cipher = match &b.cipher {
-            None => CipherId::ChaCha20Poly1305,
-            Some(c) => match c.get_ref().as_str() {
-                "chacha20-poly1305" => CipherId::ChaCha20Poly1305,
-                "aes256-gcm" => CipherId::Aes256Gcm,
-                other => return Err(cx.at(c, format_args!("unknown cipher {other:?} (expected chacha20-poly1305 or aes256-gcm)"))),
-            },
-        };
+        let cipher =
+            match &b.cipher {
+                None => CipherId::ChaCha20Poly1305,
+                Some(c) => match c.get_ref().as_str() {
+                    "chacha20-poly1305" => CipherId::ChaCha20Poly1305,
+                    "aes256-gcm" => CipherId::Aes256Gcm,
+                    other => return Err(cx.at(
+                        c,
+                        format_args!(
+                            "unknown cipher {other:?} (expected chacha20-poly1305 or aes256-gcm)"
+                        ),
+                    )),
+                },
+            };
         let ms = |v: &Option<Spanned<u64>>, what: &str| -> Result<Option<Duration>, ConfigError> {
             match v {
-                Some(x) if *x.get_ref() == 0 || *x.get_ref() > 600_000 => Err(cx.at(x, format_args!("{what} must be 1..600000 ms"))),
+                Some(x) if *x.get_ref() == 0 || *x.get_ref() > 600_000 => {
+                    Err(cx.at(x, format_args!("{what} must be 1..600000 ms")))
+                }
                 Some(x) => Ok(Some(Duration::from_millis(*x.get_ref()))),
                 None => Ok(None),
             }
@@ -296,21 +355,31 @@ impl Config {
         let probe_interval = ms(&b.probe_interval_ms, "probe_interval_ms")?;
         let down_after = ms(&b.down_after_ms, "down_after_ms")?;
         let reorder_max = ms(&b.reorder_max_ms, "reorder_max_ms")?;
-        let connect_timeout = match b.connect_timeout.as_ref().map(|c| *c.get_ref()).unwrap_or(DEFAULT_CONNECT_TIMEOUT_S) {
+        let connect_timeout = match b
+            .connect_timeout
+            .as_ref()
+            .map(|c| *c.get_ref())
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S)
+        {
             0 => None,
             s => Some(Duration::from_secs(s)),
         };
 
         let mut links = Vec::new();
         if role == Role::Client && file.link.is_empty() {
-            return Err(cx.whole("a client needs at least one [[link]] (name, dev and/or bind, remote)"));
+            return Err(
+                cx.whole("a client needs at least one [[link]] (name, dev and/or bind, remote)")
+            );
         }
         for (i, l) in file.link.iter().enumerate() {
             let sp = l.span();
             let l = l.get_ref();
             let lname = l.name.get_ref().clone();
             if lname.is_empty() || lname.len() > 32 || lname.contains(char::is_whitespace) {
-                return Err(cx.at(&l.name, format_args!("link name {lname:?}: 1 to 32 characters, no spaces")));
+                return Err(cx.at(
+                    &l.name,
+                    format_args!("link name {lname:?}: 1 to 32 characters, no spaces"),
+                ));
             }
             if links.iter().any(|x: &LinkSpec| x.name == lname) {
                 return Err(cx.at(&l.name, format_args!("link name {lname:?} is used twice")));
@@ -324,18 +393,33 @@ impl Config {
                 continue;
             }
             if l.dev.is_none() && l.bind.is_none() {
-                return Err(at_link("needs dev = \"IFACE\" and/or bind = \"ADDRESS\"".into()));
+                return Err(at_link(
+                    "needs dev = \"IFACE\" and/or bind = \"ADDRESS\"".into(),
+                ));
             }
             if let Some(d) = &l.dev {
                 if !braid_linux::tun::valid_ifname(d.get_ref()) {
-                    return Err(cx.at(d, format_args!("link {lname}: dev {:?} is not a valid interface name", d.get_ref())));
+                    return Err(cx.at(
+                        d,
+                        format_args!(
+                            "link {lname}: dev {:?} is not a valid interface name",
+                            d.get_ref()
+                        ),
+                    ));
                 }
             }
             let bind = match &l.bind {
-                Some(bv) => Some(parse_bind(bv.get_ref()).map_err(|m| cx.at(bv, format_args!("link {lname}: bind: {m}")))?),
+                Some(bv) => Some(
+                    parse_bind(bv.get_ref())
+                        .map_err(|m| cx.at(bv, format_args!("link {lname}: bind: {m}")))?,
+                ),
                 None => None,
             };
-            let remote_v = l.remote.as_ref().ok_or_else(|| at_link("needs remote = \"HOST:PORT\" (the server's address over this uplink)".into()))?;
+            let remote_v = l.remote.as_ref().ok_or_else(|| {
+                at_link(
+                    "needs remote = \"HOST:PORT\" (the server's address over this uplink)".into(),
+                )
+            })?;
             let remote = resolve_remote(remote_v.get_ref(), bind.map(|b| b.ip()))
                 .map_err(|m| cx.at(remote_v, format_args!("link {lname}: remote: {m}")))?;
             if let Some(bind) = bind {
@@ -345,7 +429,10 @@ impl Config {
             }
             if let Some(bw) = &l.bandwidth {
                 if *bw.get_ref() == 0 {
-                    return Err(cx.at(bw, format_args!("link {lname}: bandwidth must be > 0 bit/s (or left out)")));
+                    return Err(cx.at(
+                        bw,
+                        format_args!("link {lname}: bandwidth must be > 0 bit/s (or left out)"),
+                    ));
                 }
             }
             links.push(LinkSpec {
@@ -400,10 +487,17 @@ mod tests {
 
     #[test]
     fn full_client() {
-        let c = parse(&client("scheduler = \"weighted\"\nmetrics = \"127.0.0.1:9150\"", LINKS)).unwrap();
+        let c = parse(&client(
+            "scheduler = \"weighted\"\nmetrics = \"127.0.0.1:9150\"",
+            LINKS,
+        ))
+        .unwrap();
         assert_eq!(c.role, Role::Client);
         assert_eq!(c.psk[31], 31);
-        assert_eq!((c.address, c.prefix, c.mtu), ("198.19.0.2".parse().unwrap(), 30, 1400));
+        assert_eq!(
+            (c.address, c.prefix, c.mtu),
+            ("198.19.0.2".parse().unwrap(), 30, 1400)
+        );
         assert_eq!(c.scheduler, "weighted");
         assert_eq!(c.control, PathBuf::from("/run/braid/braid0.sock"));
         assert_eq!(c.links.len(), 2);
@@ -438,23 +532,63 @@ mod tests {
     #[test]
     fn each_error_says_what_and_where() {
         let cases: &[(String, &str)] = &[
-            (client("", LINKS).replace(KEY, "bm90IGEga2V5"), "key is 9 bytes"),
+            (
+                client("", LINKS).replace(KEY, "bm90IGEga2V5"),
+                "key is 9 bytes",
+            ),
             (client("", LINKS).replace(KEY, "!!!"), "not base64"),
-            (client("", LINKS).replace("198.19.0.2/30", "198.19.0.2"), "address"),
-            (client("", LINKS).replace("198.19.0.2/30", "198.19.0.2/33"), "prefix"),
-            (client("scheduler = \"fastest\"", LINKS), "unknown scheduler \"fastest\""),
+            (
+                client("", LINKS).replace("198.19.0.2/30", "198.19.0.2"),
+                "address",
+            ),
+            (
+                client("", LINKS).replace("198.19.0.2/30", "198.19.0.2/33"),
+                "prefix",
+            ),
+            (
+                client("scheduler = \"fastest\"", LINKS),
+                "unknown scheduler \"fastest\"",
+            ),
             (client("", ""), "at least one [[link]]"),
             (client("", &LINKS.replace("isp2", "isp1")), "used twice"),
-            (client("", &LINKS.replace("bind = \"198.18.2.1\"\n", "")), "link isp2: needs dev"),
-            (client("", &LINKS.replace("remote = \"198.18.1.2:5050\"\n", "")), "link isp1: needs remote"),
-            (client("", &LINKS.replace("198.18.2.2:5050", "nowhere")), "not HOST:PORT"),
-            (client("", LINKS).replace("role = \"client\"", "role = \"boss\""), "role"),
-            (client("", LINKS).replace("name = \"braid0\"", "name = \"a/b\""), "interface name"),
+            (
+                client("", &LINKS.replace("bind = \"198.18.2.1\"\n", "")),
+                "link isp2: needs dev",
+            ),
+            (
+                client("", &LINKS.replace("remote = \"198.18.1.2:5050\"\n", "")),
+                "link isp1: needs remote",
+            ),
+            (
+                client("", &LINKS.replace("198.18.2.2:5050", "nowhere")),
+                "not HOST:PORT",
+            ),
+            (
+                client("", LINKS).replace("role = \"client\"", "role = \"boss\""),
+                "role",
+            ),
+            (
+                client("", LINKS).replace("name = \"braid0\"", "name = \"a/b\""),
+                "interface name",
+            ),
             (client("", LINKS).replace("mtu = 1400", "mtu = 10"), "mtu"),
-            (client("", LINKS).replace("mtu = 1400", "mtu = \"big\""), "invalid type"),
-            (client("key_file = \"/nonexistent/k\"", LINKS).replace(&format!("key = \"{KEY}\"\n"), ""), "cannot read"),
-            (client("", LINKS).replace(&format!("key = \"{KEY}\"\n"), ""), "needs key"),
-            (client("", LINKS).replace("role = \"client\"", "role = \"server\""), "needs listen"),
+            (
+                client("", LINKS).replace("mtu = 1400", "mtu = \"big\""),
+                "invalid type",
+            ),
+            (
+                client("key_file = \"/nonexistent/k\"", LINKS)
+                    .replace(&format!("key = \"{KEY}\"\n"), ""),
+                "cannot read",
+            ),
+            (
+                client("", LINKS).replace(&format!("key = \"{KEY}\"\n"), ""),
+                "needs key",
+            ),
+            (
+                client("", LINKS).replace("role = \"client\"", "role = \"server\""),
+                "needs listen",
+            ),
             (client("", LINKS).replace("[bundle]", "[bundel]"), "bundel"),
         ];
         for (t, want) in cases {

@@ -68,14 +68,18 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
     let cfg = config::Config::load(&args.config)?;
     let mut runner = runner::Runner::new(cfg.clone())?;
     let h = runner.handle();
-    let control = braid_linux::control::ControlServer::bind(&cfg.control, move |req| h.control(req))?;
+    let control =
+        braid_linux::control::ControlServer::bind(&cfg.control, move |req| h.control(req))?;
     let metrics = match cfg.metrics {
         Some(addr) => {
             let h = runner.handle();
-            Some(braid_linux::metrics::MetricsServer::bind(addr, move || match h.call(runner::Command::Metrics) {
-                Value::String(s) => s,
-                v => format!("# error: {v}\n"),
-            })?)
+            Some(braid_linux::metrics::MetricsServer::bind(
+                addr,
+                move || match h.call(runner::Command::Metrics) {
+                    Value::String(s) => s,
+                    v => format!("# error: {v}\n"),
+                },
+            )?)
         }
         None => None,
     };
@@ -90,7 +94,10 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
         cfg.scheduler,
         cfg.links.len(),
         cfg.control.display(),
-        metrics.as_ref().map(|m| format!(", metrics http://{}/metrics", m.local_addr())).unwrap_or_default()
+        metrics
+            .as_ref()
+            .map(|m| format!(", metrics http://{}/metrics", m.local_addr()))
+            .unwrap_or_default()
     );
     let result = runner.run();
     drop(metrics);
@@ -105,16 +112,33 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
 pub fn run_link(control: Option<PathBuf>, cmd: LinkCmd) -> anyhow::Result<()> {
     let path = braid_linux::control::resolve(control.as_deref())?;
     let (req, what) = match cmd {
-        LinkCmd::Add { name, dev, bind, remote, bandwidth, priority } => (
+        LinkCmd::Add {
+            name,
+            dev,
+            bind,
+            remote,
+            bandwidth,
+            priority,
+        } => (
             json!({"cmd": "link-add", "name": name, "dev": dev, "bind": bind, "remote": remote, "bandwidth": bandwidth, "priority": priority}),
             format!("link {name} added"),
         ),
-        LinkCmd::Remove { name } => (json!({"cmd": "link-remove", "name": name}), format!("link {name} removed")),
-        LinkCmd::Set { name, bandwidth, priority } => {
+        LinkCmd::Remove { name } => (
+            json!({"cmd": "link-remove", "name": name}),
+            format!("link {name} removed"),
+        ),
+        LinkCmd::Set {
+            name,
+            bandwidth,
+            priority,
+        } => {
             if bandwidth.is_none() && priority.is_none() {
                 anyhow::bail!("link set {name}: give --bandwidth BPS and/or --priority N");
             }
-            (json!({"cmd": "link-set", "name": name, "bandwidth": bandwidth, "priority": priority}), format!("link {name} changed"))
+            (
+                json!({"cmd": "link-set", "name": name, "bandwidth": bandwidth, "priority": priority}),
+                format!("link {name} changed"),
+            )
         }
     };
     braid_linux::control::request(&path, &req)?;

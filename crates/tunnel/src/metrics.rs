@@ -63,53 +63,179 @@ fn link(name: &str, l: &str) -> Labels {
 /// Encodes one snapshot.
 pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     let n = cfg.name.as_str();
-    let mut r = Reg { r: Registry::with_prefix("braid") };
+    let mut r = Reg {
+        r: Registry::with_prefix("braid"),
+    };
     let per_link = |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> u64| -> Vec<(Labels, u64)> {
         s.links.iter().map(|l| (link(n, &l.name), f(l))).collect()
     };
-    let per_link_f = |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> Option<f64>| -> Vec<(Labels, f64)> {
-        s.links.iter().filter_map(|l| f(l).map(|v| (link(n, &l.name), v))).collect()
-    };
-    r.counter("link_tx_bytes", "Bytes sent on the link (UDP payload).", &per_link(&|l| l.tx_bytes));
-    r.counter("link_rx_bytes", "Bytes received on the link (UDP payload).", &per_link(&|l| l.rx_bytes));
-    r.counter("link_tx_packets", "Datagrams sent on the link.", &per_link(&|l| l.tx_packets));
-    r.counter("link_rx_packets", "Datagrams received on the link.", &per_link(&|l| l.rx_packets));
-    r.gauge("link_rtt_seconds", "Smoothed round-trip time (RFC 6298).", &per_link_f(&|l| l.srtt_us.map(|u| u as f64 / 1e6)));
-    r.gauge("link_rttvar_seconds", "Round-trip time variation (RFC 6298).", &per_link_f(&|l| l.rttvar_us.map(|u| u as f64 / 1e6)));
-    r.gauge("link_min_rtt_seconds", "Smallest round-trip time seen.", &per_link_f(&|l| l.min_rtt_us.map(|u| u as f64 / 1e6)));
-    r.gauge("link_loss_ratio", "Recent loss rate of the link (0..1).", &per_link_f(&|l| Some(l.loss)));
-    r.gauge("link_delivery_rate_bps", "Rate at which the peer received our data on the link, bit/s.", &per_link_f(&|l| Some(l.delivery_rate_bps)));
-    r.gauge("link_tx_rate_bps", "Recent send rate, bit/s.", &per_link_f(&|l| Some(l.tx_rate_bps)));
-    r.gauge("link_rx_rate_bps", "Recent receive rate, bit/s.", &per_link_f(&|l| Some(l.rx_rate_bps)));
-    r.gauge("link_queue_delay_seconds", "Queueing delay the peer reports on the link.", &per_link_f(&|l| Some(l.qdelay_us as f64 / 1e6)));
-    r.gauge("link_bandwidth_bps", "Configured bandwidth, bit/s.", &per_link_f(&|l| l.bandwidth_bps.map(|b| b as f64)));
-    r.gauge("link_priority", "Configured priority.", &per_link_f(&|l| Some(l.priority as f64)));
-    r.gauge("link_up", "1 if the link is UP or DEGRADED, 0 if DOWN.", &per_link_f(&|l| Some(if l.state == LinkState::Down { 0.0 } else { 1.0 })));
+    let per_link_f =
+        |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> Option<f64>| -> Vec<(Labels, f64)> {
+            s.links
+                .iter()
+                .filter_map(|l| f(l).map(|v| (link(n, &l.name), v)))
+                .collect()
+        };
+    r.counter(
+        "link_tx_bytes",
+        "Bytes sent on the link (UDP payload)",
+        &per_link(&|l| l.tx_bytes),
+    );
+    r.counter(
+        "link_rx_bytes",
+        "Bytes received on the link (UDP payload)",
+        &per_link(&|l| l.rx_bytes),
+    );
+    r.counter(
+        "link_tx_packets",
+        "Datagrams sent on the link",
+        &per_link(&|l| l.tx_packets),
+    );
+    r.counter(
+        "link_rx_packets",
+        "Datagrams received on the link",
+        &per_link(&|l| l.rx_packets),
+    );
+    r.gauge(
+        "link_rtt_seconds",
+        "Smoothed round-trip time (RFC 6298)",
+        &per_link_f(&|l| l.srtt_us.map(|u| u as f64 / 1e6)),
+    );
+    r.gauge(
+        "link_rttvar_seconds",
+        "Round-trip time variation (RFC 6298)",
+        &per_link_f(&|l| l.rttvar_us.map(|u| u as f64 / 1e6)),
+    );
+    r.gauge(
+        "link_min_rtt_seconds",
+        "Smallest round-trip time seen",
+        &per_link_f(&|l| l.min_rtt_us.map(|u| u as f64 / 1e6)),
+    );
+    r.gauge(
+        "link_loss_ratio",
+        "Recent loss rate of the link (0..1)",
+        &per_link_f(&|l| Some(l.loss)),
+    );
+    r.gauge(
+        "link_delivery_rate_bps",
+        "Rate at which the peer received our data on the link, bit/s",
+        &per_link_f(&|l| Some(l.delivery_rate_bps)),
+    );
+    r.gauge(
+        "link_tx_rate_bps",
+        "Recent send rate, bit/s",
+        &per_link_f(&|l| Some(l.tx_rate_bps)),
+    );
+    r.gauge(
+        "link_rx_rate_bps",
+        "Recent receive rate, bit/s",
+        &per_link_f(&|l| Some(l.rx_rate_bps)),
+    );
+    r.gauge(
+        "link_queue_delay_seconds",
+        "Queueing delay the peer reports on the link",
+        &per_link_f(&|l| Some(l.qdelay_us as f64 / 1e6)),
+    );
+    r.gauge(
+        "link_bandwidth_bps",
+        "Configured bandwidth, bit/s",
+        &per_link_f(&|l| l.bandwidth_bps.map(|b| b as f64)),
+    );
+    r.gauge(
+        "link_priority",
+        "Configured priority",
+        &per_link_f(&|l| Some(l.priority as f64)),
+    );
+    r.gauge(
+        "link_up",
+        "1 if the link is UP or DEGRADED, 0 if DOWN",
+        &per_link_f(&|l| Some(if l.state == LinkState::Down { 0.0 } else { 1.0 })),
+    );
     let states: Vec<(Labels, f64)> = s
         .links
         .iter()
         .flat_map(|l| {
-            [(LinkState::Up, "up"), (LinkState::Degraded, "degraded"), (LinkState::Down, "down")].into_iter().map(move |(st, name)| {
+            [
+                (LinkState::Up, "up"),
+                (LinkState::Degraded, "degraded"),
+                (LinkState::Down, "down"),
+            ]
+            .into_iter()
+            .map(move |(st, name)| {
                 let mut lab = link(n, &l.name);
                 lab.push(("state".into(), name.into()));
                 (lab, if l.state == st { 1.0 } else { 0.0 })
             })
         })
         .collect();
-    r.gauge("link_state", "1 for the link's current state (label state).", &states);
+    r.gauge(
+        "link_state",
+        "1 for the link's current state (label state)",
+        &states,
+    );
 
     let b = bundle(n);
-    r.gauge("session_up", "1 while a session with the peer is established.", &[(b.clone(), if s.session.is_some() { 1.0 } else { 0.0 })]);
-    r.gauge("links", "Links of the bundle.", &[(b.clone(), s.links.len() as f64)]);
-    r.gauge("links_up", "Links that are UP or DEGRADED.", &[(b.clone(), s.links.iter().filter(|l| l.state != LinkState::Down).count() as f64)]);
-    r.gauge("reorder_depth", "Packets held in the reorder buffer now.", &[(b.clone(), s.reorder_depth as f64)]);
-    r.gauge("reorder_max_depth", "Largest reorder buffer depth seen.", &[(b.clone(), s.reorder.max_depth as f64)]);
-    r.gauge("reorder_timeout_seconds", "Current reorder hold timeout.", &[(b.clone(), s.reorder_timeout_us as f64 / 1e6)]);
-    r.counter("reorder_delivered", "Packets delivered in order by the reorder buffer.", &[(b.clone(), s.reorder.delivered)]);
-    r.counter("reorder_duplicates", "Duplicate packets discarded by the reorder buffer.", &[(b.clone(), s.reorder.duplicates)]);
-    r.counter("reorder_late", "Packets that arrived after their slot was given up.", &[(b.clone(), s.reorder.late)]);
-    r.counter("reorder_skipped", "Sequence numbers given up as lost.", &[(b.clone(), s.reorder.skipped)]);
-    r.counter("reorder_timeouts", "Times the reorder buffer stopped waiting for a gap.", &[(b.clone(), s.reorder.timeouts)]);
+    r.gauge(
+        "session_up",
+        "1 while a session with the peer is established",
+        &[(b.clone(), if s.session.is_some() { 1.0 } else { 0.0 })],
+    );
+    r.gauge(
+        "links",
+        "Links of the bundle",
+        &[(b.clone(), s.links.len() as f64)],
+    );
+    r.gauge(
+        "links_up",
+        "Links that are UP or DEGRADED",
+        &[(
+            b.clone(),
+            s.links
+                .iter()
+                .filter(|l| l.state != LinkState::Down)
+                .count() as f64,
+        )],
+    );
+    r.gauge(
+        "reorder_depth",
+        "Packets held in the reorder buffer now",
+        &[(b.clone(), s.reorder_depth as f64)],
+    );
+    r.gauge(
+        "reorder_max_depth",
+        "Largest reorder buffer depth seen",
+        &[(b.clone(), s.reorder.max_depth as f64)],
+    );
+    r.gauge(
+        "reorder_timeout_seconds",
+        "Current reorder hold timeout",
+        &[(b.clone(), s.reorder_timeout_us as f64 / 1e6)],
+    );
+    r.counter(
+        "reorder_delivered",
+        "Packets delivered in order by the reorder buffer",
+        &[(b.clone(), s.reorder.delivered)],
+    );
+    r.counter(
+        "reorder_duplicates",
+        "Duplicate packets discarded by the reorder buffer",
+        &[(b.clone(), s.reorder.duplicates)],
+    );
+    r.counter(
+        "reorder_late",
+        "Packets that arrived after their slot was given up",
+        &[(b.clone(), s.reorder.late)],
+    );
+    r.counter(
+        "reorder_skipped",
+        "Sequence numbers given up as lost",
+        &[(b.clone(), s.reorder.skipped)],
+    );
+    r.counter(
+        "reorder_timeouts",
+        "Times the reorder buffer stopped waiting for a gap",
+        &[(b.clone(), s.reorder.timeouts)],
+    );
     let d = &s.drops;
     let reason = |r: &str, v: u64| {
         let mut l = bundle(n);
@@ -118,7 +244,7 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     };
     r.counter(
         "drops",
-        "Datagrams or packets dropped, by reason.",
+        "Datagrams or packets dropped, by reason",
         &[
             reason("malformed", d.malformed),
             reason("auth", d.auth),
@@ -130,10 +256,26 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
             reason("tun_write", extra.tun_write_errors),
         ],
     );
-    r.counter("tun_rx_packets", "IP packets read from the TUN device.", &[(b.clone(), s.tun_rx_packets)]);
-    r.counter("tun_rx_bytes", "Bytes read from the TUN device.", &[(b.clone(), s.tun_rx_bytes)]);
-    r.counter("tun_tx_packets", "IP packets written to the TUN device.", &[(b.clone(), s.tun_tx_packets)]);
-    r.counter("tun_tx_bytes", "Bytes written to the TUN device.", &[(b, s.tun_tx_bytes)]);
+    r.counter(
+        "tun_rx_packets",
+        "IP packets read from the TUN device",
+        &[(b.clone(), s.tun_rx_packets)],
+    );
+    r.counter(
+        "tun_rx_bytes",
+        "Bytes read from the TUN device",
+        &[(b.clone(), s.tun_rx_bytes)],
+    );
+    r.counter(
+        "tun_tx_packets",
+        "IP packets written to the TUN device",
+        &[(b.clone(), s.tun_tx_packets)],
+    );
+    r.counter(
+        "tun_tx_bytes",
+        "Bytes written to the TUN device",
+        &[(b, s.tun_tx_bytes)],
+    );
 
     let mut out = String::new();
     if encode_text(&mut out, &r.r).is_err() {

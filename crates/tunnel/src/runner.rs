@@ -42,8 +42,14 @@ pub enum Command {
     Status,
     Metrics,
     LinkAdd(LinkAddReq),
-    LinkRemove { name: String },
-    LinkSet { name: String, bandwidth: Option<u64>, priority: Option<u8> },
+    LinkRemove {
+        name: String,
+    },
+    LinkSet {
+        name: String,
+        bandwidth: Option<u64>,
+        priority: Option<u8>,
+    },
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -70,7 +76,8 @@ impl Handle {
         if self.tx.send((cmd, rtx)).is_err() || self.waker.wake().is_err() {
             return json!({"error": "braid is shutting down"});
         }
-        rrx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| json!({"error": "braid did not answer in time"}))
+        rrx.recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| json!({"error": "braid did not answer in time"}))
     }
 
     /// Parses a control request line into a command and runs it.
@@ -101,11 +108,17 @@ impl Handle {
                         Some(p) if p > 255 => return json!({"error": "priority must be 0..255"}),
                         p => p.map(|p| p as u8),
                     };
-                    self.call(Command::LinkSet { name, bandwidth, priority })
+                    self.call(Command::LinkSet {
+                        name,
+                        bandwidth,
+                        priority,
+                    })
                 }
                 None => json!({"error": "link-set needs a name"}),
             },
-            other => json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set)")}),
+            other => {
+                json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set)")})
+            }
         }
     }
 }
@@ -159,7 +172,8 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         buffer_bytes: DEFAULT_BUFFER,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
-    s.connect(spec.remote).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
+    s.connect(spec.remote)
+        .map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     Ok(s)
 }
 
@@ -182,7 +196,8 @@ impl Runner {
         }
         use rand::SeedableRng;
         let rng = Box::new(rand::rngs::StdRng::from_entropy());
-        let mut ep = Endpoint::new(ep_cfg, now, rng).map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
+        let mut ep = Endpoint::new(ep_cfg, now, rng)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let (tx, cmd_rx) = mpsc::channel();
@@ -194,8 +209,13 @@ impl Runner {
         match cfg.role {
             Role::Server => {
                 let listen = cfg.listen.expect("validated: server has listen");
-                let opts = BindOptions { addr: Some(listen), buffer_bytes: DEFAULT_BUFFER, ..Default::default() };
-                let s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("listen {listen}: {e}"))?;
+                let opts = BindOptions {
+                    addr: Some(listen),
+                    buffer_bytes: DEFAULT_BUFFER,
+                    ..Default::default()
+                };
+                let s =
+                    UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("listen {listen}: {e}"))?;
                 socks.insert(Token(next_token), Sock::new(s, None));
                 next_token += 1;
             }
@@ -211,12 +231,18 @@ impl Runner {
         let tun = Tun::open(&cfg.name)?;
         braid_linux::netlink::configure(&cfg.name, cfg.address, cfg.prefix, cfg.mtu)
             .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
-        poll.registry().register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
         for (t, s) in &socks {
-            poll.registry().register(&mut SourceFd(&s.sock.as_raw_fd()), *t, Interest::READABLE | Interest::WRITABLE)?;
+            poll.registry().register(
+                &mut SourceFd(&s.sock.as_raw_fd()),
+                *t,
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
         }
         for (id, (_, spec)) in &links {
-            ep.add_link(now, *id, link_config(spec)).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
+            ep.add_link(now, *id, link_config(spec))
+                .map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
         }
 
         let (signal_tx, signal_rx) = UnixStream::pair()?;
@@ -225,7 +251,11 @@ impl Runner {
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             signal_hook::low_level::pipe::register(sig, signal_tx.try_clone()?)?;
         }
-        poll.registry().register(&mut SourceFd(&signal_rx.as_raw_fd()), SIGNAL, Interest::READABLE)?;
+        poll.registry().register(
+            &mut SourceFd(&signal_rx.as_raw_fd()),
+            SIGNAL,
+            Interest::READABLE,
+        )?;
 
         let mtu_buf = (cfg.mtu as usize).max(1500) + 64;
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
@@ -267,7 +297,11 @@ impl Runner {
             let timeout = if busy {
                 Duration::ZERO
             } else {
-                let until = self.ep.poll_timeout().unwrap_or(now + Duration::from_secs(1)).min(next_check);
+                let until = self
+                    .ep
+                    .poll_timeout()
+                    .unwrap_or(now + Duration::from_secs(1))
+                    .min(next_check);
                 until.saturating_duration_since(now)
             };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
@@ -299,7 +333,10 @@ impl Runner {
                 }
             }
             if signalled {
-                tracing::info!("signal received: closing the session and removing {}", self.cfg.name);
+                tracing::info!(
+                    "signal received: closing the session and removing {}",
+                    self.cfg.name
+                );
                 self.shutdown();
                 return Ok(Exit::Signal);
             }
@@ -329,7 +366,8 @@ impl Runner {
         match self.tun.recv_batch(&mut self.tun_bufs, &mut self.tun_lens) {
             Ok(n) => {
                 for i in 0..n {
-                    self.ep.send_packet(now, &self.tun_bufs[i][..self.tun_lens[i]]);
+                    self.ep
+                        .send_packet(now, &self.tun_bufs[i][..self.tun_lens[i]]);
                 }
                 if n < self.tun_bufs.len() {
                     self.tun_ready = false;
@@ -343,9 +381,16 @@ impl Runner {
     }
 
     fn read_sockets(&mut self, now: Instant) {
-        let tokens: Vec<Token> = self.socks.iter().filter(|(_, s)| s.readable).map(|(t, _)| *t).collect();
+        let tokens: Vec<Token> = self
+            .socks
+            .iter()
+            .filter(|(_, s)| s.readable)
+            .map(|(t, _)| *t)
+            .collect();
         for t in tokens {
-            let Some(s) = self.socks.get_mut(&t) else { continue };
+            let Some(s) = self.socks.get_mut(&t) else {
+                continue;
+            };
             match s.sock.recv_batch(&mut self.recv) {
                 Ok(n) => {
                     if n < self.recv.capacity() {
@@ -382,7 +427,11 @@ impl Runner {
 
     /// Moves the endpoint's datagrams into per-socket queues and sends each queue in batches.
     fn flush_transmits(&mut self) {
-        let listen = if self.cfg.role == Role::Server { self.socks.keys().next().copied() } else { None };
+        let listen = if self.cfg.role == Role::Server {
+            self.socks.keys().next().copied()
+        } else {
+            None
+        };
         while let Some(t) = self.ep.poll_transmit() {
             let tok = match self.cfg.role {
                 Role::Server => listen,
@@ -439,7 +488,12 @@ impl Runner {
             match ev {
                 Event::SessionUp { session } => {
                     self.session_seen = true;
-                    tracing::info!("session {session:08x} up: tunnel {} ({}/{}) is ready", self.cfg.name, self.cfg.address, self.cfg.prefix);
+                    tracing::info!(
+                        "session {session:08x} up: tunnel {} ({}/{}) is ready",
+                        self.cfg.name,
+                        self.cfg.address,
+                        self.cfg.prefix
+                    );
                 }
                 Event::SessionClosed => tracing::warn!("session closed by the peer (or replaced)"),
                 Event::LinkState { link, state } => {
@@ -450,7 +504,9 @@ impl Runner {
                         LinkState::Down => tracing::warn!("link {name}: down"),
                     }
                 }
-                Event::LinkLearned { link, addr } => tracing::info!("link {} learned: client at {addr}", self.link_name(link)),
+                Event::LinkLearned { link, addr } => {
+                    tracing::info!("link {} learned: client at {addr}", self.link_name(link))
+                }
             }
         }
     }
@@ -460,10 +516,19 @@ impl Runner {
         for (t, s) in self.socks.iter_mut() {
             if s.send_errors > 0 {
                 let name = match s.link {
-                    Some(id) => self.links.get(&id).map(|(_, sp)| format!("link {}", sp.name)).unwrap_or_default(),
+                    Some(id) => self
+                        .links
+                        .get(&id)
+                        .map(|(_, sp)| format!("link {}", sp.name))
+                        .unwrap_or_default(),
                     None => "listening socket".into(),
                 };
-                tracing::debug!(token = t.0, "{name}: {} datagrams not sent: {}", s.send_errors, s.last_send_error.as_deref().unwrap_or("?"));
+                tracing::debug!(
+                    token = t.0,
+                    "{name}: {} datagrams not sent: {}",
+                    s.send_errors,
+                    s.last_send_error.as_deref().unwrap_or("?")
+                );
                 s.send_errors = 0;
             }
         }
@@ -473,7 +538,9 @@ impl Runner {
         let stats = self.ep.stats(now);
         let auth = stats.drops.auth;
         let waited = now.saturating_duration_since(self.started);
-        if auth > self.last_auth_warn.1 && now.saturating_duration_since(self.last_auth_warn.0) >= Duration::from_secs(3) {
+        if auth > self.last_auth_warn.1
+            && now.saturating_duration_since(self.last_auth_warn.0) >= Duration::from_secs(3)
+        {
             tracing::error!(
                 "authentication fails: {auth} datagrams from the peer did not authenticate (the two ends do not use the same key)"
             );
@@ -488,7 +555,11 @@ impl Runner {
                             limit.as_secs()
                         );
                     }
-                    let tried: Vec<String> = self.links.values().map(|(_, s)| format!("{} -> {}", s.name, s.remote)).collect();
+                    let tried: Vec<String> = self
+                        .links
+                        .values()
+                        .map(|(_, s)| format!("{} -> {}", s.name, s.remote))
+                        .collect();
                     anyhow::bail!(
                         "no session with the server after {}s: no link answers ({})",
                         limit.as_secs(),
@@ -507,19 +578,37 @@ impl Runner {
         while let Ok((cmd, reply)) = self.cmd_rx.try_recv() {
             let v = match cmd {
                 Command::Status => self.status(now),
-                Command::Metrics => Value::String(crate::metrics::encode(&self.cfg, &self.ep.stats(now), self.extra_counters())),
-                Command::LinkAdd(r) => self.link_add(now, r).map(|()| json!({"ok": true})).unwrap_or_else(err_json),
-                Command::LinkRemove { name } => self.link_remove(now, &name).map(|()| json!({"ok": true})).unwrap_or_else(err_json),
-                Command::LinkSet { name, bandwidth, priority } => {
-                    self.link_set(&name, bandwidth, priority).map(|()| json!({"ok": true})).unwrap_or_else(err_json)
-                }
+                Command::Metrics => Value::String(crate::metrics::encode(
+                    &self.cfg,
+                    &self.ep.stats(now),
+                    self.extra_counters(),
+                )),
+                Command::LinkAdd(r) => self
+                    .link_add(now, r)
+                    .map(|()| json!({"ok": true}))
+                    .unwrap_or_else(err_json),
+                Command::LinkRemove { name } => self
+                    .link_remove(now, &name)
+                    .map(|()| json!({"ok": true}))
+                    .unwrap_or_else(err_json),
+                Command::LinkSet {
+                    name,
+                    bandwidth,
+                    priority,
+                } => self
+                    .link_set(&name, bandwidth, priority)
+                    .map(|()| json!({"ok": true}))
+                    .unwrap_or_else(err_json),
             };
             let _ = reply.send(v);
         }
     }
 
     fn extra_counters(&self) -> crate::metrics::Extra {
-        crate::metrics::Extra { udp_send_drops: self.udp_drops, tun_write_errors: self.tun_write_errors }
+        crate::metrics::Extra {
+            udp_send_drops: self.udp_drops,
+            tun_write_errors: self.tun_write_errors,
+        }
     }
 
     fn find_link(&self, name: &str, stats: &BundleStats) -> Option<LinkId> {
@@ -543,13 +632,17 @@ impl Runner {
             anyhow::bail!("link {}: needs --dev IFACE and/or --bind ADDRESS", r.name);
         }
         let bind = match &r.bind {
-            Some(b) => Some(crate::config::parse_bind(b).map_err(|m| anyhow::anyhow!("link {}: bind: {m}", r.name))?),
+            Some(b) => Some(
+                crate::config::parse_bind(b)
+                    .map_err(|m| anyhow::anyhow!("link {}: bind: {m}", r.name))?,
+            ),
             None => None,
         };
         let (remote_text, remote) = match &r.remote {
             Some(t) => (
                 t.clone(),
-                crate::config::resolve_remote(t, bind.map(|b| b.ip())).map_err(|m| anyhow::anyhow!("link {}: remote: {m}", r.name))?,
+                crate::config::resolve_remote(t, bind.map(|b| b.ip()))
+                    .map_err(|m| anyhow::anyhow!("link {}: remote: {m}", r.name))?,
             ),
             None => match self.cfg.links.first() {
                 Some(first) => (first.remote_text.clone(), first.remote),
@@ -572,14 +665,29 @@ impl Runner {
         };
         let sock = open_link_socket(&spec)?;
         let tok = Token(self.next_token);
-        self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), tok, Interest::READABLE | Interest::WRITABLE)?;
-        self.ep.add_link(now, id, link_config(&spec)).map_err(|e: EndpointError| {
-            let _ = self.poll.registry().deregister(&mut SourceFd(&sock.as_raw_fd()));
-            anyhow::anyhow!("link {}: {e}", spec.name)
-        })?;
+        self.poll.registry().register(
+            &mut SourceFd(&sock.as_raw_fd()),
+            tok,
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        self.ep
+            .add_link(now, id, link_config(&spec))
+            .map_err(|e: EndpointError| {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&sock.as_raw_fd()));
+                anyhow::anyhow!("link {}: {e}", spec.name)
+            })?;
         self.next_token += 1;
         self.next_link_id += 1;
-        tracing::info!("link {} added (id {id}, dev {:?}, bind {:?}, remote {})", spec.name, spec.dev, spec.bind, spec.remote);
+        tracing::info!(
+            "link {} added (id {id}, dev {:?}, bind {:?}, remote {})",
+            spec.name,
+            spec.dev,
+            spec.bind,
+            spec.remote
+        );
         let mut s = Sock::new(sock, Some(id));
         s.readable = true;
         self.socks.insert(tok, s);
@@ -589,13 +697,18 @@ impl Runner {
 
     fn link_remove(&mut self, now: Instant, name: &str) -> anyhow::Result<()> {
         let stats = self.ep.stats(now);
-        let id = self.find_link(name, &stats).ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
+        let id = self
+            .find_link(name, &stats)
+            .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
         self.ep.remove_link(now, id)?;
         // Datagrams queued for it are sent if they can be, then the socket goes.
         self.flush_transmits();
         if let Some((tok, _)) = self.links.remove(&id) {
             if let Some(mut s) = self.socks.remove(&tok) {
-                let _ = self.poll.registry().deregister(&mut SourceFd(&s.sock.as_raw_fd()));
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&s.sock.as_raw_fd()));
                 for t in s.pending.drain(..) {
                     self.ep.recycle(t.payload);
                 }
@@ -605,9 +718,16 @@ impl Runner {
         Ok(())
     }
 
-    fn link_set(&mut self, name: &str, bandwidth: Option<u64>, priority: Option<u8>) -> anyhow::Result<()> {
+    fn link_set(
+        &mut self,
+        name: &str,
+        bandwidth: Option<u64>,
+        priority: Option<u8>,
+    ) -> anyhow::Result<()> {
         let stats = self.ep.stats(Instant::now());
-        let id = self.find_link(name, &stats).ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
+        let id = self
+            .find_link(name, &stats)
+            .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
         if bandwidth == Some(0) {
             anyhow::bail!("bandwidth must be > 0");
         }
@@ -628,23 +748,45 @@ impl Runner {
     /// devices and remotes, totals).
     fn status(&self, now: Instant) -> Value {
         let stats = self.ep.stats(now);
-        let mut v = serde_json::to_value(&stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
-        let up = stats.links.iter().filter(|l| l.state != LinkState::Down).count();
-        let total_bw: u64 = stats.links.iter().filter(|l| l.state != LinkState::Down).filter_map(|l| l.bandwidth_bps).sum();
+        let mut v =
+            serde_json::to_value(&stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        let up = stats
+            .links
+            .iter()
+            .filter(|l| l.state != LinkState::Down)
+            .count();
+        let total_bw: u64 = stats
+            .links
+            .iter()
+            .filter(|l| l.state != LinkState::Down)
+            .filter_map(|l| l.bandwidth_bps)
+            .sum();
         if let Some(o) = v.as_object_mut() {
             o.insert("kind".into(), json!("tunnel"));
             o.insert("name".into(), json!(self.cfg.name));
-            o.insert("address".into(), json!(format!("{}/{}", self.cfg.address, self.cfg.prefix)));
+            o.insert(
+                "address".into(),
+                json!(format!("{}/{}", self.cfg.address, self.cfg.prefix)),
+            );
             o.insert("mtu".into(), json!(self.cfg.mtu));
-            o.insert("listen".into(), json!(self.cfg.listen.map(|l| l.to_string())));
+            o.insert(
+                "listen".into(),
+                json!(self.cfg.listen.map(|l| l.to_string())),
+            );
             o.insert("connected".into(), json!(self.ep.is_connected()));
             o.insert("links_up".into(), json!(up));
             o.insert("total_bandwidth_bps".into(), json!(total_bw));
-            o.insert("uptime_s".into(), json!(now.saturating_duration_since(self.started).as_secs_f64()));
+            o.insert(
+                "uptime_s".into(),
+                json!(now.saturating_duration_since(self.started).as_secs_f64()),
+            );
             if let Some(Value::Array(links)) = o.get_mut("links") {
                 for l in links.iter_mut() {
                     let id = l.get("id").and_then(|i| i.as_u64()).unwrap_or(0) as LinkId;
-                    let rtt_ms = l.get("srtt_us").and_then(|r| r.as_f64()).map(|r| r / 1000.0);
+                    let rtt_ms = l
+                        .get("srtt_us")
+                        .and_then(|r| r.as_f64())
+                        .map(|r| r / 1000.0);
                     if let Some(lo) = l.as_object_mut() {
                         lo.insert("rtt_ms".into(), json!(rtt_ms));
                         if let Some((_, spec)) = self.links.get(&id) {
@@ -668,12 +810,23 @@ impl Runner {
 
 impl Sock {
     fn new(sock: UdpSocket, link: Option<LinkId>) -> Sock {
-        Sock { sock, link, readable: true, pending: VecDeque::new(), send_errors: 0, last_send_error: None }
+        Sock {
+            sock,
+            link,
+            readable: true,
+            pending: VecDeque::new(),
+            send_errors: 0,
+            last_send_error: None,
+        }
     }
 }
 
 fn link_config(spec: &LinkSpec) -> LinkConfig {
-    LinkConfig { name: spec.name.clone(), bandwidth_bps: spec.bandwidth_bps, priority: spec.priority }
+    LinkConfig {
+        name: spec.name.clone(),
+        bandwidth_bps: spec.bandwidth_bps,
+        priority: spec.priority,
+    }
 }
 
 fn err_json(e: anyhow::Error) -> Value {

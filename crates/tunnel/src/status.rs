@@ -40,11 +40,28 @@ pub fn render_status(s: &Value) -> String {
     let u = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_u64());
     let f = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
     let empty = Vec::new();
-    let links = s.get("links").and_then(|l| l.as_array()).unwrap_or(&empty);
+    let mut links: Vec<&Value> = s
+        .get("links")
+        .and_then(|l| l.as_array())
+        .unwrap_or(&empty)
+        .iter()
+        .collect();
+    links.sort_by_key(|l| l.get("id").and_then(|i| i.as_u64()).unwrap_or(0));
 
-    let header = ["LINK", "STATE", "RTT", "LOSS", "TX RATE", "RX RATE", "TX BYTES", "RX BYTES", "BANDWIDTH", "PEER"];
+    let header = [
+        "LINK",
+        "STATE",
+        "RTT",
+        "LOSS",
+        "TX RATE",
+        "RX RATE",
+        "TX BYTES",
+        "RX BYTES",
+        "BANDWIDTH",
+        "PEER",
+    ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    for l in links {
+    for l in &links {
         let rtt = match u(l, "srtt_us") {
             Some(us) => format!("{:.1} ms", us as f64 / 1000.0),
             None => "-".into(),
@@ -68,17 +85,24 @@ pub fn render_status(s: &Value) -> String {
             fmt_bps(f(l, "rx_rate_bps")),
             fmt_bytes(u(l, "tx_bytes").unwrap_or(0)),
             fmt_bytes(u(l, "rx_bytes").unwrap_or(0)),
-            u(l, "bandwidth_bps").map(|b| format!("{b} bps")).unwrap_or_else(|| "-".into()),
+            u(l, "bandwidth_bps")
+                .map(|b| format!("{b} bps"))
+                .unwrap_or_else(|| "-".into()),
             peer,
         ]);
     }
     let ncol = header.len();
-    let widths: Vec<usize> = (0..ncol).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..ncol)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
     let mut out = String::new();
     let name = str_of(s, "name");
     let role = str_of(s, "role");
     let sched = str_of(s, "scheduler");
-    let up = links.iter().filter(|l| l.get("state").and_then(|x| x.as_str()) != Some("down")).count();
+    let up = links
+        .iter()
+        .filter(|l| l.get("state").and_then(|x| x.as_str()) != Some("down"))
+        .count();
     let connected = s.get("session").is_some_and(|x| !x.is_null());
     let total_bw: u64 = links
         .iter()
@@ -95,10 +119,18 @@ pub fn render_status(s: &Value) -> String {
         str_of(s, "address"),
         if connected { "up" } else { "down" },
         links.len(),
-        if total_bw > 0 { format!("{total_bw} bps") } else { format!("{} measured", fmt_bps(measured)) },
+        if total_bw > 0 {
+            format!("{total_bw} bps")
+        } else {
+            format!("{} measured", fmt_bps(measured))
+        },
     ));
     for r in &rows {
-        let line: Vec<String> = r.iter().enumerate().map(|(c, cell)| format!("{cell:<w$}", w = widths[c])).collect();
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<w$}", w = widths[c]))
+            .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
@@ -114,7 +146,10 @@ pub fn render_status(s: &Value) -> String {
         u(s, "reorder_timeout_us").unwrap_or(0) as f64 / 1000.0,
     ));
     if let Some(d) = s.get("drops").and_then(|d| d.as_object()) {
-        let nz: Vec<String> = d.iter().filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| format!("{k} {n}"))).collect();
+        let nz: Vec<String> = d
+            .iter()
+            .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| format!("{k} {n}")))
+            .collect();
         if !nz.is_empty() {
             out.push_str(&format!("; drops: {}", nz.join(", ")));
         }
