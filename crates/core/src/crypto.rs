@@ -170,6 +170,14 @@ pub fn seal_hello(key: &Aead, header: &Header, hello: &HelloRepr, out: &mut Vec<
     seal_with(key, header, hello.buffer_len(), out, |b| hello.emit(b))
 }
 
+/// Writes a complete datagram whose plaintext body is `plaintext`, whatever its bytes (used by
+/// the fuzz harness to reach the parsers behind authentication; braid itself seals typed bodies).
+pub fn seal_plaintext(key: &Aead, header: &Header, plaintext: &[u8], out: &mut Vec<u8>) {
+    seal_with(key, header, plaintext.len(), out, |b| {
+        b.copy_from_slice(plaintext)
+    })
+}
+
 /// Opens a datagram in place. Returns the plaintext body bytes (to be parsed with
 /// `Body::parse(header.ptype, ..)` or `HelloRepr::parse`). The caller has already parsed the
 /// header with `Header::parse` (to choose the key) and passes it in.

@@ -20,6 +20,7 @@
 
 pub mod crypto;
 pub mod endpoint;
+pub mod fuzzing;
 pub mod health;
 pub mod reorder;
 pub mod replay;

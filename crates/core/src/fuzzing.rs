@@ -1,0 +1,620 @@
+//! The bodies of braid's fuzz targets, in the library so that they run in two places:
+//! `fuzz/` (cargo-fuzz, nightly, coverage-guided) and `tests/fuzz_corpus.rs` (stable, every seed of
+//! the corpus plus random inputs, in the ordinary test suite, so the targets cannot rot).
+//!
+//! - [`parse_any`]: every parser over arbitrary bytes; whatever parses must re-emit to the same
+//!   bytes (the encoding is canonical).
+//! - [`receive_path`]: a real client and server [`Endpoint`] pair, handshaken, then driven by a
+//!   little program decoded from the input: raw datagrams to either side, datagrams *sealed with
+//!   the real session keys* around arbitrary plaintext (so the fuzzer reaches everything behind
+//!   authentication), replays and bit flips of captured traffic, time steps, tunnelled packets and
+//!   link changes. The harness learns the session keys as an observer that holds the PSK: it opens
+//!   the HELLO / HELLO-ACK it carries and derives the keys as the endpoints do.
+//!
+//! Both functions panic only on a broken invariant (a parser that accepts a non-canonical
+//! encoding, an endpoint that panics on input): that is what the fuzzer looks for.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rand_core::SeedableRng;
+
+use crate::crypto::{self, Aead};
+use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
+use crate::wire::{
+    Body, CipherId, Header, HelloRepr, Packet, PacketType, HEADER_LEN, MIN_DATAGRAM_LEN,
+};
+use crate::LinkId;
+
+/// The harness's pre-shared key.
+pub const PSK: [u8; 32] = [0x5a; 32];
+
+/// Runs every parser over `data`. Panics if a parser accepts bytes that its `emit` does not
+/// reproduce exactly, or if opening with a fixed key misbehaves on a short datagram.
+pub fn parse_any(data: &[u8]) {
+    // The outer header, through the view and the Repr.
+    if let Ok(p) = Packet::new_checked(data) {
+        let _ = (
+            p.version(),
+            p.packet_type(),
+            p.link(),
+            p.session(),
+            p.counter(),
+        );
+        assert_eq!(p.header_bytes().len() + p.sealed().len(), data.len());
+    }
+    if let Ok(h) = Header::parse(data) {
+        assert_eq!(
+            &h.to_bytes()[..],
+            &data[..HEADER_LEN],
+            "header not canonical"
+        );
+        // Opening with a wrong key must be an error, never a panic, whatever the length.
+        let key = Aead::new(CipherId::ChaCha20Poly1305, &[0; 32]);
+        let mut copy = data.to_vec();
+        let r = crypto::open(&key, &h, &mut copy);
+        if data.len() < MIN_DATAGRAM_LEN {
+            assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+        } else {
+            assert!(r.is_err(), "random bytes authenticated");
+        }
+    }
+    // Each body parser over the whole input and over what follows a header, as after `open`.
+    let tails: [&[u8]; 2] = [data, data.get(HEADER_LEN..).unwrap_or(&[])];
+    for bytes in tails {
+        if let Ok(hello) = HelloRepr::parse(bytes) {
+            let mut out = vec![0u8; hello.buffer_len()];
+            hello.emit(&mut out);
+            assert_eq!(out, bytes, "hello not canonical");
+        }
+        for t in 1..=6u8 {
+            let Some(ptype) = PacketType::from_u8(t) else {
+                unreachable!("types 1..=6 are defined")
+            };
+            if let Ok(body) = Body::parse(ptype, bytes) {
+                assert_eq!(body.ptype(), ptype);
+                assert_eq!(body.buffer_len(), bytes.len(), "buffer_len");
+                let mut out = vec![0u8; body.buffer_len()];
+                body.emit(&mut out);
+                assert_eq!(out, bytes, "{ptype:?} body not canonical");
+            }
+        }
+    }
+}
+
+/// A tiny reader over the fuzz input; out of bytes reads as zeros / empty.
+struct Input<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Input<'a> {
+    fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    fn u8(&mut self) -> u8 {
+        match self.data.split_first() {
+            Some((&b, rest)) => {
+                self.data = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        for x in &mut b {
+            *x = self.u8();
+        }
+        u64::from_be_bytes(b)
+    }
+    /// A length-prefixed (u16) slice, cut short at the end of the input.
+    fn bytes(&mut self) -> &'a [u8] {
+        let n = (self.u16() as usize).min(self.data.len());
+        let (b, rest) = self.data.split_at(n);
+        self.data = rest;
+        b
+    }
+}
+
+/// Operation codes of the [`receive_path`] input language (the op byte modulo 8).
+pub mod op {
+    /// `len:u16 bytes`: a raw datagram to the server, from link `bytes[2..4]`'s address.
+    pub const RAW_TO_SERVER: u8 = 0;
+    /// `link:u8 len:u16 bytes`: a raw datagram to the client on link socket `link % 4`.
+    pub const RAW_TO_CLIENT: u8 = 1;
+    /// `type:u8 link:u8 ctr:u64 len:u16 plaintext`: sealed with the client-to-server key.
+    pub const SEALED_TO_SERVER: u8 = 2;
+    /// `type:u8 link:u8 ctr:u64 len:u16 plaintext`: sealed with the server-to-client key.
+    pub const SEALED_TO_CLIENT: u8 = 3;
+    /// `pick:u8 pos:u16 xor:u8`: re-deliver a captured datagram, with one byte XORed.
+    pub const REPLAY: u8 = 4;
+    /// `ms:u8`: advance time by `ms * 10` milliseconds, run timers, carry traffic.
+    pub const ADVANCE: u8 = 5;
+    /// `side:u8 len:u16 bytes`: an IP packet into the tunnel at the client (even) or server.
+    pub const SEND: u8 = 6;
+    /// `what:u8 link:u8`: add (even) or remove (odd) client link `link % 4`.
+    pub const LINK: u8 = 7;
+}
+
+/// Session keys as seen by an observer holding the PSK.
+#[derive(Clone, Copy)]
+struct Observed {
+    client_id: u32,
+    server_id: u32,
+    c2s: [u8; 32],
+    s2c: [u8; 32],
+}
+
+struct Harness {
+    now: Instant,
+    client: Endpoint,
+    server: Endpoint,
+    hs_key: Aead,
+    /// Client HELLO salts by client session id.
+    hellos: HashMap<u32, [u8; 32]>,
+    keys: Option<Observed>,
+    /// Recent datagrams, with `true` when they went client -> server.
+    captured: Vec<(bool, LinkId, Vec<u8>)>,
+    captured_next: usize,
+}
+
+const CAPTURE: usize = 16;
+/// Bound on datagrams carried per `carry` call, so no input can make a round unbounded.
+const CARRY_MAX: usize = 256;
+
+fn link_addr(link: LinkId) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(198, 18, (link >> 8) as u8, link as u8)),
+        40_000,
+    )
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let now = Instant::now();
+        let rng = |seed| Box::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+        let mut client = Endpoint::new(Config::new(Role::Client, PSK), now, rng(1))
+            .expect("default client config is valid");
+        let server = Endpoint::new(Config::new(Role::Server, PSK), now, rng(2))
+            .expect("default server config is valid");
+        for id in 1..=2 {
+            client
+                .add_link(now, id, LinkConfig::default())
+                .expect("fresh link ids");
+        }
+        let mut h = Harness {
+            now,
+            client,
+            server,
+            hs_key: crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305),
+            hellos: HashMap::new(),
+            keys: None,
+            captured: Vec::with_capacity(CAPTURE),
+            captured_next: 0,
+        };
+        // Handshake and a little traffic, so the input starts from an established bundle.
+        for _ in 0..5 {
+            h.advance(Duration::from_millis(10));
+        }
+        h
+    }
+
+    /// Learns session keys from handshake packets in transit (as an observer with the PSK).
+    fn observe(&mut self, datagram: &[u8]) {
+        let Ok(header) = Header::parse(datagram) else {
+            return;
+        };
+        if !header.ptype.is_handshake() {
+            return;
+        }
+        let mut copy = datagram.to_vec();
+        let Ok(plain) = crypto::open(&self.hs_key, &header, &mut copy) else {
+            return;
+        };
+        let Ok(hello) = HelloRepr::parse(plain) else {
+            return;
+        };
+        match header.ptype {
+            PacketType::Hello => {
+                self.hellos.insert(hello.session, hello.salt);
+            }
+            _ => {
+                // HELLO-ACK: header.session is the client's id.
+                if let Some(cs) = self.hellos.get(&header.session) {
+                    let (c2s, s2c) = crypto::session_key_bytes(&PSK, cs, &hello.salt);
+                    self.keys = Some(Observed {
+                        client_id: header.session,
+                        server_id: hello.session,
+                        c2s,
+                        s2c,
+                    });
+                }
+            }
+        }
+    }
+
+    fn capture(&mut self, to_server: bool, link: LinkId, d: &[u8]) {
+        if self.captured.len() < CAPTURE {
+            self.captured.push((to_server, link, d.to_vec()));
+            self.captured_next = self.captured.len() % CAPTURE;
+        } else {
+            self.captured[self.captured_next] = (to_server, link, d.to_vec());
+            self.captured_next = (self.captured_next + 1) % CAPTURE;
+        }
+    }
+
+    fn deliver_to_server(&mut self, link: LinkId, d: &mut [u8]) {
+        self.server
+            .handle_datagram(self.now, None, link_addr(link), d);
+    }
+
+    fn deliver_to_client(&mut self, link: LinkId, d: &mut [u8]) {
+        self.client
+            .handle_datagram(self.now, Some(link), link_addr(link), d);
+    }
+
+    /// Carries queued datagrams both ways (bounded), drains deliveries and events.
+    fn carry(&mut self) {
+        let mut n = 0;
+        while n < CARRY_MAX {
+            let mut moved = false;
+            if let Some(t) = self.client.poll_transmit() {
+                let mut d = t.payload;
+                self.observe(&d);
+                self.capture(true, t.link, &d);
+                self.deliver_to_server(t.link, &mut d);
+                self.client.recycle(d);
+                moved = true;
+                n += 1;
+            }
+            if let Some(t) = self.server.poll_transmit() {
+                let mut d = t.payload;
+                self.observe(&d);
+                self.capture(false, t.link, &d);
+                self.deliver_to_client(t.link, &mut d);
+                self.server.recycle(d);
+                moved = true;
+                n += 1;
+            }
+            if !moved {
+                break;
+            }
+        }
+        // Whatever is left after the bound is dropped (a lossy network, which is allowed).
+        while self.client.poll_transmit().is_some() {}
+        while self.server.poll_transmit().is_some() {}
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        let now = self.now;
+        for ep in [&mut self.client, &mut self.server] {
+            while let Some(p) = ep.poll_deliver(now) {
+                ep.recycle(p);
+            }
+            while ep.poll_event().is_some() {}
+            let _ = ep.poll_timeout();
+        }
+    }
+
+    fn advance(&mut self, dt: Duration) {
+        self.now += dt;
+        self.client.handle_timeout(self.now);
+        self.server.handle_timeout(self.now);
+        self.carry();
+    }
+
+    fn sealed(&mut self, to_server: bool, input: &mut Input<'_>) {
+        let ptype = PacketType::from_u8(input.u8() % 6 + 1).unwrap_or(PacketType::Data);
+        let link = LinkId::from(input.u8() % 4);
+        let counter = input.u64();
+        let plaintext = input.bytes();
+        let Some(k) = self.keys else {
+            return;
+        };
+        let (key, session) = if to_server {
+            (&k.c2s, k.server_id)
+        } else {
+            (&k.s2c, k.client_id)
+        };
+        // Handshake types are sealed under the handshake key, everything else under the session.
+        let aead = if ptype.is_handshake() {
+            crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305)
+        } else {
+            Aead::new(CipherId::ChaCha20Poly1305, key)
+        };
+        let header = Header {
+            ptype,
+            link,
+            session,
+            // Mostly far above the endpoints' own counters (fresh), sometimes anywhere.
+            counter: if counter & 1 == 0 {
+                (1 << 40) + (counter >> 1) % 1_000_000
+            } else {
+                counter
+            },
+        };
+        let mut d = Vec::new();
+        crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        if to_server {
+            self.deliver_to_server(link, &mut d);
+        } else {
+            self.deliver_to_client(link, &mut d);
+        }
+    }
+}
+
+/// What a [`receive_path`] run did (so tests can check that the harness reaches what it claims).
+#[derive(Debug, Clone)]
+pub struct ReceiveReport {
+    /// The harness learned the session keys from the handshake it carried.
+    pub keys_observed: bool,
+    pub client: BundleStats,
+    pub server: BundleStats,
+}
+
+/// Drives a handshaken client/server pair with the program encoded in `data` (see [`op`]).
+/// Panics only if an endpoint does.
+pub fn receive_path(data: &[u8]) {
+    receive_path_report(data);
+}
+
+/// [`receive_path`], returning what happened.
+pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
+    let mut h = Harness::new();
+    let keys_observed = h.keys.is_some();
+    let mut input = Input { data };
+    let mut steps = 0;
+    while !input.is_empty() && steps < 512 {
+        steps += 1;
+        match input.u8() % 8 {
+            op::RAW_TO_SERVER => {
+                let mut d = input.bytes().to_vec();
+                let link = d.get(2..4).map_or(1, |b| u16::from_be_bytes([b[0], b[1]]));
+                h.deliver_to_server(link, &mut d);
+            }
+            op::RAW_TO_CLIENT => {
+                let link = LinkId::from(input.u8() % 4);
+                let mut d = input.bytes().to_vec();
+                h.deliver_to_client(link, &mut d);
+            }
+            op::SEALED_TO_SERVER => h.sealed(true, &mut input),
+            op::SEALED_TO_CLIENT => h.sealed(false, &mut input),
+            op::REPLAY => {
+                let pick = input.u8() as usize;
+                let pos = input.u16() as usize;
+                let xor = input.u8();
+                if !h.captured.is_empty() {
+                    // pick 0 is the most recent datagram, 1 the one before, ...
+                    let n = h.captured.len();
+                    let i = (h.captured_next + n - 1 - pick % n) % n;
+                    let (to_server, link, mut d) = h.captured[i].clone();
+                    if !d.is_empty() {
+                        let i = pos % d.len();
+                        d[i] ^= xor;
+                    }
+                    if to_server {
+                        h.deliver_to_server(link, &mut d);
+                    } else {
+                        h.deliver_to_client(link, &mut d);
+                    }
+                }
+            }
+            op::ADVANCE => {
+                let ms = u64::from(input.u8()) * 10;
+                h.advance(Duration::from_millis(ms));
+            }
+            op::SEND => {
+                let side = input.u8();
+                let p = input.bytes();
+                if side & 1 == 0 {
+                    h.client.send_packet(h.now, p);
+                } else {
+                    h.server.send_packet(h.now, p);
+                }
+            }
+            _ => {
+                let what = input.u8();
+                let link = LinkId::from(input.u8() % 4);
+                if what & 1 == 0 {
+                    let _ = h.client.add_link(h.now, link, LinkConfig::default());
+                } else {
+                    let _ = h.client.remove_link(h.now, link);
+                }
+            }
+        }
+        h.carry();
+    }
+    // Let every timer run once more: reorder timeouts, link health, re-handshakes.
+    h.advance(Duration::from_millis(600));
+    h.advance(Duration::from_secs(3));
+    ReceiveReport {
+        keys_observed,
+        client: h.client.stats(h.now),
+        server: h.server.stats(h.now),
+    }
+}
+
+/// Seed inputs for both targets: valid and invalid, written to `fuzz/corpus/<target>/` by
+/// `cargo test -p braid-core --test fuzz_corpus -- --ignored write_seed_corpus`.
+pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
+    use crate::wire::{Common, DataRepr, ProbeAckRepr, ProbeRepr};
+    let mut out = Vec::new();
+    let key = crypto::session_keys(&PSK, CipherId::ChaCha20Poly1305, &[1; 32], &[2; 32], true);
+    let common = Common {
+        link_seq: 7,
+        ts: 1_000_000,
+    };
+    let payload: Vec<u8> = (0..100u8).collect();
+    let bodies: Vec<(&str, Body<'_>)> = vec![
+        (
+            "data",
+            Body::Data(DataRepr {
+                common,
+                seq: 42,
+                flags: 0,
+                payload: &payload,
+            }),
+        ),
+        (
+            "data-empty-unordered",
+            Body::Data(DataRepr {
+                common,
+                seq: u64::MAX,
+                flags: crate::wire::FLAG_UNORDERED,
+                payload: &[],
+            }),
+        ),
+        (
+            "probe",
+            Body::Probe(ProbeRepr {
+                common,
+                probe_id: 3,
+                padding: 32,
+            }),
+        ),
+        (
+            "probe-ack",
+            Body::ProbeAck(ProbeAckRepr {
+                common,
+                probe_id: 3,
+                echo_ts: 999_000,
+                hold_us: 50,
+                rx_link_seq_max: 100,
+                rx_packets: 98,
+                rx_bytes: 140_000,
+                qdelay_us: 1200,
+                owd_offset_us: -5000,
+            }),
+        ),
+        ("close", Body::Close(common)),
+    ];
+    for (name, body) in &bodies {
+        // parse: the plaintext body alone, and a whole sealed datagram.
+        let mut plain = vec![0u8; body.buffer_len()];
+        body.emit(&mut plain);
+        out.push(("parse", format!("body-{name}"), plain.clone()));
+        let header = Header {
+            ptype: body.ptype(),
+            link: 1,
+            session: 0x0102_0304,
+            counter: 5,
+        };
+        let mut sealed = Vec::new();
+        crypto::seal(&key.send, &header, body, &mut sealed);
+        out.push(("parse", format!("datagram-{name}"), sealed));
+        // receive: the same body sealed to the server with the real session keys.
+        let mut prog = vec![op::SEALED_TO_SERVER, body.ptype() as u8 - 1, 1];
+        prog.extend_from_slice(&0u64.to_be_bytes());
+        prog.extend_from_slice(&(plain.len() as u16).to_be_bytes());
+        prog.extend_from_slice(&plain);
+        out.push(("receive", format!("sealed-{name}"), prog));
+    }
+    let hello = HelloRepr {
+        session: 9,
+        salt: [3; 32],
+        cipher: CipherId::ChaCha20Poly1305,
+    };
+    let mut hb = vec![0u8; hello.buffer_len()];
+    hello.emit(&mut hb);
+    out.push(("parse", "body-hello".into(), hb.clone()));
+    let mut hd = Vec::new();
+    let hh = Header {
+        ptype: PacketType::Hello,
+        link: 1,
+        session: 0,
+        counter: 0x1234,
+    };
+    crypto::seal_hello(
+        &crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305),
+        &hh,
+        &hello,
+        &mut hd,
+    );
+    out.push(("parse", "datagram-hello".into(), hd.clone()));
+    // Invalid parse seeds.
+    out.push(("parse", "empty".into(), Vec::new()));
+    out.push(("parse", "short-header".into(), vec![1, 3, 0, 1, 0, 0]));
+    out.push((
+        "parse",
+        "bad-version".into(),
+        [&[2u8, 3][..], &[0; 30]].concat(),
+    ));
+    out.push((
+        "parse",
+        "bad-type".into(),
+        [&[1u8, 99][..], &[0; 30]].concat(),
+    ));
+    out.push((
+        "parse",
+        "probe-nonzero-padding".into(),
+        [&[0u8; 12][..], &[0, 1]].concat(),
+    ));
+
+    // receive programs.
+    let raw = |to_client: bool, d: &[u8]| {
+        let mut p = if to_client {
+            vec![op::RAW_TO_CLIENT, 1]
+        } else {
+            vec![op::RAW_TO_SERVER]
+        };
+        p.extend_from_slice(&(d.len() as u16).to_be_bytes());
+        p.extend_from_slice(d);
+        p
+    };
+    out.push(("receive", "raw-hello-to-server".into(), raw(false, &hd)));
+    out.push(("receive", "raw-hello-to-client".into(), raw(true, &hd)));
+    out.push((
+        "receive",
+        "raw-garbage".into(),
+        raw(false, &[1, 3, 0, 1, 0xff, 0xff]),
+    ));
+    let mut tunnel = vec![op::SEND, 0, 0, 60];
+    tunnel.extend_from_slice(&[0x45; 60]);
+    tunnel.extend_from_slice(&[op::ADVANCE, 5, op::SEND, 1, 0, 3, 1, 2, 3, op::ADVANCE, 1]);
+    out.push(("receive", "tunnel-both-ways".into(), tunnel));
+    out.push((
+        "receive",
+        "replay-and-tamper".into(),
+        vec![
+            op::REPLAY,
+            0,
+            0,
+            0,
+            0,
+            op::REPLAY,
+            3,
+            0,
+            20,
+            0x40,
+            op::REPLAY,
+            7,
+            0,
+            0,
+            0x80,
+        ],
+    ));
+    out.push((
+        "receive",
+        "links-change-and-silence".into(),
+        vec![
+            op::LINK,
+            0,
+            3,
+            op::ADVANCE,
+            30,
+            op::LINK,
+            1,
+            1,
+            op::ADVANCE,
+            255,
+            op::ADVANCE,
+            255,
+        ],
+    ));
+    out
+}

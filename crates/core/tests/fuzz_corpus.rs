@@ -1,0 +1,152 @@
+//! The fuzz targets on stable Rust, in the ordinary test suite: every file of the committed seed
+//! corpus (`fuzz/corpus/<target>/`) and a few thousand random inputs go through the same functions
+//! the cargo-fuzz targets call (`braid_core::fuzzing`). Coverage-guided fuzzing itself runs with
+//! `scripts/fuzz.sh` (nightly).
+//!
+//! To (re)write the generated seeds: `cargo test -p braid-core --test fuzz_corpus -- --ignored`.
+
+use std::path::PathBuf;
+
+use braid_core::fuzzing::{parse_any, receive_path, receive_path_report, seed_corpus};
+use proptest::prelude::*;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}
+
+/// Files of a target's corpus, sorted; fails if there are none (the corpus must not vanish).
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{}: seed corpus missing", dir.display());
+    files
+        .into_iter()
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, b)
+        })
+        .collect()
+}
+
+#[test]
+fn parse_corpus() {
+    for (path, data) in corpus("parse") {
+        eprintln!("parse {}", path.display());
+        parse_any(&data);
+    }
+}
+
+#[test]
+fn receive_corpus() {
+    for (path, data) in corpus("receive") {
+        eprintln!("receive {}", path.display());
+        receive_path(&data);
+    }
+}
+
+/// The harness reaches what it claims: the observer learns the keys, a sealed DATA gets through
+/// authentication to the tunnel, garbage and replays are counted as such.
+#[test]
+fn receive_harness_reaches_the_endpoint() {
+    let seeds = seed_corpus();
+    let seed = |name: &str| {
+        seeds
+            .iter()
+            .find(|(t, n, _)| *t == "receive" && n == name)
+            .map(|(_, _, b)| b.clone())
+            .unwrap_or_else(|| panic!("no seed {name}"))
+    };
+    let empty = receive_path_report(&[]);
+    assert!(empty.keys_observed, "handshake not observed");
+    assert!(empty.client.session.is_some() && empty.server.session.is_some());
+
+    let r = receive_path_report(&seed("sealed-data-empty-unordered"));
+    assert!(r.keys_observed);
+    assert_eq!(r.server.drops.auth, 0, "{:?}", r.server.drops);
+    assert!(
+        r.server.tun_tx_packets >= 1,
+        "sealed DATA not delivered: {:?}",
+        r.server
+    );
+
+    let r = receive_path_report(&seed("sealed-data"));
+    assert!(
+        r.server.tun_tx_packets >= 1,
+        "sealed DATA not delivered: {:?}",
+        r.server
+    );
+
+    let r = receive_path_report(&seed("raw-garbage"));
+    assert!(r.server.drops.malformed + r.server.drops.unknown_session >= 1);
+
+    let r = receive_path_report(&seed("replay-and-tamper"));
+    let d = &r.client.drops;
+    let s = &r.server.drops;
+    assert!(
+        d.replay + d.auth + s.replay + s.auth + d.malformed + s.malformed >= 2,
+        "replays not dropped: {d:?} {s:?}"
+    );
+}
+
+/// The committed corpus holds every generated seed, byte for byte (so a change of the wire format
+/// or of the harness's input language shows up here and the seeds get regenerated).
+#[test]
+fn committed_seeds_are_current() {
+    for (target, name, bytes) in seed_corpus() {
+        let p = corpus_dir(target).join(&name);
+        let on_disk = std::fs::read(&p).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (regenerate: cargo test -p braid-core --test fuzz_corpus -- --ignored)",
+                p.display()
+            )
+        });
+        assert_eq!(on_disk, bytes, "{} is stale", p.display());
+    }
+}
+
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand after changing the wire format or the harness"]
+fn write_seed_corpus() {
+    for (target, name, bytes) in seed_corpus() {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+/// Inputs that look like braid traffic more often than uniform bytes would: a plausible header
+/// (version 1, a known type) in front of random bytes half of the time.
+fn datagram_like() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..300),
+        (1u8..=6, proptest::collection::vec(any::<u8>(), 0..300)).prop_map(|(t, rest)| {
+            let mut d = vec![1, t];
+            d.extend(rest);
+            d
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+    #[test]
+    fn parse_random(data in datagram_like()) {
+        parse_any(&data);
+    }
+}
+
+proptest! {
+    // Each case builds and handshakes two endpoints: fewer cases, still thousands of operations.
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #[test]
+    fn receive_random(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        receive_path(&data);
+    }
+}
