@@ -4,7 +4,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -41,7 +41,24 @@ pub struct BindOptions {
     pub ipv6: bool,
     /// SO_SNDBUF / SO_RCVBUF wanted (root may exceed `net.core.*mem_max`).
     pub buffer_bytes: usize,
+    /// Report each datagram's local (destination) address (`IP_PKTINFO` / `IPV6_RECVPKTINFO`),
+    /// so that a socket bound to a wildcard address on a multi-homed host can answer from the
+    /// address it was reached at (see [`Datagram::src`]).
+    pub pktinfo: bool,
 }
+
+/// One datagram to send.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    /// Destination; ignored on a connected socket.
+    pub dst: Option<SocketAddr>,
+    /// Source address to send from (`IP_PKTINFO`); `None`: the kernel chooses by route.
+    pub src: Option<IpAddr>,
+    pub payload: &'a [u8],
+}
+
+/// Control-message space per datagram (one in6_pktinfo fits with room to spare).
+const CMSG_SPACE: usize = 64;
 
 /// A non-blocking UDP socket with batch receive and send.
 pub struct UdpSocket {
@@ -54,6 +71,9 @@ pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     addrs: Vec<Option<SocketAddr>>,
+    locals: Vec<Option<IpAddr>>,
+    /// u64 words: control messages must be aligned like `cmsghdr`.
+    ctrl: Vec<[u64; CMSG_SPACE / 8]>,
     len: usize,
 }
 
@@ -69,6 +89,8 @@ impl RecvBatch {
             bufs: (0..n).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
             lens: vec![0; n],
             addrs: vec![None; n],
+            locals: vec![None; n],
+            ctrl: vec![[0u64; CMSG_SPACE / 8]; n],
             len: 0,
         }
     }
@@ -81,6 +103,14 @@ impl RecvBatch {
     }
     pub fn capacity(&self) -> usize {
         self.bufs.len()
+    }
+    /// The local address datagram `i` was sent to (only with [`BindOptions::pktinfo`]).
+    pub fn local(&self, i: usize) -> Option<IpAddr> {
+        if i < self.len {
+            self.locals[i]
+        } else {
+            None
+        }
     }
     /// Datagram `i` of the last receive: its source and (mutable, for in-place decryption) bytes.
     pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
@@ -138,6 +168,82 @@ fn set_buffer(sock: &Socket, opt_force: libc::c_int, bytes: usize) -> bool {
     rc == 0
 }
 
+/// The destination address in a received message's IP_PKTINFO / IPV6_PKTINFO, if any.
+fn local_addr_of(hdr: &libc::msghdr) -> Option<IpAddr> {
+    if hdr.msg_control.is_null() || hdr.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control messages into the
+    // buffer `msg_control` points at; the CMSG_* helpers walk them within that length.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(hdr);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::IPPROTO_IP && h.cmsg_type == libc::IP_PKTINFO {
+                let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                return Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
+            }
+            if h.cmsg_level == libc::IPPROTO_IPV6 && h.cmsg_type == libc::IPV6_PKTINFO {
+                let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
+                let a = Ipv6Addr::from(pi.ipi6_addr.s6_addr);
+                return Some(match a.to_ipv4_mapped() {
+                    Some(v4) => IpAddr::V4(v4),
+                    None => IpAddr::V6(a),
+                });
+            }
+            c = libc::CMSG_NXTHDR(hdr, c);
+        }
+    }
+    None
+}
+
+/// Writes a PKTINFO control message asking to send from `src` into `buf`; returns its length.
+fn write_src_cmsg(buf: &mut [u64; CMSG_SPACE / 8], src: IpAddr, hdr: &mut libc::msghdr) {
+    // SAFETY: `buf` is CMSG_SPACE bytes, aligned for cmsghdr, enough for one in6_pktinfo; the
+    // CMSG_* helpers compute offsets inside it.
+    unsafe {
+        hdr.msg_control = buf.as_mut_ptr().cast();
+        let (level, ty, data_len) = match src {
+            IpAddr::V4(_) => (
+                libc::IPPROTO_IP,
+                libc::IP_PKTINFO,
+                std::mem::size_of::<libc::in_pktinfo>(),
+            ),
+            IpAddr::V6(_) => (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_PKTINFO,
+                std::mem::size_of::<libc::in6_pktinfo>(),
+            ),
+        };
+        hdr.msg_controllen = libc::CMSG_SPACE(data_len as u32) as _;
+        let c = libc::CMSG_FIRSTHDR(hdr);
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = ty;
+        (*c).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+        match src {
+            IpAddr::V4(a) => {
+                let pi = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from(a).to_be(),
+                    },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::in_pktinfo, pi);
+            }
+            IpAddr::V6(a) => {
+                let pi = libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr {
+                        s6_addr: a.octets(),
+                    },
+                    ipi6_ifindex: 0,
+                };
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::in6_pktinfo, pi);
+            }
+        }
+    }
+}
+
 impl UdpSocket {
     /// Creates a socket as `opts` says. Errors name the interface or address at fault.
     pub fn bind(opts: &BindOptions) -> Result<UdpSocket, UdpError> {
@@ -167,6 +273,26 @@ impl UdpSocket {
             if !set_buffer(&sock, libc::SO_RCVBUFFORCE, opts.buffer_bytes) {
                 let _ = sock.set_recv_buffer_size(opts.buffer_bytes);
             }
+        }
+        if opts.pktinfo {
+            let on: libc::c_int = 1;
+            let set = |level, opt| {
+                // SAFETY: setsockopt with a pointer to an int and its size.
+                unsafe {
+                    libc::setsockopt(
+                        sock.as_raw_fd(),
+                        level,
+                        opt,
+                        (&on as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                }
+            };
+            if ipv6 {
+                set(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO);
+            }
+            // Also on IPv6 sockets: IPv4-mapped traffic reports IPv4 packet info.
+            set(libc::IPPROTO_IP, libc::IP_PKTINFO);
         }
         let addr = opts.addr.unwrap_or_else(|| {
             if ipv6 {
@@ -223,6 +349,7 @@ impl UdpSocket {
         // SAFETY: sockaddr_storage is plain old data; zeroed is a valid value.
         let mut names: Vec<libc::sockaddr_storage> =
             vec![unsafe { MaybeUninit::zeroed().assume_init() }; n];
+        let ctrl = &mut batch.ctrl;
         let mut msgs: Vec<libc::mmsghdr> = (0..n)
             .map(|i| {
                 // SAFETY: msghdr is plain old data.
@@ -231,6 +358,8 @@ impl UdpSocket {
                 hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 hdr.msg_iov = &mut iovs[i];
                 hdr.msg_iovlen = 1;
+                hdr.msg_control = ctrl[i].as_mut_ptr().cast();
+                hdr.msg_controllen = CMSG_SPACE as _;
                 libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
@@ -268,6 +397,7 @@ impl UdpSocket {
             // SAFETY: the kernel filled `names[i]` with `msg_namelen` bytes of a sockaddr.
             let sa = unsafe { SockAddr::new(names[i], msgs[i].msg_hdr.msg_namelen) };
             batch.addrs[i] = sa.as_socket().or(self.connected);
+            batch.locals[i] = local_addr_of(&msgs[i].msg_hdr);
         }
         batch.len = got;
         Ok(got)
@@ -276,28 +406,33 @@ impl UdpSocket {
     /// Sends `msgs` in order with as few `sendmmsg` calls as possible. `dst` is ignored on a
     /// connected socket. Stops at "would block" (see [`SendReport::would_block`]); other errors
     /// drop the datagram at fault and go on (UDP is lossy anyway; the link's health sees it).
-    pub fn send_batch(&self, msgs: &[(Option<SocketAddr>, &[u8])]) -> SendReport {
+    pub fn send_batch(&self, msgs: &[Datagram<'_>]) -> SendReport {
         let mut rep = SendReport::default();
         let mut i = 0;
         while i < msgs.len() {
             let chunk = &msgs[i..msgs.len().min(i + 1024)];
             let mut iovs: Vec<libc::iovec> = chunk
                 .iter()
-                .map(|(_, p)| libc::iovec {
-                    iov_base: p.as_ptr() as *mut libc::c_void,
-                    iov_len: p.len(),
+                .map(|d| libc::iovec {
+                    iov_base: d.payload.as_ptr() as *mut libc::c_void,
+                    iov_len: d.payload.len(),
                 })
                 .collect();
             let names: Vec<Option<SockAddr>> = chunk
                 .iter()
-                .map(|(d, _)| {
+                .map(|d| {
                     if self.connected.is_some() {
                         None
                     } else {
-                        d.map(SockAddr::from)
+                        d.dst.map(SockAddr::from)
                     }
                 })
                 .collect();
+            let mut ctrl: Vec<[u64; CMSG_SPACE / 8]> = if chunk.iter().any(|d| d.src.is_some()) {
+                vec![[0u64; CMSG_SPACE / 8]; chunk.len()]
+            } else {
+                Vec::new()
+            };
             let mut hdrs: Vec<libc::mmsghdr> = (0..chunk.len())
                 .map(|k| {
                     // SAFETY: msghdr is plain old data.
@@ -308,6 +443,11 @@ impl UdpSocket {
                     }
                     hdr.msg_iov = &mut iovs[k];
                     hdr.msg_iovlen = 1;
+                    if let Some(src) = chunk[k].src {
+                        // IPv4 source for an IPv4 destination; a v4 source on a v6 socket
+                        // sending to a v4-mapped peer also takes IP_PKTINFO.
+                        write_src_cmsg(&mut ctrl[k], src, &mut hdr);
+                    }
                     libc::mmsghdr {
                         msg_hdr: hdr,
                         msg_len: 0,
@@ -378,8 +518,14 @@ mod tests {
         let a_addr = a.local_addr().unwrap();
         b.connect(a_addr).unwrap();
         let payloads: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 100 + i as usize]).collect();
-        let msgs: Vec<(Option<SocketAddr>, &[u8])> =
-            payloads.iter().map(|p| (None, p.as_slice())).collect();
+        let msgs: Vec<Datagram> = payloads
+            .iter()
+            .map(|p| Datagram {
+                dst: None,
+                src: None,
+                payload: p,
+            })
+            .collect();
         let rep = b.send_batch(&msgs);
         assert_eq!(rep.sent, 100);
         let mut batch = RecvBatch::new(BATCH);
@@ -398,12 +544,62 @@ mod tests {
         assert_eq!(got, payloads);
         // Unconnected socket sends to explicit addresses.
         let b_addr = b.local_addr().unwrap();
-        let rep = a.send_batch(&[(Some(b_addr), b"hi"), (Some(b_addr), b"there")]);
+        let d = |p: &'static [u8]| Datagram {
+            dst: Some(b_addr),
+            src: None,
+            payload: p,
+        };
+        let rep = a.send_batch(&[d(b"hi"), d(b"there")]);
         assert_eq!(rep.sent, 2);
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(b.recv_batch(&mut batch).unwrap(), 2);
         assert_eq!(batch.get_mut(1).unwrap().1, b"there");
         assert_eq!(a.recv_batch(&mut batch).unwrap(), 0);
+    }
+
+    /// A wildcard-bound socket learns which local address each datagram came to, and answers
+    /// from it.
+    #[test]
+    fn pktinfo_reports_and_sets_the_local_address() {
+        let srv = UdpSocket::bind(&BindOptions {
+            addr: Some("0.0.0.0:0".parse().unwrap()),
+            pktinfo: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let port = srv.local_addr().unwrap().port();
+        // 127.0.0.2 is a local address too (all of 127/8 is on lo).
+        let mut cli = UdpSocket::bind(&BindOptions {
+            addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+        cli.connect(SocketAddr::from(([127, 0, 0, 2], port)))
+            .unwrap();
+        assert_eq!(
+            cli.send_batch(&[Datagram {
+                dst: None,
+                src: None,
+                payload: b"ping"
+            }])
+            .sent,
+            1
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut batch = RecvBatch::new(4);
+        assert_eq!(srv.recv_batch(&mut batch).unwrap(), 1);
+        assert_eq!(batch.local(0), Some(IpAddr::from([127, 0, 0, 2])));
+        let from = batch.get_mut(0).unwrap().0;
+        // The connected client only accepts the reply if it comes from 127.0.0.2.
+        let rep = srv.send_batch(&[Datagram {
+            dst: Some(from),
+            src: batch.local(0),
+            payload: b"pong",
+        }]);
+        assert_eq!(rep.sent, 1, "{:?}", rep.last_error);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(cli.recv_batch(&mut batch).unwrap(), 1);
+        assert_eq!(batch.get_mut(0).unwrap().1, b"pong");
     }
 
     #[test]

@@ -329,20 +329,21 @@ impl Config {
             ),
             None => None,
         };
-        let cipher =
-            match &b.cipher {
-                None => CipherId::ChaCha20Poly1305,
-                Some(c) => match c.get_ref().as_str() {
-                    "chacha20-poly1305" => CipherId::ChaCha20Poly1305,
-                    "aes256-gcm" => CipherId::Aes256Gcm,
-                    other => return Err(cx.at(
+        let cipher = match &b.cipher {
+            None => CipherId::ChaCha20Poly1305,
+            Some(c) => match c.get_ref().as_str() {
+                "chacha20-poly1305" => CipherId::ChaCha20Poly1305,
+                "aes256-gcm" => CipherId::Aes256Gcm,
+                other => {
+                    return Err(cx.at(
                         c,
                         format_args!(
                             "unknown cipher {other:?} (expected chacha20-poly1305 or aes256-gcm)"
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         let ms = |v: &Option<Spanned<u64>>, what: &str| -> Result<Option<Duration>, ConfigError> {
             match v {
                 Some(x) if *x.get_ref() == 0 || *x.get_ref() > 600_000 => {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Transmit};
 use braid_linux::tun::Tun;
-use braid_linux::udp::{BindOptions, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
+use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::{json, Value};
@@ -129,6 +129,8 @@ struct Sock {
     link: Option<LinkId>,
     readable: bool,
     pending: VecDeque<Transmit>,
+    /// Server: the local address each peer address last reached us at (IP_PKTINFO).
+    reply_from: HashMap<SocketAddr, std::net::IpAddr>,
     /// Send errors since the last log line about them.
     send_errors: u64,
     last_send_error: Option<String>,
@@ -170,6 +172,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         addr: spec.bind,
         ipv6: spec.remote.is_ipv6(),
         buffer_bytes: DEFAULT_BUFFER,
+        pktinfo: false,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -209,9 +212,12 @@ impl Runner {
         match cfg.role {
             Role::Server => {
                 let listen = cfg.listen.expect("validated: server has listen");
+                // A wildcard listener on a multi-homed server must answer each link from the
+                // address the client sent to, or the client's connected socket drops the reply.
                 let opts = BindOptions {
                     addr: Some(listen),
                     buffer_bytes: DEFAULT_BUFFER,
+                    pktinfo: listen.ip().is_unspecified(),
                     ..Default::default()
                 };
                 let s =
@@ -398,6 +404,16 @@ impl Runner {
                     }
                     let via = s.link;
                     for i in 0..n {
+                        if let Some(local) = self.recv.local(i) {
+                            if let Some((from, _)) = self.recv.get_mut(i) {
+                                if s.reply_from.get(&from) != Some(&local) {
+                                    if s.reply_from.len() >= 4096 {
+                                        s.reply_from.clear();
+                                    }
+                                    s.reply_from.insert(from, local);
+                                }
+                            }
+                        }
                         if let Some((from, bytes)) = self.recv.get_mut(i) {
                             self.ep.handle_datagram(now, via, from, bytes);
                         }
@@ -449,8 +465,15 @@ impl Runner {
             while !s.pending.is_empty() {
                 let (a, b) = s.pending.as_slices();
                 let part = if a.is_empty() { b } else { a };
-                let msgs: Vec<(Option<SocketAddr>, &[u8])> =
-                    part.iter().map(|t| (t.dst, t.payload.as_slice())).collect();
+                let reply_from = &s.reply_from;
+                let msgs: Vec<Datagram> = part
+                    .iter()
+                    .map(|t| Datagram {
+                        dst: t.dst,
+                        src: t.dst.and_then(|d| reply_from.get(&d).copied()),
+                        payload: t.payload.as_slice(),
+                    })
+                    .collect();
                 let rep = s.sock.send_batch(&msgs);
                 drop(msgs);
                 let consumed = rep.sent + rep.failed;
@@ -815,6 +838,7 @@ impl Sock {
             link,
             readable: true,
             pending: VecDeque::new(),
+            reply_from: HashMap::new(),
             send_errors: 0,
             last_send_error: None,
         }
