@@ -75,6 +75,9 @@ pub struct RecvBatch {
     /// u64 words: control messages must be aligned like `cmsghdr`.
     ctrl: Vec<[u64; CMSG_SPACE / 8]>,
     len: usize,
+    /// The last transient error skipped while receiving (ICMP port/host unreachable reported
+    /// on a connected socket): it says why a peer does not answer.
+    last_error: Option<io::Error>,
 }
 
 impl Default for RecvBatch {
@@ -92,6 +95,7 @@ impl RecvBatch {
             locals: vec![None; n],
             ctrl: vec![[0u64; CMSG_SPACE / 8]; n],
             len: 0,
+            last_error: None,
         }
     }
     /// Datagrams of the last receive.
@@ -103,6 +107,11 @@ impl RecvBatch {
     }
     pub fn capacity(&self) -> usize {
         self.bufs.len()
+    }
+    /// Takes the last transient receive error (e.g. "connection refused": nothing listens at the
+    /// connected peer's port).
+    pub fn take_error(&mut self) -> Option<io::Error> {
+        self.last_error.take()
     }
     /// The local address datagram `i` was sent to (only with [`BindOptions::pktinfo`]).
     pub fn local(&self, i: usize) -> Option<IpAddr> {
@@ -387,6 +396,7 @@ impl UdpSocket {
                 io::ErrorKind::Interrupted => continue,
                 _ if is_transient(&e) && retries < 8 => {
                     retries += 1;
+                    batch.last_error = Some(e);
                     continue;
                 }
                 _ => return Err(e),

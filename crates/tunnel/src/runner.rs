@@ -131,6 +131,8 @@ struct Sock {
     pending: VecDeque<Transmit>,
     /// Server: the local address each peer address last reached us at (IP_PKTINFO).
     reply_from: HashMap<SocketAddr, std::net::IpAddr>,
+    /// The last receive error (ICMP unreachable on a connected client socket).
+    last_recv_error: Option<String>,
     /// Send errors since the last log line about them.
     send_errors: u64,
     last_send_error: Option<String>,
@@ -397,7 +399,11 @@ impl Runner {
             let Some(s) = self.socks.get_mut(&t) else {
                 continue;
             };
-            match s.sock.recv_batch(&mut self.recv) {
+            let r = s.sock.recv_batch(&mut self.recv);
+            if let Some(e) = self.recv.take_error() {
+                s.last_recv_error = Some(e.to_string());
+            }
+            match r {
                 Ok(n) => {
                     if n < self.recv.capacity() {
                         s.readable = false;
@@ -581,12 +587,23 @@ impl Runner {
                     let tried: Vec<String> = self
                         .links
                         .values()
-                        .map(|(_, s)| format!("{} -> {}", s.name, s.remote))
+                        .map(|(tok, spec)| {
+                            let why = self
+                                .socks
+                                .get(tok)
+                                .and_then(|s| {
+                                    s.last_recv_error
+                                        .clone()
+                                        .or_else(|| s.last_send_error.clone())
+                                })
+                                .unwrap_or_else(|| "no reply".into());
+                            format!("{} -> {}: {why}", spec.name, spec.remote)
+                        })
                         .collect();
                     anyhow::bail!(
-                        "no session with the server after {}s: no link answers ({})",
+                        "no session with the server after {}s: no link answers ({}); if the server runs, check that both ends use the same key (the server drops datagrams that fail authentication and logs \"authentication fails\")",
                         limit.as_secs(),
-                        tried.join(", ")
+                        tried.join("; ")
                     );
                 }
             }
@@ -839,6 +856,7 @@ impl Sock {
             readable: true,
             pending: VecDeque::new(),
             reply_from: HashMap::new(),
+            last_recv_error: None,
             send_errors: 0,
             last_send_error: None,
         }
