@@ -1,0 +1,537 @@
+//! End-to-end tests of `braid up`: two network namespaces joined by veth links (198.18.x.0/24),
+//! real `braid up` processes with real TUN devices, kernel ping and TCP (iperf3) through the
+//! tunnel, `braid status --json`, `braid link ...` at run time, metrics, and the one-line error
+//! of each failure case.
+//!
+//! Every test builds its own namespaces (names carry the process id and a tag, so tests run in
+//! parallel), bounds its time, and a Drop guard kills the braid processes it started (by PID) and
+//! deletes its namespaces, also when an assertion fails. Needs root (CI runs as root); without
+//! it the tests fail rather than skip, since a skipped end-to-end test cannot fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
+}
+
+fn ip(args: &[&str]) {
+    let o = run("ip", args);
+    assert!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Waits until `f` returns `Some`, at most `limit`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn keygen() -> String {
+    let o = run(BRAID, &["keygen"]);
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+/// A client namespace and a server namespace joined by `n` veth pairs: client `c<i>`
+/// 198.18.<i>.1/24 <-> server `s<i>` 198.18.<i>.2/24.
+struct Net {
+    client: String,
+    server: String,
+    dir: tempfile::TempDir,
+    procs: Vec<(String, Child)>,
+    key: String,
+}
+
+impl Net {
+    fn new(tag: &str, n: usize) -> Net {
+        let id = std::process::id();
+        let client = format!("brt{id}{tag}c");
+        let server = format!("brt{id}{tag}s");
+        let net = Net { client, server, dir: tempfile::tempdir().unwrap(), procs: Vec::new(), key: keygen() };
+        ip(&["netns", "add", &net.client]);
+        ip(&["netns", "add", &net.server]);
+        for ns in [&net.client, &net.server] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        for i in 1..=n {
+            let (c, s) = (format!("c{i}"), format!("s{i}"));
+            ip(&["link", "add", &c, "netns", &net.client, "type", "veth", "peer", "name", &s, "netns", &net.server]);
+            ip(&["-n", &net.client, "addr", "add", &format!("198.18.{i}.1/24"), "dev", &c]);
+            ip(&["-n", &net.server, "addr", "add", &format!("198.18.{i}.2/24"), "dev", &s]);
+            ip(&["-n", &net.client, "link", "set", &c, "up"]);
+            ip(&["-n", &net.server, "link", "set", &s, "up"]);
+        }
+        net
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn server_config(&self, extra: &str) -> PathBuf {
+        let t = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"server\"\nkey = \"{}\"\naddress = \"198.19.0.1/30\"\nmtu = 1400\nlisten = \"0.0.0.0:5050\"\ncontrol = \"{}\"\n{extra}\n",
+            self.key,
+            self.path("s.sock").display()
+        );
+        self.write("s.toml", &t)
+    }
+
+    /// A client with links 1..=n (link 1 bound by `dev`, the others by `bind`).
+    fn client_config(&self, n: usize, key: &str, extra: &str) -> PathBuf {
+        let mut t = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{key}\"\naddress = \"198.19.0.2/30\"\nmtu = 1400\ncontrol = \"{}\"\n{extra}\n",
+            self.path("c.sock").display()
+        );
+        for i in 1..=n {
+            let how = if i == 1 { format!("dev = \"c{i}\"") } else { format!("bind = \"198.18.{i}.1\"") };
+            t.push_str(&format!("\n[[link]]\nname = \"isp{i}\"\n{how}\nremote = \"198.18.{i}.2:5050\"\nbandwidth = 100000000\n"));
+        }
+        self.write("c.toml", &t)
+    }
+
+    /// Starts `braid up CONFIG` in namespace `ns`; its stderr goes to `<label>.log`.
+    fn up(&mut self, label: &str, ns: &str, config: &Path) {
+        let log = std::fs::File::create(self.path(&format!("{label}.log"))).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, BRAID, "--log-level", "info", "up"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.push((label.to_string(), child));
+    }
+
+    fn log(&self, label: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{label}.log"))).unwrap_or_default()
+    }
+
+    fn status(&self, sock: &str) -> Option<Value> {
+        let o = Command::new(BRAID).arg("--control").arg(self.path(sock)).args(["status", "--json"]).output().ok()?;
+        if !o.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&o.stdout).ok()
+    }
+
+    fn braid(&self, sock: &str, args: &[&str]) -> Output {
+        Command::new(BRAID).arg("--control").arg(self.path(sock)).args(args).output().unwrap()
+    }
+
+    /// Starts a server and an `n`-link client and waits until every link is UP on both sides.
+    fn start_pair(&mut self, n: usize) {
+        let s = self.server_config("metrics = \"127.0.0.1:9150\"");
+        let server = self.server.clone();
+        self.up("server", &server, &s);
+        wait_for(Duration::from_secs(5), || self.status("s.sock")).expect("server control socket never answered");
+        let c = self.client_config(n, &self.key.clone(), "");
+        let client = self.client.clone();
+        self.up("client", &client, &c);
+        let ok = wait_for(Duration::from_secs(8), || {
+            let c = self.status("c.sock")?;
+            let s = self.status("s.sock")?;
+            (links_up(&c) == n && links_up(&s) == n).then_some(())
+        });
+        assert!(ok.is_some(), "links did not all come up.\nclient: {}\nserver: {}", self.log("client"), self.log("server"));
+    }
+
+    fn ping(&self, count: u32) -> bool {
+        let o = run(
+            "ip",
+            &["netns", "exec", &self.client, "ping", "-c", &count.to_string(), "-i", "0.1", "-W", "2", "-q", "198.19.0.1"],
+        );
+        o.status.success()
+    }
+
+    /// Stops the process `label` with SIGTERM and returns its exit status.
+    fn stop(&mut self, label: &str) -> Option<ExitStatus> {
+        let i = self.procs.iter().position(|(l, _)| l == label)?;
+        let (_, mut child) = self.procs.remove(i);
+        let _ = run("kill", &["-TERM", &child.id().to_string()]);
+        let st = wait_for(Duration::from_secs(5), || child.try_wait().ok().flatten());
+        if st.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        st
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = run("kill", &["-TERM", &c.id().to_string()]);
+        }
+        for (_, c) in &mut self.procs {
+            if wait_for(Duration::from_secs(2), || c.try_wait().ok().flatten()).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let _ = run("ip", &["netns", "del", &self.client]);
+        let _ = run("ip", &["netns", "del", &self.server]);
+    }
+}
+
+fn links(status: &Value) -> Vec<Value> {
+    status["links"].as_array().cloned().unwrap_or_default()
+}
+
+fn links_up(status: &Value) -> usize {
+    links(status).iter().filter(|l| l["state"] == "up").count()
+}
+
+fn link_state(status: &Value, name: &str) -> Option<String> {
+    links(status).iter().find(|l| l["name"] == name).and_then(|l| l["state"].as_str().map(str::to_string))
+}
+
+/// A TCP transfer through the tunnel with iperf3 (client namespace -> server namespace), with
+/// per-interval byte counts.
+struct Transfer {
+    server: Child,
+    client: Child,
+    out: PathBuf,
+}
+
+impl Transfer {
+    fn start(net: &Net, port: u16, secs: u32, interval: f64) -> Transfer {
+        let p = port.to_string();
+        let server = Command::new("ip")
+            .args(["netns", "exec", &net.server, "iperf3", "-s", "-1", "-p", &p, "-B", "198.19.0.1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let out = net.path(&format!("iperf-{port}.json"));
+        let client = Command::new("ip")
+            .args(["netns", "exec", &net.client, "iperf3", "-c", "198.19.0.1", "-p", &p, "-J", "-t", &secs.to_string()])
+            .args(["-i", &interval.to_string(), "--connect-timeout", "3000", "--snd-timeout", "8000"])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Transfer { server, client, out }
+    }
+
+    /// Waits for the client (bounded) and returns (exit ok, interval byte counts, total bytes).
+    fn finish(mut self, limit: Duration) -> (bool, Vec<f64>, f64) {
+        let st = wait_for(limit, || self.client.try_wait().ok().flatten());
+        let ok = st.is_some_and(|s| s.success());
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let intervals: Vec<f64> = v["intervals"]
+            .as_array()
+            .map(|a| a.iter().map(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0)).collect())
+            .unwrap_or_default();
+        let total = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+        (ok, intervals, total)
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        for c in [&mut self.client, &mut self.server] {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Ping and a TCP transfer through a 3-link bundle; `status --json` on both sides lists every
+/// link UP with a sane RTT; the metrics endpoint serves per-link and bundle series; SIGTERM
+/// removes the TUN device and the control socket and exits 0.
+#[test]
+fn ping_tcp_status_metrics_and_clean_shutdown() {
+    let mut net = Net::new("a", 3);
+    net.start_pair(3);
+    assert!(net.ping(5), "ping through the tunnel failed");
+
+    let t = Transfer::start(&net, 5201, 3, 1.0);
+    let (ok, _, total) = t.finish(Duration::from_secs(15));
+    assert!(ok, "iperf3 through the tunnel failed");
+    assert!(total > 1e6, "only {total} bytes through the tunnel in 3 s");
+
+    for (sock, role) in [("c.sock", "client"), ("s.sock", "server")] {
+        let st = net.status(sock).unwrap();
+        assert_eq!(st["kind"], "tunnel");
+        assert_eq!(st["role"], role);
+        assert!(!st["session"].is_null(), "{role}: no session: {st}");
+        let ls = links(&st);
+        assert_eq!(ls.len(), 3, "{role}: {st}");
+        for l in &ls {
+            assert_eq!(l["state"], "up", "{role}: {l}");
+            let rtt = l["srtt_us"].as_u64().expect("RTT measured");
+            assert!(rtt > 0 && rtt < 50_000, "{role}: RTT {rtt} us is not sane over veth");
+            assert!(l["tx_bytes"].as_u64().unwrap() > 0 && l["rx_bytes"].as_u64().unwrap() > 0, "{role}: {l}");
+        }
+        assert!(st["tun_rx_packets"].as_u64().unwrap() > 100, "{role}: {st}");
+    }
+    // The human table: a bundle line and one aligned row per link.
+    let o = net.braid("c.sock", &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("Bundle braid0 (client, adaptive, 198.19.0.2/30): up 3 of 3 links, total bandwidth 300000000 bps"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("isp")).count(), 3, "{text}");
+
+    // Metrics, scraped from inside the server's namespace.
+    let o = run("ip", &["netns", "exec", &net.server, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:9150/metrics"]);
+    assert!(o.status.success(), "metrics endpoint did not answer");
+    let m = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "braid_link_tx_bytes_total{bundle=\"braid0\",link=\"link1\"}",
+        "braid_link_rx_packets_total{",
+        "braid_link_rtt_seconds{",
+        "braid_link_loss_ratio{",
+        "braid_link_state{bundle=\"braid0\",link=\"link2\",state=\"up\"} 1",
+        "braid_link_delivery_rate_bps{",
+        "braid_reorder_depth{",
+        "braid_drops_total{bundle=\"braid0\",reason=\"auth\"} 0",
+        "braid_tun_rx_packets_total{",
+        "braid_session_up{bundle=\"braid0\"} 1",
+        "# EOF",
+    ] {
+        assert!(m.contains(want), "metrics lack {want:?}:\n{m}");
+    }
+
+    // Clean shutdown: exit 0, TUN gone, control socket gone.
+    let st = net.stop("client").expect("client did not exit on SIGTERM");
+    assert!(st.success(), "client exit status {st:?}");
+    assert!(!net.path("c.sock").exists(), "control socket left behind");
+    let o = run("ip", &["-n", &net.client, "link", "show", "braid0"]);
+    assert!(!o.status.success(), "TUN device braid0 left behind");
+    assert!(!net.log("client").contains("panicked"));
+}
+
+/// One veth goes down in the middle of a TCP transfer: the connection survives, the link shows
+/// DOWN within about a second, and comes back UP by itself once the veth is up again.
+#[test]
+fn link_down_mid_transfer_keeps_tcp_and_recovers() {
+    let mut net = Net::new("b", 2);
+    net.start_pair(2);
+    let t = Transfer::start(&net, 5202, 6, 0.2);
+    std::thread::sleep(Duration::from_secs(2));
+
+    let down_at = Instant::now();
+    ip(&["-n", &net.client, "link", "set", "c1", "down"]);
+    let seen = wait_for(Duration::from_secs(3), || {
+        let st = net.status("c.sock")?;
+        (link_state(&st, "isp1").as_deref() == Some("down")).then(Instant::now)
+    });
+    let detect = seen.expect("isp1 never shown DOWN").duration_since(down_at);
+    assert!(detect < Duration::from_millis(1500), "isp1 shown DOWN only after {detect:?}");
+    let st = net.status("c.sock").unwrap();
+    assert_eq!(link_state(&st, "isp2").as_deref(), Some("up"), "{st}");
+
+    std::thread::sleep(Duration::from_millis(800));
+    ip(&["-n", &net.client, "link", "set", "c1", "up"]);
+    let back = wait_for(Duration::from_secs(5), || {
+        let st = net.status("c.sock")?;
+        (link_state(&st, "isp1").as_deref() == Some("up")).then_some(())
+    });
+    assert!(back.is_some(), "isp1 did not come back UP by itself: {}", net.log("client"));
+
+    let (ok, intervals, total) = t.finish(Duration::from_secs(15));
+    assert!(ok, "the TCP transfer broke when a link went down");
+    assert!(total > 1e6, "{total} bytes");
+    // The longest stretch without progress (0.2 s intervals).
+    let mut longest = 0;
+    let mut run_len = 0;
+    for b in &intervals {
+        run_len = if *b < 1.0 { run_len + 1 } else { 0 };
+        longest = longest.max(run_len);
+    }
+    let stall = longest as f64 * 0.2;
+    assert!(stall <= 1.0, "TCP stalled {stall:.1} s: {intervals:?}");
+    eprintln!("failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved");
+}
+
+/// `braid link remove` and `link add` on a running client, with traffic flowing: the tunnel
+/// stays up, the removed link disappears, the added one comes UP; `link set` changes the
+/// configured bandwidth; bad requests get one-line errors.
+#[test]
+fn runtime_link_remove_add_set() {
+    let mut net = Net::new("c", 2);
+    net.start_pair(2);
+    let t = Transfer::start(&net, 5203, 5, 0.5);
+    std::thread::sleep(Duration::from_secs(1));
+
+    let o = net.braid("c.sock", &["link", "remove", "isp1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "link isp1 removed");
+    let st = net.status("c.sock").unwrap();
+    assert_eq!(links(&st).len(), 1, "{st}");
+    assert!(net.ping(3), "tunnel down after link remove");
+
+    std::thread::sleep(Duration::from_millis(500));
+    let o = net.braid("c.sock", &["link", "add", "isp1b", "--dev", "c1", "--remote", "198.18.1.2:5050", "--bandwidth", "5000000"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let up = wait_for(Duration::from_secs(3), || {
+        let st = net.status("c.sock")?;
+        (link_state(&st, "isp1b").as_deref() == Some("up")).then_some(st)
+    });
+    let st = up.expect("added link never came UP");
+    assert_eq!(links(&st).len(), 2);
+
+    let o = net.braid("c.sock", &["link", "set", "isp1b", "--bandwidth", "7000000", "--priority", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let st = net.status("c.sock").unwrap();
+    let l = links(&st).into_iter().find(|l| l["name"] == "isp1b").unwrap();
+    assert_eq!((l["bandwidth_bps"].as_u64(), l["priority"].as_u64()), (Some(7_000_000), Some(2)));
+
+    // Errors: one line each, non-zero exit.
+    for (args, want) in [
+        (vec!["link", "add", "isp2", "--bind", "198.18.2.1"], "link isp2 already exists"),
+        (vec!["link", "add", "isp9", "--dev", "veth9"], "link isp9: interface veth9 does not exist"),
+        (vec!["link", "remove", "nope"], "no link named nope"),
+        (vec!["link", "set", "isp2"], "give --bandwidth"),
+    ] {
+        let o = net.braid("c.sock", &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: want {want:?}, got {err}");
+    }
+
+    let (ok, _, total) = t.finish(Duration::from_secs(15));
+    assert!(ok && total > 1e6, "TCP transfer did not survive link changes ({total} bytes)");
+    assert!(net.ping(3));
+}
+
+/// Runs `braid up CONFIG` (in `ns`, optionally as an unprivileged user) to its exit, bounded.
+fn up_to_exit(ns: &str, config: &Path, unprivileged: bool, limit: Duration) -> (ExitStatus, String) {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]);
+    if unprivileged {
+        cmd.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]);
+    }
+    let mut child = cmd.arg(BRAID).arg("up").arg(config).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let st = wait_for(limit, || child.try_wait().ok().flatten());
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("braid up {} did not exit within {limit:?}", config.display());
+    }
+    let mut err = String::new();
+    use std::io::Read;
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (st.unwrap(), err)
+}
+
+/// The last stderr line is the error: one line, `braid: error: ...`, no panic anywhere.
+fn assert_one_line_error(st: ExitStatus, err: &str, want: &[&str]) -> String {
+    assert!(!st.success(), "exit status 0; stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let last = err.lines().last().unwrap_or("").to_string();
+    assert!(last.starts_with("braid: error: "), "{err}");
+    for w in want {
+        assert!(last.contains(w), "want {w:?} in {last:?}");
+    }
+    last
+}
+
+/// A client whose key differs from the server's: no session; the server logs that
+/// authentication fails, the client gives up after `connect_timeout` with a one-line error.
+#[test]
+fn error_wrong_key() {
+    let mut net = Net::new("d", 1);
+    let s = net.server_config("");
+    let server = net.server.clone();
+    net.up("server", &server, &s);
+    wait_for(Duration::from_secs(5), || net.status("s.sock")).unwrap();
+    let c = net.client_config(1, &keygen(), "connect_timeout = 3");
+    let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
+    assert_one_line_error(st, &err, &["no session with the server after 3s", "same key"]);
+    let logged = wait_for(Duration::from_secs(3), || net.log("server").contains("authentication fails").then_some(()));
+    assert!(logged.is_some(), "server did not log the authentication failure: {}", net.log("server"));
+    let s = net.status("s.sock").unwrap();
+    assert!(s["drops"]["auth"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["session"].is_null());
+}
+
+/// No server: the client says which links got no answer and why, and exits non-zero.
+#[test]
+fn error_unreachable_server() {
+    let net = Net::new("e", 2);
+    let c = net.client_config(2, &net.key, "connect_timeout = 2");
+    let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
+    assert_one_line_error(
+        st,
+        &err,
+        &["no link answers", "isp1 -> 198.18.1.2:5050: Connection refused", "isp2 -> 198.18.2.2:5050"],
+    );
+    // And the TUN device is gone.
+    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"]).status.success());
+}
+
+/// As an unprivileged user: the TUN device cannot be created; one line says so and why.
+#[test]
+fn error_missing_tun_permission() {
+    use std::os::unix::fs::PermissionsExt;
+    let net = Net::new("f", 1);
+    let s = net.server_config("");
+    std::fs::set_permissions(net.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (st, err) = up_to_exit(&net.server, &s, true, Duration::from_secs(10));
+    let last = assert_one_line_error(st, &err, &["cannot create TUN device braid0", "(needs root or CAP_NET_ADMIN)"]);
+    assert_eq!(err.trim_end(), last, "more than one line on stderr");
+}
+
+/// A link bound to an interface that does not exist.
+#[test]
+fn error_nonexistent_interface() {
+    let net = Net::new("g", 1);
+    let t = format!(
+        "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{}\"\naddress = \"198.19.0.2/30\"\ncontrol = \"{}\"\n\n[[link]]\nname = \"isp1\"\ndev = \"veth9\"\nremote = \"198.18.1.2:5050\"\n",
+        net.key,
+        net.path("c.sock").display()
+    );
+    let c = net.write("c.toml", &t);
+    let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
+    let last = assert_one_line_error(st, &err, &["link isp1: interface veth9 does not exist"]);
+    assert_eq!(err.trim_end(), last);
+    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"]).status.success());
+}
+
+/// Malformed configurations: the error names the key (or value) and its line.
+#[test]
+fn error_malformed_config() {
+    let net = Net::new("h", 1);
+    let good = std::fs::read_to_string(net.client_config(1, &net.key, "")).unwrap();
+    let cases = [
+        (good.replace("mtu = 1400\n", "mtu = 1400\ncolour = \"blue\"\n"), vec!["c.toml:7:", "unknown field `colour`"]),
+        (good.replace("remote =", "remot ="), vec!["unknown field `remot`"]),
+        (good.replace("198.19.0.2/30", "198.19.0.2"), vec!["c.toml:5:", "address"]),
+        (good.replace(&net.key, "c2hvcnQ="), vec!["c.toml:4:", "key is 5 bytes, expected 32"]),
+        (good.replace("[bundle]\n", "[bundle]\nscheduler = \"fastest\"\n"), vec!["c.toml:2:", "unknown scheduler \"fastest\""]),
+        (good.replace("mtu = 1400", "mtu = 1400 1400"), vec!["c.toml:6:"]),
+    ];
+    for (text, want) in cases {
+        let c = net.write("c.toml", &text);
+        let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
+        let last = assert_one_line_error(st, &err, &want);
+        assert_eq!(err.trim_end(), last, "more than one line on stderr");
+    }
+}
