@@ -17,12 +17,20 @@ use serde_json::Value;
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
 fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
 }
 
 fn ip(args: &[&str]) {
     let o = run("ip", args);
-    assert!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Waits until `f` returns `Some`, at most `limit`.
@@ -60,7 +68,13 @@ impl Net {
         let id = std::process::id();
         let client = format!("brt{id}{tag}c");
         let server = format!("brt{id}{tag}s");
-        let net = Net { client, server, dir: tempfile::tempdir().unwrap(), procs: Vec::new(), key: keygen() };
+        let net = Net {
+            client,
+            server,
+            dir: tempfile::tempdir().unwrap(),
+            procs: Vec::new(),
+            key: keygen(),
+        };
         ip(&["netns", "add", &net.client]);
         ip(&["netns", "add", &net.server]);
         for ns in [&net.client, &net.server] {
@@ -68,9 +82,38 @@ impl Net {
         }
         for i in 1..=n {
             let (c, s) = (format!("c{i}"), format!("s{i}"));
-            ip(&["link", "add", &c, "netns", &net.client, "type", "veth", "peer", "name", &s, "netns", &net.server]);
-            ip(&["-n", &net.client, "addr", "add", &format!("198.18.{i}.1/24"), "dev", &c]);
-            ip(&["-n", &net.server, "addr", "add", &format!("198.18.{i}.2/24"), "dev", &s]);
+            ip(&[
+                "link",
+                "add",
+                &c,
+                "netns",
+                &net.client,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &s,
+                "netns",
+                &net.server,
+            ]);
+            ip(&[
+                "-n",
+                &net.client,
+                "addr",
+                "add",
+                &format!("198.18.{i}.1/24"),
+                "dev",
+                &c,
+            ]);
+            ip(&[
+                "-n",
+                &net.server,
+                "addr",
+                "add",
+                &format!("198.18.{i}.2/24"),
+                "dev",
+                &s,
+            ]);
             ip(&["-n", &net.client, "link", "set", &c, "up"]);
             ip(&["-n", &net.server, "link", "set", &s, "up"]);
         }
@@ -103,7 +146,11 @@ impl Net {
             self.path("c.sock").display()
         );
         for i in 1..=n {
-            let how = if i == 1 { format!("dev = \"c{i}\"") } else { format!("bind = \"198.18.{i}.1\"") };
+            let how = if i == 1 {
+                format!("dev = \"c{i}\"")
+            } else {
+                format!("bind = \"198.18.{i}.1\"")
+            };
             t.push_str(&format!("\n[[link]]\nname = \"isp{i}\"\n{how}\nremote = \"198.18.{i}.2:5050\"\nbandwidth = 100000000\n"));
         }
         self.write("c.toml", &t)
@@ -128,7 +175,12 @@ impl Net {
     }
 
     fn status(&self, sock: &str) -> Option<Value> {
-        let o = Command::new(BRAID).arg("--control").arg(self.path(sock)).args(["status", "--json"]).output().ok()?;
+        let o = Command::new(BRAID)
+            .arg("--control")
+            .arg(self.path(sock))
+            .args(["status", "--json"])
+            .output()
+            .ok()?;
         if !o.status.success() {
             return None;
         }
@@ -136,7 +188,12 @@ impl Net {
     }
 
     fn braid(&self, sock: &str, args: &[&str]) -> Output {
-        Command::new(BRAID).arg("--control").arg(self.path(sock)).args(args).output().unwrap()
+        Command::new(BRAID)
+            .arg("--control")
+            .arg(self.path(sock))
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     /// Starts a server and an `n`-link client and waits until every link is UP on both sides.
@@ -144,7 +201,8 @@ impl Net {
         let s = self.server_config("metrics = \"127.0.0.1:9150\"");
         let server = self.server.clone();
         self.up("server", &server, &s);
-        wait_for(Duration::from_secs(5), || self.status("s.sock")).expect("server control socket never answered");
+        wait_for(Duration::from_secs(5), || self.status("s.sock"))
+            .expect("server control socket never answered");
         let c = self.client_config(n, &self.key.clone(), "");
         let client = self.client.clone();
         self.up("client", &client, &c);
@@ -153,13 +211,31 @@ impl Net {
             let s = self.status("s.sock")?;
             (links_up(&c) == n && links_up(&s) == n).then_some(())
         });
-        assert!(ok.is_some(), "links did not all come up.\nclient: {}\nserver: {}", self.log("client"), self.log("server"));
+        assert!(
+            ok.is_some(),
+            "links did not all come up.\nclient: {}\nserver: {}",
+            self.log("client"),
+            self.log("server")
+        );
     }
 
     fn ping(&self, count: u32) -> bool {
         let o = run(
             "ip",
-            &["netns", "exec", &self.client, "ping", "-c", &count.to_string(), "-i", "0.1", "-W", "2", "-q", "198.19.0.1"],
+            &[
+                "netns",
+                "exec",
+                &self.client,
+                "ping",
+                "-c",
+                &count.to_string(),
+                "-i",
+                "0.1",
+                "-W",
+                "2",
+                "-q",
+                "198.19.0.1",
+            ],
         );
         o.status.success()
     }
@@ -203,7 +279,10 @@ fn links_up(status: &Value) -> usize {
 }
 
 fn link_state(status: &Value, name: &str) -> Option<String> {
-    links(status).iter().find(|l| l["name"] == name).and_then(|l| l["state"].as_str().map(str::to_string))
+    links(status)
+        .iter()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["state"].as_str().map(str::to_string))
 }
 
 /// A TCP transfer through the tunnel with iperf3 (client namespace -> server namespace), with
@@ -218,7 +297,18 @@ impl Transfer {
     fn start(net: &Net, port: u16, secs: u32, interval: f64) -> Transfer {
         let p = port.to_string();
         let server = Command::new("ip")
-            .args(["netns", "exec", &net.server, "iperf3", "-s", "-1", "-p", &p, "-B", "198.19.0.1"])
+            .args([
+                "netns",
+                "exec",
+                &net.server,
+                "iperf3",
+                "-s",
+                "-1",
+                "-p",
+                &p,
+                "-B",
+                "198.19.0.1",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -226,13 +316,36 @@ impl Transfer {
         std::thread::sleep(Duration::from_millis(300));
         let out = net.path(&format!("iperf-{port}.json"));
         let client = Command::new("ip")
-            .args(["netns", "exec", &net.client, "iperf3", "-c", "198.19.0.1", "-p", &p, "-J", "-t", &secs.to_string()])
-            .args(["-i", &interval.to_string(), "--connect-timeout", "3000", "--snd-timeout", "8000"])
+            .args([
+                "netns",
+                "exec",
+                &net.client,
+                "iperf3",
+                "-c",
+                "198.19.0.1",
+                "-p",
+                &p,
+                "-J",
+                "-t",
+                &secs.to_string(),
+            ])
+            .args([
+                "-i",
+                &interval.to_string(),
+                "--connect-timeout",
+                "3000",
+                "--snd-timeout",
+                "8000",
+            ])
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        Transfer { server, client, out }
+        Transfer {
+            server,
+            client,
+            out,
+        }
     }
 
     /// Waits for the client (bounded) and returns (exit ok, interval byte counts, total bytes).
@@ -243,7 +356,11 @@ impl Transfer {
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let intervals: Vec<f64> = v["intervals"]
             .as_array()
-            .map(|a| a.iter().map(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0)).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0))
+                    .collect()
+            })
             .unwrap_or_default();
         let total = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
         (ok, intervals, total)
@@ -285,8 +402,14 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
         for l in &ls {
             assert_eq!(l["state"], "up", "{role}: {l}");
             let rtt = l["srtt_us"].as_u64().expect("RTT measured");
-            assert!(rtt > 0 && rtt < 50_000, "{role}: RTT {rtt} us is not sane over veth");
-            assert!(l["tx_bytes"].as_u64().unwrap() > 0 && l["rx_bytes"].as_u64().unwrap() > 0, "{role}: {l}");
+            assert!(
+                rtt > 0 && rtt < 50_000,
+                "{role}: RTT {rtt} us is not sane over veth"
+            );
+            assert!(
+                l["tx_bytes"].as_u64().unwrap() > 0 && l["rx_bytes"].as_u64().unwrap() > 0,
+                "{role}: {l}"
+            );
         }
         assert!(st["tun_rx_packets"].as_u64().unwrap() > 100, "{role}: {st}");
     }
@@ -294,10 +417,26 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
     let o = net.braid("c.sock", &["status"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.starts_with("Bundle braid0 (client, adaptive, 198.19.0.2/30): up 3 of 3 links, total bandwidth 300000000 bps"), "{text}");
-    assert_eq!(text.lines().filter(|l| l.starts_with("isp")).count(), 3, "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("isp")).count(),
+        3,
+        "{text}"
+    );
 
     // Metrics, scraped from inside the server's namespace.
-    let o = run("ip", &["netns", "exec", &net.server, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:9150/metrics"]);
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &net.server,
+            "curl",
+            "-sf",
+            "--max-time",
+            "5",
+            "http://127.0.0.1:9150/metrics",
+        ],
+    );
     assert!(o.status.success(), "metrics endpoint did not answer");
     let m = String::from_utf8_lossy(&o.stdout);
     for want in [
@@ -341,7 +480,10 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
         (link_state(&st, "isp1").as_deref() == Some("down")).then(Instant::now)
     });
     let detect = seen.expect("isp1 never shown DOWN").duration_since(down_at);
-    assert!(detect < Duration::from_millis(1500), "isp1 shown DOWN only after {detect:?}");
+    assert!(
+        detect < Duration::from_millis(1500),
+        "isp1 shown DOWN only after {detect:?}"
+    );
     let st = net.status("c.sock").unwrap();
     assert_eq!(link_state(&st, "isp2").as_deref(), Some("up"), "{st}");
 
@@ -351,7 +493,11 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
         let st = net.status("c.sock")?;
         (link_state(&st, "isp1").as_deref() == Some("up")).then_some(())
     });
-    assert!(back.is_some(), "isp1 did not come back UP by itself: {}", net.log("client"));
+    assert!(
+        back.is_some(),
+        "isp1 did not come back UP by itself: {}",
+        net.log("client")
+    );
 
     let (ok, intervals, total) = t.finish(Duration::from_secs(15));
     assert!(ok, "the TCP transfer broke when a link went down");
@@ -365,7 +511,9 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
     }
     let stall = longest as f64 * 0.2;
     assert!(stall <= 1.0, "TCP stalled {stall:.1} s: {intervals:?}");
-    eprintln!("failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved");
+    eprintln!(
+        "failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved"
+    );
 }
 
 /// `braid link remove` and `link add` on a running client, with traffic flowing: the tunnel
@@ -380,13 +528,29 @@ fn runtime_link_remove_add_set() {
 
     let o = net.braid("c.sock", &["link", "remove", "isp1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "link isp1 removed");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "link isp1 removed"
+    );
     let st = net.status("c.sock").unwrap();
     assert_eq!(links(&st).len(), 1, "{st}");
     assert!(net.ping(3), "tunnel down after link remove");
 
     std::thread::sleep(Duration::from_millis(500));
-    let o = net.braid("c.sock", &["link", "add", "isp1b", "--dev", "c1", "--remote", "198.18.1.2:5050", "--bandwidth", "5000000"]);
+    let o = net.braid(
+        "c.sock",
+        &[
+            "link",
+            "add",
+            "isp1b",
+            "--dev",
+            "c1",
+            "--remote",
+            "198.18.1.2:5050",
+            "--bandwidth",
+            "5000000",
+        ],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let up = wait_for(Duration::from_secs(3), || {
         let st = net.status("c.sock")?;
@@ -395,16 +559,39 @@ fn runtime_link_remove_add_set() {
     let st = up.expect("added link never came UP");
     assert_eq!(links(&st).len(), 2);
 
-    let o = net.braid("c.sock", &["link", "set", "isp1b", "--bandwidth", "7000000", "--priority", "2"]);
+    let o = net.braid(
+        "c.sock",
+        &[
+            "link",
+            "set",
+            "isp1b",
+            "--bandwidth",
+            "7000000",
+            "--priority",
+            "2",
+        ],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let st = net.status("c.sock").unwrap();
-    let l = links(&st).into_iter().find(|l| l["name"] == "isp1b").unwrap();
-    assert_eq!((l["bandwidth_bps"].as_u64(), l["priority"].as_u64()), (Some(7_000_000), Some(2)));
+    let l = links(&st)
+        .into_iter()
+        .find(|l| l["name"] == "isp1b")
+        .unwrap();
+    assert_eq!(
+        (l["bandwidth_bps"].as_u64(), l["priority"].as_u64()),
+        (Some(7_000_000), Some(2))
+    );
 
     // Errors: one line each, non-zero exit.
     for (args, want) in [
-        (vec!["link", "add", "isp2", "--bind", "198.18.2.1"], "link isp2 already exists"),
-        (vec!["link", "add", "isp9", "--dev", "veth9"], "link isp9: interface veth9 does not exist"),
+        (
+            vec!["link", "add", "isp2", "--bind", "198.18.2.1"],
+            "link isp2 already exists",
+        ),
+        (
+            vec!["link", "add", "isp9", "--dev", "veth9"],
+            "link isp9: interface veth9 does not exist",
+        ),
         (vec!["link", "remove", "nope"], "no link named nope"),
         (vec!["link", "set", "isp2"], "give --bandwidth"),
     ] {
@@ -416,27 +603,57 @@ fn runtime_link_remove_add_set() {
     }
 
     let (ok, _, total) = t.finish(Duration::from_secs(15));
-    assert!(ok && total > 1e6, "TCP transfer did not survive link changes ({total} bytes)");
+    assert!(
+        ok && total > 1e6,
+        "TCP transfer did not survive link changes ({total} bytes)"
+    );
     assert!(net.ping(3));
 }
 
 /// Runs `braid up CONFIG` (in `ns`, optionally as an unprivileged user) to its exit, bounded.
-fn up_to_exit(ns: &str, config: &Path, unprivileged: bool, limit: Duration) -> (ExitStatus, String) {
+fn up_to_exit(
+    ns: &str,
+    config: &Path,
+    unprivileged: bool,
+    limit: Duration,
+) -> (ExitStatus, String) {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]);
     if unprivileged {
-        cmd.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]);
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ]);
     }
-    let mut child = cmd.arg(BRAID).arg("up").arg(config).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = cmd
+        .arg(BRAID)
+        .arg("up")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let st = wait_for(limit, || child.try_wait().ok().flatten());
     if st.is_none() {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("braid up {} did not exit within {limit:?}", config.display());
+        panic!(
+            "braid up {} did not exit within {limit:?}",
+            config.display()
+        );
     }
     let mut err = String::new();
     use std::io::Read;
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     (st.unwrap(), err)
 }
 
@@ -463,9 +680,21 @@ fn error_wrong_key() {
     wait_for(Duration::from_secs(5), || net.status("s.sock")).unwrap();
     let c = net.client_config(1, &keygen(), "connect_timeout = 3");
     let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
-    assert_one_line_error(st, &err, &["no session with the server after 3s", "same key"]);
-    let logged = wait_for(Duration::from_secs(3), || net.log("server").contains("authentication fails").then_some(()));
-    assert!(logged.is_some(), "server did not log the authentication failure: {}", net.log("server"));
+    assert_one_line_error(
+        st,
+        &err,
+        &["no session with the server after 3s", "same key"],
+    );
+    let logged = wait_for(Duration::from_secs(3), || {
+        net.log("server")
+            .contains("authentication fails")
+            .then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "server did not log the authentication failure: {}",
+        net.log("server")
+    );
     let s = net.status("s.sock").unwrap();
     assert!(s["drops"]["auth"].as_u64().unwrap() > 0, "{s}");
     assert!(s["session"].is_null());
@@ -480,10 +709,16 @@ fn error_unreachable_server() {
     assert_one_line_error(
         st,
         &err,
-        &["no link answers", "isp1 -> 198.18.1.2:5050: Connection refused", "isp2 -> 198.18.2.2:5050"],
+        &[
+            "no link answers",
+            "isp1 -> 198.18.1.2:5050: Connection refused",
+            "isp2 -> 198.18.2.2:5050",
+        ],
     );
     // And the TUN device is gone.
-    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"]).status.success());
+    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"])
+        .status
+        .success());
 }
 
 /// As an unprivileged user: the TUN device cannot be created; one line says so and why.
@@ -495,7 +730,14 @@ fn error_missing_tun_permission() {
     std::fs::set_permissions(net.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (st, err) = up_to_exit(&net.server, &s, true, Duration::from_secs(10));
-    let last = assert_one_line_error(st, &err, &["cannot create TUN device braid0", "(needs root or CAP_NET_ADMIN)"]);
+    let last = assert_one_line_error(
+        st,
+        &err,
+        &[
+            "cannot create TUN device braid0",
+            "(needs root or CAP_NET_ADMIN)",
+        ],
+    );
     assert_eq!(err.trim_end(), last, "more than one line on stderr");
 }
 
@@ -512,7 +754,9 @@ fn error_nonexistent_interface() {
     let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
     let last = assert_one_line_error(st, &err, &["link isp1: interface veth9 does not exist"]);
     assert_eq!(err.trim_end(), last);
-    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"]).status.success());
+    assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"])
+        .status
+        .success());
 }
 
 /// Malformed configurations: the error names the key (or value) and its line.
@@ -521,12 +765,30 @@ fn error_malformed_config() {
     let net = Net::new("h", 1);
     let good = std::fs::read_to_string(net.client_config(1, &net.key, "")).unwrap();
     let cases = [
-        (good.replace("mtu = 1400\n", "mtu = 1400\ncolour = \"blue\"\n"), vec!["c.toml:7:", "unknown field `colour`"]),
-        (good.replace("remote =", "remot ="), vec!["unknown field `remot`"]),
-        (good.replace("198.19.0.2/30", "198.19.0.2"), vec!["c.toml:5:", "address"]),
-        (good.replace(&net.key, "c2hvcnQ="), vec!["c.toml:4:", "key is 5 bytes, expected 32"]),
-        (good.replace("[bundle]\n", "[bundle]\nscheduler = \"fastest\"\n"), vec!["c.toml:2:", "unknown scheduler \"fastest\""]),
-        (good.replace("mtu = 1400", "mtu = 1400 1400"), vec!["c.toml:6:"]),
+        (
+            good.replace("mtu = 1400\n", "mtu = 1400\ncolour = \"blue\"\n"),
+            vec!["c.toml:7:", "unknown field `colour`"],
+        ),
+        (
+            good.replace("remote =", "remot ="),
+            vec!["unknown field `remot`"],
+        ),
+        (
+            good.replace("198.19.0.2/30", "198.19.0.2"),
+            vec!["c.toml:5:", "address"],
+        ),
+        (
+            good.replace(&net.key, "c2hvcnQ="),
+            vec!["c.toml:4:", "key is 5 bytes, expected 32"],
+        ),
+        (
+            good.replace("[bundle]\n", "[bundle]\nscheduler = \"fastest\"\n"),
+            vec!["c.toml:2:", "unknown scheduler \"fastest\""],
+        ),
+        (
+            good.replace("mtu = 1400", "mtu = 1400 1400"),
+            vec!["c.toml:6:"],
+        ),
     ];
     for (text, want) in cases {
         let c = net.write("c.toml", &text);
