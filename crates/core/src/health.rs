@@ -494,6 +494,13 @@ impl LinkHealth {
             }
         }
     }
+    /// Smoothed recent `local_ts - send_ts` (wrapping microseconds): the base one-way delay plus
+    /// the current queueing delay plus the clock offset. The spread of this value over the links
+    /// is how far apart packets sent at the same time arrive *now* (queues included), which is
+    /// what the reorder hold time must cover; compare links with `wrapping_sub` as i32.
+    pub fn recent_rel_owd(&self) -> Option<u32> {
+        self.rel_min.map(|_| self.rel_smooth.round() as i64 as u32)
+    }
     /// Windowed minimum of `local_ts - send_ts` (wrapping microseconds) over recent arrivals: the
     /// link's base one-way delay plus the (unknown, shared by all links) clock offset. Compare
     /// links with `wrapping_sub` as i32.
