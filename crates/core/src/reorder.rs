@@ -747,10 +747,10 @@ mod tests {
             let mut queued = BTreeSet::new();
             let mut out: Vec<u64> = Vec::new();
             let base = |b: &ReorderBuffer| b.next_seq().unwrap_or(first);
-            let mut check = |b: &mut ReorderBuffer, now: Instant, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
+            let check = |b: &mut ReorderBuffer, now: Instant, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
                 while let Some(p) = b.pop(now) {
                     let s = seq_of(&p);
-                    prop_assert!(out.last().map_or(true, |&l| s > l), "not increasing: {:?} then {}", out.last(), s);
+                    prop_assert!(out.last().is_none_or(|&l| s > l), "not increasing: {:?} then {}", out.last(), s);
                     out.push(s);
                 }
                 prop_assert!(b.depth() <= cap, "depth {} > {}", b.depth(), cap);
@@ -764,7 +764,7 @@ mod tests {
                         let r = b.push(now, s, l, pkt(s));
                         if r == Pushed::Queued {
                             prop_assert!(queued.insert(s), "{} queued twice", s);
-                            prop_assert!(next.map_or(true, |n| s >= n));
+                            prop_assert!(next.is_none_or(|n| s >= n));
                         } else {
                             prop_assert!(next.is_some_and(|n| s < n) || queued.contains(&s));
                         }
