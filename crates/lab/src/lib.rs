@@ -201,6 +201,12 @@ pub fn install_signal_handlers() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether this process runs as root (the lab needs it for namespaces).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Options of a [`Lab`].
 #[derive(Debug, Clone)]
 pub struct LabOptions {
@@ -306,8 +312,7 @@ impl Lab {
         if specs.is_empty() || specs.len() > 16 {
             bail!("the lab needs 1 to 16 links, not {}", specs.len());
         }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             bail!("braid lab needs root to build network namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN): run it with sudo");
         }
         let dir = std::env::temp_dir().join(format!("braid-lab-{}", opts.prefix));
@@ -719,6 +724,8 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     let mut links = Vec::new();
     for (i, s) in specs.iter().enumerate() {
         let n = i + 1;
+        // One ping first so ARP is settled; then the idle RTT.
+        let _ = lab.ping(n, 1, Duration::from_millis(50));
         let p = lab.ping(n, 5, Duration::from_millis(50)).ok();
         links.push(LinkReport {
             name: format!("link{n}"),
