@@ -330,7 +330,12 @@ impl Harness {
         let header = Header {
             ptype,
             link,
-            session,
+            // A HELLO carries 0 here, as the spec says (anything else is dropped unopened).
+            session: if ptype == PacketType::Hello {
+                0
+            } else {
+                session
+            },
             // Mostly far above the endpoints' own counters (fresh), sometimes anywhere.
             counter: if counter & 1 == 0 {
                 (1 << 40) + (counter >> 1) % 1_000_000
@@ -340,6 +345,8 @@ impl Harness {
         };
         let mut d = Vec::new();
         crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        // A well-formed HELLO from the fuzzer starts a session the harness can then speak in.
+        self.observe(&d);
         if to_server {
             self.deliver_to_server(link, &mut d);
         } else {
@@ -536,6 +543,25 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         &mut hd,
     );
     out.push(("parse", "datagram-hello".into(), hd.clone()));
+    // receive: the fuzzer as a second client: HELLO, then a DATA under the session it set up
+    // (which makes the server switch sessions).
+    let mut prog = vec![op::SEALED_TO_SERVER, PacketType::Hello as u8 - 1, 1];
+    prog.extend_from_slice(&0u64.to_be_bytes());
+    prog.extend_from_slice(&(hb.len() as u16).to_be_bytes());
+    prog.extend_from_slice(&hb);
+    let data = Body::Data(DataRepr {
+        common,
+        seq: 0,
+        flags: 0,
+        payload: &payload,
+    });
+    let mut plain = vec![0u8; data.buffer_len()];
+    data.emit(&mut plain);
+    prog.extend_from_slice(&[op::SEALED_TO_SERVER, PacketType::Data as u8 - 1, 1]);
+    prog.extend_from_slice(&0u64.to_be_bytes());
+    prog.extend_from_slice(&(plain.len() as u16).to_be_bytes());
+    prog.extend_from_slice(&plain);
+    out.push(("receive", "second-client-takes-over".into(), prog));
     // Invalid parse seeds.
     out.push(("parse", "empty".into(), Vec::new()));
     out.push(("parse", "short-header".into(), vec![1, 3, 0, 1, 0, 0]));

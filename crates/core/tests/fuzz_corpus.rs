@@ -83,6 +83,17 @@ fn receive_harness_reaches_the_endpoint() {
         r.server
     );
 
+    // The fuzzer's own HELLO is answered, and its DATA under the new keys switches the server
+    // over (the old session is closed), then gets delivered.
+    let before = receive_path_report(&[]).server.session;
+    let r = receive_path_report(&seed("second-client-takes-over"));
+    assert!(
+        r.server.session.is_some() && r.server.session != before,
+        "{:?}",
+        r.server
+    );
+    assert!(r.server.tun_tx_packets >= 1, "{:?}", r.server);
+
     let r = receive_path_report(&seed("raw-garbage"));
     assert!(r.server.drops.malformed + r.server.drops.unknown_session >= 1);
 
