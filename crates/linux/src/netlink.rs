@@ -126,6 +126,25 @@ pub fn configure(name: &str, addr: IpAddr, prefix: u8, mtu: u32) -> Result<(), N
     })
 }
 
+/// Sets `name`'s transmit queue length (packets). For a TUN device this is the queue between the
+/// kernel and the process reading it: too short and a CPU-bound tunnel drops bursts (TCP
+/// retransmits), too long and it adds delay.
+pub fn set_txqueuelen(name: &str, len: u32) -> Result<(), NetlinkError> {
+    use netlink_packet_route::link::LinkAttribute;
+    run(|h| async move {
+        let idx = index_of(&h, name).await?;
+        let mut req = h.link().set(idx);
+        req.message_mut()
+            .attributes
+            .push(LinkAttribute::TxQueueLen(len));
+        req.execute().await.map_err(|source| NetlinkError::Request {
+            name: name.to_string(),
+            what: "set txqueuelen",
+            source: Box::new(source),
+        })
+    })
+}
+
 /// Deletes the interface `name` (no error if it is already gone).
 pub fn delete(name: &str) -> Result<(), NetlinkError> {
     run(|h| async move {

@@ -239,6 +239,8 @@ impl Runner {
         let tun = Tun::open(&cfg.name)?;
         braid_linux::netlink::configure(&cfg.name, cfg.address, cfg.prefix, cfg.mtu)
             .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
+        braid_linux::netlink::set_txqueuelen(&cfg.name, cfg.txqueuelen)
+            .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
         poll.registry()
             .register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
         for (t, s) in &socks {
