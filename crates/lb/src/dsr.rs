@@ -754,6 +754,8 @@ pub struct DsrStats {
     pub forwarded_bytes: u64,
     /// ARP replies / Neighbor Advertisements sent for the VIP.
     pub answered: u64,
+    /// Flows that got a backend (first packet of a connection, or moved off a dead backend).
+    pub new_flows: u64,
     /// Backend MACs learned (new or changed).
     pub learned: u64,
     pub dropped_no_backend: u64,
@@ -964,6 +966,7 @@ impl DsrBalancer {
                 let target = FlowTarget { backend: id, mac };
                 table.conn_opened(id);
                 self.flows.insert(key, target, now);
+                self.stats.new_flows += 1;
                 return self.finish(key, target, false, p, table, now);
             }
             exclude.push(id);

@@ -1,1 +1,318 @@
-//! DSR mode runtime: AF_PACKET on a dedicated interface. (Being written.)
+//! DSR mode runtime: one thread, one `AF_PACKET` socket on the dedicated interface, the
+//! sans-I/O [`DsrBalancer`] in between.
+//!
+//! The loop: wait for frames (or the next ARP/NS request, at most 200 ms), read a batch, take the
+//! backend-table lock once for the whole batch, let the balancer classify/rewrite each frame, send
+//! the forwarded frames and the ARP/NDP answers in one batch. Health checks, `braid backend ...`
+//! and `braid status` act on the same shared [`BackendTable`]; the loop picks their changes up
+//! through the table's generation counter.
+
+pub mod packet;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid_lb::dsr::{Action, DsrBalancer, DsrConfig, DsrStats, DsrTimers, Mac, Transport};
+use braid_lb::BackendTable;
+
+use packet::{with_empty_vnet, FrameBatch, InterfaceInfo, PacketSocket};
+
+/// What DSR mode needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct DsrSettings {
+    /// The dedicated interface where frames for the VIP arrive and leave.
+    pub interface: String,
+    pub vip: IpAddr,
+    /// 0 = every port.
+    pub port: u16,
+    pub transport: Transport,
+    pub timers: DsrTimers,
+}
+
+/// What `braid status` shows of the DSR data path (refreshed a few times a second).
+#[derive(Debug, Clone, Default)]
+pub struct DsrStatus {
+    pub interface: String,
+    pub mac: Option<Mac>,
+    pub stats: DsrStats,
+    pub active_flows: usize,
+    pub closing_flows: usize,
+    /// Each backend address and its learned MAC.
+    pub neighbors: Vec<(IpAddr, Option<Mac>)>,
+    /// Frames the kernel refused or that did not fit the send queue.
+    pub send_errors: u64,
+}
+
+impl DsrStatus {
+    /// JSON for the control socket (`"dsr"` key of the status reply).
+    pub fn to_json(&self) -> serde_json::Value {
+        let s = &self.stats;
+        serde_json::json!({
+            "interface": self.interface,
+            "mac": self.mac.map(fmt_mac),
+            "forwarded_packets": s.forwarded_packets,
+            "forwarded_bytes": s.forwarded_bytes,
+            "answered": s.answered,
+            "learned": s.learned,
+            "dropped_no_backend": s.dropped_no_backend,
+            "dropped_no_mac": s.dropped_no_mac,
+            "ignored": s.ignored,
+            "malformed": s.malformed,
+            "flows_moved": s.flows_moved,
+            "send_errors": self.send_errors,
+            "active_flows": self.active_flows,
+            "closing_flows": self.closing_flows,
+            "neighbors": self.neighbors.iter().map(|(ip, mac)| {
+                serde_json::json!({"ip": ip.to_string(), "mac": mac.map(fmt_mac)})
+            }).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `02:00:00:00:00:01`.
+pub fn fmt_mac(m: Mac) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
+/// An opened DSR data path: the interface checked and the socket bound. Opening is separate from
+/// running so that configuration errors (no such interface, VIP on the balancer itself, no
+/// permission) surface before the balancer reports itself started.
+pub struct Dsr {
+    settings: DsrSettings,
+    iface: InterfaceInfo,
+    sock: PacketSocket,
+}
+
+impl Dsr {
+    pub fn open(settings: DsrSettings) -> anyhow::Result<Dsr> {
+        let iface = InterfaceInfo::lookup(&settings.interface)?;
+        if iface.owns(settings.vip) {
+            anyhow::bail!(
+                "the VIP {} is an address of {} itself: in DSR mode the VIP lives on the backends' loopback, not on the balancer",
+                settings.vip,
+                settings.interface
+            );
+        }
+        let sock = PacketSocket::open(iface.index).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open a raw socket on {} (DSR needs root or CAP_NET_RAW): {e}",
+                settings.interface
+            )
+        })?;
+        if let IpAddr::V6(v6) = settings.vip {
+            sock.join_multicast(braid_lb::dsr::solicited_node_mac(v6))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot join the VIP's solicited-node group on {}: {e}",
+                        settings.interface
+                    )
+                })?;
+        }
+        if forwarding_enabled(&settings.interface, settings.vip) {
+            tracing::warn!(
+                interface = %settings.interface,
+                "IP forwarding is on for this interface: the kernel will forward frames for the VIP too (duplicates); turn it off"
+            );
+        }
+        Ok(Dsr {
+            settings,
+            iface,
+            sock,
+        })
+    }
+
+    pub fn interface(&self) -> &InterfaceInfo {
+        &self.iface
+    }
+
+    fn config(&self) -> DsrConfig {
+        DsrConfig {
+            vip: self.settings.vip,
+            port: self.settings.port,
+            transport: self.settings.transport,
+            mac: self.iface.mac,
+            ipv4: self.iface.ipv4,
+            ipv6: self.iface.ipv6,
+        }
+    }
+
+    /// Runs until `stop` is set. `table` is shared with the health checker and the control socket;
+    /// `status` is refreshed for `braid status`.
+    pub fn run(
+        self,
+        table: Arc<Mutex<BackendTable>>,
+        status: Arc<Mutex<DsrStatus>>,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<()> {
+        let cfg = self.config();
+        if table
+            .lock()
+            .map(|t| t.backends().iter().any(|b| b.addr.ip().is_ipv6()))
+            .unwrap_or(false)
+            && cfg.ipv6.is_none()
+        {
+            tracing::warn!(interface = %self.iface.name, "IPv6 backends but no IPv6 address on the interface: their MACs cannot be resolved");
+        }
+        let mut lb = DsrBalancer::new(cfg, self.settings.timers);
+        let mut batch = FrameBatch::new(64);
+        let mut send_errors = 0u64;
+        tracing::info!(
+            interface = %self.iface.name,
+            mac = %fmt_mac(self.iface.mac),
+            vip = %self.settings.vip,
+            port = self.settings.port,
+            "DSR data path running"
+        );
+        let announce: Vec<Vec<u8>> = lb.announce().iter().map(|f| with_empty_vnet(f)).collect();
+        let refs: Vec<&[u8]> = announce.iter().map(|f| f.as_slice()).collect();
+        self.sock.send_batch(&refs);
+
+        let mut next_housekeeping = Instant::now();
+        let mut last_publish = Instant::now();
+        let mut forwards: Vec<usize> = Vec::with_capacity(64);
+        let mut replies: Vec<Vec<u8>> = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= next_housekeeping {
+                let requests = {
+                    let mut t = lock(&table);
+                    let r = lb.poll_transmit(&mut t, now);
+                    publish(&lb, &t, &self.iface, send_errors, &status);
+                    last_publish = now;
+                    r
+                };
+                let frames: Vec<Vec<u8>> = requests.iter().map(|f| with_empty_vnet(f)).collect();
+                let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+                let out = self.sock.send_batch(&refs);
+                send_errors += out.dropped as u64;
+                let next = lb
+                    .poll_timeout()
+                    .unwrap_or(now + Duration::from_millis(200));
+                next_housekeeping = next
+                    .min(now + Duration::from_millis(200))
+                    .max(now + Duration::from_millis(1));
+            }
+            let wait = next_housekeeping.saturating_duration_since(Instant::now());
+            if !wait_readable(self.sock.as_raw_fd(), wait)? {
+                continue;
+            }
+            // Drain what is queued, a batch at a time (bounded so housekeeping still runs).
+            for _ in 0..64 {
+                let n = self.sock.recv_batch(&mut batch)?;
+                if n == 0 {
+                    break;
+                }
+                let now = Instant::now();
+                forwards.clear();
+                replies.clear();
+                {
+                    let mut t = lock(&table);
+                    lb.sync_backends(&t, now);
+                    for i in 0..n {
+                        let frame = batch.frame_mut(i);
+                        if frame.is_empty() {
+                            continue;
+                        }
+                        match lb.handle_frame(frame, &mut t, now) {
+                            Action::Forward { .. } => forwards.push(i),
+                            Action::Reply(r) => replies.push(with_empty_vnet(&r)),
+                            Action::None | Action::Drop(_) => {}
+                        }
+                    }
+                }
+                let mut out: Vec<&[u8]> = forwards.iter().map(|&i| batch.with_vnet(i)).collect();
+                out.extend(replies.iter().map(|r| r.as_slice()));
+                let res = self.sock.send_batch(&out);
+                if res.dropped > 0 {
+                    send_errors += res.dropped as u64;
+                    if let Some(e) = res.last_error {
+                        tracing::debug!(error = %e, "send failed");
+                    }
+                }
+                if n < batch_capacity(&batch) {
+                    break;
+                }
+            }
+            // Keep `braid status` fresh under load too (at most every 50 ms).
+            if last_publish.elapsed() >= Duration::from_millis(50) {
+                publish(&lb, &lock(&table), &self.iface, send_errors, &status);
+                last_publish = Instant::now();
+            }
+        }
+        publish(&lb, &lock(&table), &self.iface, send_errors, &status);
+        Ok(())
+    }
+}
+
+fn batch_capacity(_b: &FrameBatch) -> usize {
+    64
+}
+
+fn lock(table: &Mutex<BackendTable>) -> std::sync::MutexGuard<'_, BackendTable> {
+    // A panic elsewhere while holding the lock leaves a consistent-enough table for counters.
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn publish(
+    lb: &DsrBalancer,
+    table: &BackendTable,
+    iface: &InterfaceInfo,
+    send_errors: u64,
+    status: &Mutex<DsrStatus>,
+) {
+    let (active, closing) = lb.flow_count();
+    let neighbors = table
+        .backends()
+        .iter()
+        .map(|b| (b.addr.ip(), lb.neighbor(b.addr.ip())))
+        .collect();
+    let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+    *s = DsrStatus {
+        interface: iface.name.clone(),
+        mac: Some(iface.mac),
+        stats: lb.stats(),
+        active_flows: active,
+        closing_flows: closing,
+        neighbors,
+        send_errors,
+    };
+}
+
+/// poll(2) for readability; `Ok(false)` on timeout or signal.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> anyhow::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(1000) as libc::c_int;
+    // SAFETY: one live pollfd.
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        anyhow::bail!("poll on the DSR socket: {e}");
+    }
+    if pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+        anyhow::bail!("the DSR interface's socket failed (interface gone?)");
+    }
+    Ok(r > 0)
+}
+
+/// Whether the kernel forwards IP on `iface` (read from /proc; false if unknown).
+fn forwarding_enabled(iface: &str, vip: IpAddr) -> bool {
+    let path = match vip {
+        IpAddr::V4(_) => format!("/proc/sys/net/ipv4/conf/{iface}/forwarding"),
+        IpAddr::V6(_) => format!("/proc/sys/net/ipv6/conf/{iface}/forwarding"),
+    };
+    std::fs::read_to_string(path)
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}

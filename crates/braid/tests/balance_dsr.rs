@@ -1,0 +1,795 @@
+//! End-to-end tests of `braid balance` in DSR mode, in network namespaces made by each test:
+//!
+//! ```text
+//!   client 198.18.0.1 ─┐
+//!   balancer 198.18.0.2 ┼─ bridge (own namespace) ── backends 198.18.0.11-13, VIP 198.18.0.100 on lo
+//! ```
+//!
+//! All hosts share one L2 segment. The client reaches the VIP on-link: it ARPs for it, the
+//! balancer answers with its own MAC, forwards every frame to a backend by rewriting the MAC, and
+//! the backend (VIP on loopback, `arp_ignore=1`, `arp_announce=2`) replies straight to the client.
+//! Backends are small Python HTTP servers answering with their name (`/big/N`: N bytes).
+//!
+//! Every test bounds its own time; a Drop guard kills the processes it started (by PID) and
+//! deletes its namespaces, also when the test fails.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+const VIP: &str = "198.18.0.100";
+const LB_IP: &str = "198.18.0.2";
+const CLIENT_IP: &str = "198.18.0.1";
+
+/// The backends' HTTP server: `/` answers the backend's name, `/big/N` N bytes; keep-alive.
+const SERVER_PY: &str = r#"
+import sys, socketserver, http.server
+name, port = sys.argv[1], int(sys.argv[2])
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.path.startswith("/big/"):
+            n = int(self.path[5:])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            chunk = b"x" * 65536
+            while n > 0:
+                k = min(n, 65536)
+                self.wfile.write(chunk[:k])
+                n -= k
+        else:
+            body = (name + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+S(("0.0.0.0", port), H).serve_forever()
+"#;
+
+/// The client: `new N` makes N requests, each on a new connection, printing `ok NAME` or
+/// `fail ERR`; `sticky N FLAG` opens N keep-alive connections, asks each for the name (`A i
+/// NAME`), waits for the file FLAG, asks again on the same connections (`B i NAME`) and then on N
+/// new ones (`C i NAME`); `load SECONDS` makes back-to-back new connections for SECONDS, printing
+/// `T ok NAME` / `T fail ERR` with T the time since start; `big N BYTES` downloads BYTES N times
+/// on new connections, printing the byte count received.
+const CLIENT_PY: &str = r#"
+import sys, socket, time, os
+VIP = sys.argv[1]
+def conn():
+    return socket.create_connection((VIP, 80), timeout=2)
+def ask(s):
+    s.sendall(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")
+    f = s.makefile("rb")
+    line = f.readline()
+    if not line.startswith(b"HTTP/1.1 200"):
+        raise Exception("bad status %r" % line)
+    n = 0
+    while True:
+        h = f.readline()
+        if h in (b"\r\n", b""):
+            break
+        if h.lower().startswith(b"content-length:"):
+            n = int(h.split(b":")[1])
+    body = f.read(n)
+    if len(body) != n:
+        raise Exception("short body")
+    return body.decode().strip()
+def once():
+    s = conn()
+    try:
+        return ask(s)
+    finally:
+        s.close()
+mode = sys.argv[2]
+if mode == "new":
+    for i in range(int(sys.argv[3])):
+        try:
+            print("ok", once(), flush=True)
+        except Exception as e:
+            print("fail", str(e).replace(" ", "_"), flush=True)
+elif mode == "sticky":
+    n, flag = int(sys.argv[3]), sys.argv[4]
+    socks = [conn() for _ in range(n)]
+    for i, s in enumerate(socks):
+        print("A", i, ask(s), flush=True)
+    deadline = time.time() + 20
+    while not os.path.exists(flag) and time.time() < deadline:
+        time.sleep(0.02)
+    for i, s in enumerate(socks):
+        try:
+            print("B", i, ask(s), flush=True)
+        except Exception as e:
+            print("B", i, "fail:" + str(e).replace(" ", "_"), flush=True)
+    for i in range(n):
+        try:
+            print("C", i, once(), flush=True)
+        except Exception as e:
+            print("C", i, "fail:" + str(e).replace(" ", "_"), flush=True)
+elif mode == "load":
+    t0 = time.time()
+    while time.time() - t0 < float(sys.argv[3]):
+        t = time.time() - t0
+        try:
+            print("%.3f ok %s" % (t, once()), flush=True)
+        except Exception as e:
+            print("%.3f fail %s" % (t, str(e).replace(" ", "_")), flush=True)
+elif mode == "big":
+    for i in range(int(sys.argv[3])):
+        s = conn()
+        s.settimeout(10)
+        s.sendall(("GET /big/%s HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n" % sys.argv[4]).encode())
+        got = 0
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                break
+            got += len(b)
+        s.close()
+        print(got, flush=True)
+"#;
+
+fn require_root() {
+    let out = Command::new("id").arg("-u").output().expect("id -u");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "the DSR tests need root (network namespaces)"
+    );
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+/// The real python3 (not a version-manager shim): faster start, and a PID that is the server's.
+fn python() -> String {
+    let out = run(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits for `child` up to `limit`; kills it (by PID) if it overruns.
+fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "process ran over {limit:?}; stdout: {} stderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The test bed: namespaces, processes, files. Dropping it cleans everything up.
+struct Bed {
+    prefix: String,
+    namespaces: Vec<String>,
+    children: Vec<(String, Child)>,
+    dir: tempfile::TempDir,
+    python: String,
+    balancer: Option<Child>,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Some(mut b) = self.balancer.take() {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+impl Bed {
+    /// Builds the segment: client, balancer and three backends (`b1`..`b3`, serving on port 80).
+    fn new(tag: &str) -> Bed {
+        require_root();
+        let prefix = format!("bdsr{}{}", std::process::id(), tag);
+        let mut bed = Bed {
+            prefix,
+            namespaces: Vec::new(),
+            children: Vec::new(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            python: python(),
+            balancer: None,
+        };
+        let sw = bed.add_ns("sw");
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &sw, "link", "set", "br0", "up"]);
+        bed.add_host("cl", CLIENT_IP);
+        bed.add_host("lb", LB_IP);
+        for i in 1..=3 {
+            bed.add_backend(i);
+        }
+        bed.write_scripts();
+        bed
+    }
+
+    fn ns(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    fn add_ns(&mut self, role: &str) -> String {
+        let ns = self.ns(role);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        ip(&["netns", "add", &ns]);
+        self.namespaces.push(ns.clone());
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// A host on the bridge: `eth0` with `addr/24`.
+    fn add_host(&mut self, role: &str, addr: &str) -> String {
+        let ns = self.add_ns(role);
+        let sw = self.ns("sw");
+        let port = format!("p-{role}");
+        ip(&[
+            "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ]);
+        ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+        ns
+    }
+
+    fn sysctl(&self, ns: &str, kv: &str) {
+        run(Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]));
+    }
+
+    fn backend_ip(i: u8) -> String {
+        format!("198.18.0.{}", 10 + i)
+    }
+
+    /// A DSR backend: the VIP on loopback, ARP for it kept quiet, an HTTP server named `b{i}`.
+    fn add_backend(&mut self, i: u8) {
+        let role = format!("b{i}");
+        let ns = self.add_host(&role, &Bed::backend_ip(i));
+        ip(&["-n", &ns, "addr", "add", &format!("{VIP}/32"), "dev", "lo"]);
+        for kv in [
+            "net.ipv4.conf.all.arp_ignore=1",
+            "net.ipv4.conf.all.arp_announce=2",
+            "net.ipv4.conf.eth0.arp_ignore=1",
+            "net.ipv4.conf.eth0.arp_announce=2",
+        ] {
+            self.sysctl(&ns, kv);
+        }
+    }
+
+    fn write_scripts(&self) {
+        std::fs::write(self.dir.path().join("server.py"), SERVER_PY).unwrap();
+        std::fs::write(self.dir.path().join("client.py"), CLIENT_PY).unwrap();
+    }
+
+    fn start_server(&mut self, i: u8) {
+        let role = format!("b{i}");
+        let ns = self.ns(&role);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns, &self.python])
+            .arg(self.dir.path().join("server.py"))
+            .args([&role, "80"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start backend server");
+        self.children.push((role, child));
+    }
+
+    /// Kills backend `i`'s server (the process we started, by PID).
+    fn kill_server(&mut self, i: u8) {
+        let role = format!("b{i}");
+        let pos = self
+            .children
+            .iter()
+            .position(|(r, _)| *r == role)
+            .expect("server running");
+        let (_, mut c) = self.children.remove(pos);
+        c.kill().expect("kill server");
+        let _ = c.wait();
+    }
+
+    /// Waits until every backend's server accepts TCP on its real address (from the balancer).
+    fn wait_servers(&self, which: &[u8]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &i in which {
+            loop {
+                let ok = Command::new("ip")
+                    .args(["netns", "exec", &self.ns("lb"), "curl", "-s", "-m", "1"])
+                    .arg(format!("http://{}/", Bed::backend_ip(i)))
+                    .output()
+                    .map(|o| o.status.success())
+                    .unwrap_or(false);
+                if ok {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "backend b{i} did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn control(&self) -> PathBuf {
+        self.dir.path().join("ctl.sock")
+    }
+
+    /// Starts `braid balance` in DSR mode on the balancer's eth0 and waits until it has learned
+    /// every backend's MAC.
+    fn start_balancer(&mut self, backends: &[u8]) {
+        let mut cfg = format!(
+            "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"tcp\"\nvip = \"{VIP}:80\"\n\
+             interface = \"eth0\"\nalgorithm = \"maglev\"\n\
+             health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n",
+            self.control().display()
+        );
+        for i in backends {
+            cfg.push_str(&format!(
+                "\n[[backend]]\naddress = \"{}:80\"\nweight = 1\n",
+                Bed::backend_ip(*i)
+            ));
+        }
+        let path = self.dir.path().join("dsr.toml");
+        std::fs::write(&path, cfg).unwrap();
+        let log = std::fs::File::create(self.dir.path().join("balancer.log")).unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns("lb"),
+                BRAID,
+                "--log-level",
+                "info",
+                "balance",
+            ])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start braid balance");
+        self.balancer = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.try_status() {
+                let n = st["dsr"]["neighbors"]
+                    .as_array()
+                    .map(|a| a.iter().filter(|n| n["mac"].is_string()).count());
+                if n == Some(backends.len()) {
+                    return;
+                }
+            }
+            if let Some(Some(code)) = self.balancer.as_mut().map(|b| b.try_wait().unwrap()) {
+                panic!("braid balance exited ({code}): {}", self.balancer_log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "balancer did not learn the backends' MACs: {}",
+                self.balancer_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn balancer_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("balancer.log")).unwrap_or_default()
+    }
+
+    fn try_status(&self) -> Option<Value> {
+        let out = Command::new(BRAID)
+            .arg("--control")
+            .arg(self.control())
+            .args(["status", "--json"])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    fn status(&self) -> Value {
+        self.try_status()
+            .unwrap_or_else(|| panic!("braid status failed; log: {}", self.balancer_log()))
+    }
+
+    fn backend_cmd(&self, args: &[&str]) {
+        let out = Command::new(BRAID)
+            .arg("--control")
+            .arg(self.control())
+            .arg("backend")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "braid backend {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs the client script in the client namespace (bounded by `limit`).
+    fn client(&self, args: &[&str], limit: Duration) -> Vec<String> {
+        let child = self.client_spawn(args);
+        let out = wait_output(child, limit);
+        assert!(
+            out.status.success(),
+            "client {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    fn client_spawn(&self, args: &[&str]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns("cl"), &self.python])
+            .arg(self.dir.path().join("client.py"))
+            .arg(VIP)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start client")
+    }
+
+    /// (rx_bytes, tx_bytes) of `ns`'s eth0.
+    fn iface_bytes(&self, role: &str) -> (u64, u64) {
+        let read = |what: &str| -> u64 {
+            let out = run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &self.ns(role),
+                "cat",
+                &format!("/sys/class/net/eth0/statistics/{what}"),
+            ]));
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        (read("rx_bytes"), read("tx_bytes"))
+    }
+
+    /// Everything up: servers b1..b3 and the balancer over them.
+    fn ready(tag: &str) -> Bed {
+        let mut bed = Bed::new(tag);
+        for i in 1..=3 {
+            bed.start_server(i);
+        }
+        bed.wait_servers(&[1, 2, 3]);
+        bed.start_balancer(&[1, 2, 3]);
+        bed
+    }
+}
+
+fn names(lines: &[String], prefix: &str) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|s| s.split_whitespace().last().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn dsr_spreads_new_connections_over_all_backends() {
+    let bed = Bed::ready("sp");
+    let lines = bed.client(&["new", "90"], Duration::from_secs(30));
+    let mut count: HashMap<String, u32> = HashMap::new();
+    for l in &lines {
+        let mut w = l.split_whitespace();
+        assert_eq!(
+            w.next(),
+            Some("ok"),
+            "a request failed: {l}\n{}",
+            bed.balancer_log()
+        );
+        *count.entry(w.next().unwrap().to_string()).or_default() += 1;
+    }
+    assert_eq!(lines.len(), 90);
+    // Maglev, equal weights: about 30 each; 10 is far outside chance.
+    for b in ["b1", "b2", "b3"] {
+        assert!(
+            count.get(b).copied().unwrap_or(0) >= 10,
+            "uneven spread: {count:?}"
+        );
+    }
+    // The balancer counts what it forwarded, per backend too (its figures refresh every 50 ms).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let st = loop {
+        let st = bed.status();
+        if st["dsr"]["forwarded_packets"].as_u64().unwrap_or(0) >= 90 * 4
+            || Instant::now() > deadline
+        {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        st["dsr"]["forwarded_packets"].as_u64().unwrap() >= 90 * 4,
+        "{st}"
+    );
+    assert!(
+        st["dsr"]["answered"].as_u64().unwrap() >= 1,
+        "the client's ARP for the VIP was answered: {st}"
+    );
+    let totals: u64 = st["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["total"].as_u64().unwrap())
+        .sum();
+    assert_eq!(totals, 90, "one flow per connection: {st}");
+    for b in st["backends"].as_array().unwrap() {
+        assert_eq!(
+            b["bytes_out"].as_u64(),
+            Some(0),
+            "DSR: no reply bytes through the balancer"
+        );
+        assert!(b["bytes_in"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn dsr_flows_stay_on_their_backend_when_backends_change() {
+    let mut bed = Bed::ready("st");
+    bed.add_backend(4);
+    bed.start_server(4);
+    bed.wait_servers(&[4]);
+    let flag = bed.dir.path().join("go");
+    let client = bed.client_spawn(&["sticky", "24", flag.to_str().unwrap()]);
+    // Wait for the first round on every connection, then change the backend set under them:
+    // a 4th backend (Maglev alone would move ~1/4 of the flows) and b1 drained.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = bed.status();
+        if st["dsr"]["active_flows"].as_u64().unwrap_or(0) >= 24 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sticky client did not connect: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    bed.backend_cmd(&["add", &format!("{}:80", Bed::backend_ip(4))]);
+    bed.backend_cmd(&["drain", &format!("{}:80", Bed::backend_ip(1))]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = bed.status();
+        let known = st["dsr"]["neighbors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["mac"].is_string())
+            .count();
+        if known == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "4th backend's MAC not learned: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&flag, b"go").unwrap();
+    let out = wait_output(client, Duration::from_secs(30));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    let (a, b, c) = (
+        names(&lines, "A "),
+        names(&lines, "B "),
+        names(&lines, "C "),
+    );
+    assert_eq!(a.len(), 24, "{lines:?}");
+    assert_eq!(
+        a, b,
+        "established connections changed backend (or failed) after add + drain"
+    );
+    assert!(
+        a.iter().any(|n| n == "b1"),
+        "no connection on b1 before the drain (unlucky hash?): {a:?}"
+    );
+    // New connections: never the drained b1; the new b4 takes some.
+    assert_eq!(c.len(), 24);
+    assert!(
+        c.iter().all(|n| n != "b1" && !n.starts_with("fail")),
+        "{c:?}"
+    );
+    assert!(
+        c.iter().any(|n| n == "b4"),
+        "the added backend got no new connection: {c:?}"
+    );
+    let st = bed.status();
+    let b1 = st["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["address"] == "198.18.0.11:80")
+        .unwrap()
+        .clone();
+    assert_eq!(b1["state"], "draining", "{st}");
+}
+
+#[test]
+fn dsr_dead_backend_is_dropped_and_comes_back() {
+    let mut bed = Bed::ready("kl");
+    // Established keep-alive connections: those to b1/b3 must survive b2's death.
+    let flag = bed.dir.path().join("go");
+    let sticky = bed.client_spawn(&["sticky", "12", flag.to_str().unwrap()]);
+    let load = bed.client_spawn(&["load", "4"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let killed_at = Instant::now();
+    let started = killed_at - Duration::from_millis(1000);
+    bed.kill_server(2);
+    // Health: interval 200 ms, fall 2 (+ a 150 ms timeout): down well within 1 s.
+    let window = Duration::from_millis(1000);
+    let out = wait_output(load, Duration::from_secs(20));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    let kill_t = (killed_at - started).as_secs_f64();
+    let mut after_window = 0;
+    for l in &lines {
+        let mut w = l.split_whitespace();
+        let t: f64 = w.next().unwrap().parse().unwrap();
+        let verdict = w.next().unwrap();
+        let what = w.next().unwrap_or("");
+        // Load starts a bit after spawn: allow 0.3 s of process start-up in the comparison.
+        if t > kill_t + window.as_secs_f64() + 0.3 {
+            after_window += 1;
+            assert_eq!(verdict, "ok", "request failed after the health window: {l}");
+            assert_ne!(what, "b2", "the dead backend answered?");
+        }
+    }
+    assert!(
+        after_window > 20,
+        "too few requests after the window: {lines:?}"
+    );
+    let st = bed.status();
+    let b2 = st["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["address"] == "198.18.0.12:80")
+        .unwrap()
+        .clone();
+    assert_eq!(b2["state"], "down", "{st}");
+    std::fs::write(&flag, b"go").unwrap();
+    let out = wait_output(sticky, Duration::from_secs(30));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    let (a, b) = (names(&lines, "A "), names(&lines, "B "));
+    assert_eq!(a.len(), 12, "{lines:?}");
+    for (x, y) in a.iter().zip(&b) {
+        if x != "b2" {
+            assert_eq!(
+                x, y,
+                "an established connection to a live backend was disturbed: {lines:?}"
+            );
+        }
+    }
+    // Bring b2 back: after `rise` good checks it takes new connections again.
+    bed.start_server(2);
+    bed.wait_servers(&[2]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = bed.status();
+        let state = st["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["address"] == "198.18.0.12:80")
+            .unwrap()["state"]
+            .clone();
+        if state == "up" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b2 did not come back: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = bed.client(&["new", "45"], Duration::from_secs(30));
+    assert!(lines.iter().all(|l| l.starts_with("ok ")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l == "ok b2"),
+        "b2 back up but gets nothing: {lines:?}"
+    );
+}
+
+#[test]
+fn dsr_reply_bytes_bypass_the_balancer() {
+    let bed = Bed::ready("by");
+    let (rx0, tx0) = bed.iface_bytes("lb");
+    let (crx0, _) = bed.iface_bytes("cl");
+    const SIZE: u64 = 8 << 20;
+    let lines = bed.client(&["big", "6", &SIZE.to_string()], Duration::from_secs(60));
+    let (rx1, tx1) = bed.iface_bytes("lb");
+    let (crx1, _) = bed.iface_bytes("cl");
+    assert_eq!(lines.len(), 6);
+    let got: u64 = lines.iter().map(|l| l.parse::<u64>().unwrap()).sum();
+    // Each response is SIZE bytes of body plus headers.
+    assert!(got >= 6 * SIZE, "client received {got} bytes: {lines:?}");
+    let through_lb = (rx1 - rx0) + (tx1 - tx0);
+    let client_rx = crx1 - crx0;
+    assert!(client_rx >= 6 * SIZE);
+    // The balancer carries only the client's requests and ACKs (both ways: in and forwarded out),
+    // a few percent of the replies; a proxy would carry every reply byte twice.
+    assert!(
+        (through_lb as f64) < 0.10 * client_rx as f64,
+        "balancer moved {through_lb} bytes for {client_rx} received by the client"
+    );
+    eprintln!("client received {client_rx} bytes; balancer interface rx+tx {through_lb} bytes");
+}
+
+#[test]
+fn dsr_bad_interface_is_a_one_line_error() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    let mut f = std::fs::File::create(&path).unwrap();
+    writeln!(
+        f,
+        "[balance]\nname = \"bad\"\nmode = \"dsr\"\nvip = \"{VIP}\"\ninterface = \"nosuchif0\"\ncontrol = \"{}\"\n\n[[backend]]\naddress = \"198.18.0.11:80\"",
+        dir.path().join("c.sock").display()
+    )
+    .unwrap();
+    drop(f);
+    let child = Command::new(BRAID)
+        .arg("balance")
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, Duration::from_secs(10));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nosuchif0"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
