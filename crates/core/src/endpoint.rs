@@ -135,6 +135,9 @@ pub struct DropStats {
     pub wrong_link: u64,
     /// IP packets from the TUN device dropped because no session is up.
     pub no_session: u64,
+    /// IP packets from the TUN device dropped because every link's queue was full (offered load
+    /// above the bundle's capacity).
+    pub queue_full: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -150,6 +153,8 @@ pub struct LinkStats {
     pub min_rtt_us: Option<u64>,
     pub loss: f64,
     pub delivery_rate_bps: f64,
+    /// The rate the scheduler currently assumes for this link (learned by `adaptive`).
+    pub sched_rate_bps: Option<f64>,
     pub qdelay_us: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
@@ -176,6 +181,12 @@ pub struct BundleStats {
     pub reorder_timeout_us: u64,
     pub drops: DropStats,
 }
+
+/// Outer IPv4 (20) + UDP (8) headers: counted in per-link byte rates so that they measure what
+/// the uplink carries.
+pub const IP_UDP_OVERHEAD: usize = 28;
+/// Bytes on the wire per tunnelled packet beyond the packet itself.
+pub const WIRE_OVERHEAD: usize = IP_UDP_OVERHEAD + crate::wire::DATA_OVERHEAD;
 
 /// How often rates, the reorder timeout and link expiry are refreshed.
 const TICK: Duration = Duration::from_millis(100);
@@ -730,7 +741,8 @@ impl Endpoint {
             Body::ProbeAck(a) => a.common,
             Body::Close(c) => *c,
         };
-        link.health.on_packet_received(now, &common, len, local_ts);
+        link.health
+            .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
 
         match body {
             Body::Data(d) => {
@@ -943,7 +955,17 @@ impl Endpoint {
         let mut picks = std::mem::take(&mut self.picks);
         picks.clear();
         let flow = Self::flow_hash(packet);
-        self.sched.pick(now, packet.len(), flow, &views, &mut picks);
+        // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
+        // the unit in which the peer reports delivery rates.
+        self.sched
+            .pick(now, packet.len() + WIRE_OVERHEAD, flow, &views, &mut picks);
+        if picks.is_empty() {
+            // The scheduler dropped it: every link's queue is full.
+            self.drops.queue_full += 1;
+            self.views = views;
+            self.picks = picks;
+            return;
+        }
         let seq = self.next_data_seq;
         self.next_data_seq += 1;
         let flags = if self.sched.ordered() {
@@ -1063,8 +1085,10 @@ impl Endpoint {
         for l in &self.links {
             if recent(l.last_data_rx) {
                 active.push(l.id);
+                // Current one-way delay (base + queueing), as this receiver measures it: packets
+                // wait for the slowest link's *current* delay, queue included.
                 if let Some(o) = l.health.base_rel_owd() {
-                    owds.push(o);
+                    owds.push(o.wrapping_add(l.health.rx_qdelay().as_micros() as u32));
                 }
                 if let Some(v) = l.health.rttvar() {
                     jitter = jitter.max(v);
@@ -1131,6 +1155,7 @@ impl Endpoint {
                     min_rtt_us: us(l.health.min_rtt()),
                     loss: l.health.loss(),
                     delivery_rate_bps: l.health.delivery_rate_bps(),
+                    sched_rate_bps: self.sched.link_rate_bps(l.id),
                     qdelay_us: l.health.qdelay().as_micros() as u64,
                     tx_packets: l.tx_packets,
                     tx_bytes: l.tx_bytes,

@@ -23,10 +23,7 @@ use crate::endpoint::{Config, Endpoint, Event, LinkConfig, Role};
 use crate::health::LinkState;
 use crate::LinkId;
 
-/// Outer IPv4 (20) + UDP (8) headers, which the simulated links carry too.
-pub const IP_UDP_OVERHEAD: usize = 28;
-/// Bytes on the wire per tunnelled packet beyond the packet itself.
-pub const WIRE_OVERHEAD: usize = IP_UDP_OVERHEAD + crate::wire::DATA_OVERHEAD;
+pub use crate::endpoint::{IP_UDP_OVERHEAD, WIRE_OVERHEAD};
 
 /// One simulated link (both directions alike).
 #[derive(Debug, Clone)]
@@ -44,14 +41,15 @@ pub struct LinkSpec {
 }
 
 impl LinkSpec {
-    /// A link of `rate_bps` and `delay` with a queue of 100 ms at its rate (at least 16 KB).
+    /// A link of `rate_bps` and `delay` with a queue of 100 ms at its rate (at least two
+    /// full-size packets).
     pub fn new(rate_bps: u64, delay: Duration) -> Self {
         LinkSpec {
             rate_bps,
             delay,
             jitter: Duration::ZERO,
             loss: 0.0,
-            queue_bytes: ((rate_bps / 8) as usize / 10).max(16 * 1024),
+            queue_bytes: ((rate_bps / 8) as usize / 10).max(3000),
             configure_bandwidth: false,
         }
     }
@@ -199,7 +197,12 @@ impl Report {
             })
             .collect::<Vec<_>>()
             .join("; ");
-        let shares = self.links.iter().map(|l| format!("{:.0}", l.share * 100.0)).collect::<Vec<_>>().join("/");
+        let shares = self
+            .links
+            .iter()
+            .map(|l| format!("{:.0}", l.share * 100.0))
+            .collect::<Vec<_>>()
+            .join("/");
         format!(
             "| {} | {} | {:.2} | {:.2} | {:.1}% | {:.1}% | {} | {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {} |",
             self.name,
@@ -232,7 +235,11 @@ struct Pipe {
 #[derive(Debug)]
 enum Ev {
     /// A datagram reaches the endpoint at the other end of `link`.
-    Arrive { link: usize, to_server: bool, payload: Vec<u8> },
+    Arrive {
+        link: usize,
+        to_server: bool,
+        payload: Vec<u8>,
+    },
     Link(LinkEvent),
 }
 
@@ -288,8 +295,18 @@ pub fn run(sc: &Scenario) -> Report {
         ccfg.health.down_after = ccfg.health.down_after.max(p * 3);
         scfg.health.down_after = scfg.health.down_after.max(p * 3);
     }
-    let mut client = Endpoint::new(ccfg, base, Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0xc1))).expect("scheduler");
-    let mut server = Endpoint::new(scfg, base, Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0x5e))).expect("scheduler");
+    let mut client = Endpoint::new(
+        ccfg,
+        base,
+        Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0xc1)),
+    )
+    .expect("scheduler");
+    let mut server = Endpoint::new(
+        scfg,
+        base,
+        Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0x5e)),
+    )
+    .expect("scheduler");
     for (i, l) in sc.links.iter().enumerate() {
         let cfg = LinkConfig {
             name: format!("link{}", i + 1),
@@ -320,7 +337,11 @@ pub fn run(sc: &Scenario) -> Report {
     let mut order = 0u64;
     for &(at, e) in &sc.events {
         order += 1;
-        heap.push(Reverse(Queued { at, order, ev: Ev::Link(e) }));
+        heap.push(Reverse(Queued {
+            at,
+            order,
+            ev: Ev::Link(e),
+        }));
     }
 
     // Stream state. Each packet: a plausible IPv4 header (one flow), then id and send time.
@@ -341,11 +362,12 @@ pub fn run(sc: &Scenario) -> Report {
     packet[9] = 17;
     packet[12..16].copy_from_slice(&[198, 19, 0, 2]);
     packet[16..20].copy_from_slice(&[198, 19, 0, 1]);
-    let mut buf: Vec<u8> = Vec::new();
 
     let end = sc.duration;
     let mut now = Duration::ZERO;
     let unif = |rng: &mut ChaCha8Rng| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let trace = std::env::var_os("BRAID_SIM_TRACE").is_some();
+    let mut next_trace = Duration::ZERO;
 
     loop {
         // Next thing to happen.
@@ -364,6 +386,24 @@ pub fn run(sc: &Scenario) -> Report {
         now = t.max(now);
         let inst = base + now;
 
+        if trace && now >= next_trace {
+            next_trace += Duration::from_millis(250);
+            let st = client.stats(inst);
+            let mut line = format!("t={:6.2}", now.as_secs_f64());
+            for (i, l) in st.links.iter().enumerate() {
+                let q = up[i].busy_until.saturating_sub(now);
+                line += &format!(
+                    " | {} {:?} sched {:6.2} dlv {:6.2} qd {:5.1}ms realq {:5.1}ms",
+                    l.name,
+                    l.state,
+                    l.sched_rate_bps.unwrap_or(0.0) / 1e6,
+                    l.delivery_rate_bps / 1e6,
+                    l.qdelay_us as f64 / 1e3,
+                    q.as_secs_f64() * 1e3
+                );
+            }
+            eprintln!("{line}");
+        }
         if next_send <= now {
             let id = next_id;
             next_id += 1;
@@ -379,12 +419,21 @@ pub fn run(sc: &Scenario) -> Report {
         while heap.peek().is_some_and(|Reverse(q)| q.at <= now) {
             let Reverse(q) = heap.pop().expect("peeked");
             match q.ev {
-                Ev::Arrive { link, to_server, mut payload } => {
+                Ev::Arrive {
+                    link,
+                    to_server,
+                    mut payload,
+                } => {
                     if to_server {
                         server.handle_datagram(inst, None, client_addr(link), &mut payload);
                         server.recycle(payload);
                     } else {
-                        client.handle_datagram(inst, Some((link + 1) as LinkId), SERVER_ADDR, &mut payload);
+                        client.handle_datagram(
+                            inst,
+                            Some((link + 1) as LinkId),
+                            SERVER_ADDR,
+                            &mut payload,
+                        );
                         client.recycle(payload);
                     }
                 }
@@ -428,7 +477,11 @@ pub fn run(sc: &Scenario) -> Report {
                     }
                     last_use[link] = Some(now);
                 }
-                let pipe = if is_client { &mut up[link] } else { &mut down[link] };
+                let pipe = if is_client {
+                    &mut up[link]
+                } else {
+                    &mut down[link]
+                };
                 if dark[link] {
                     ep.recycle(tx.payload);
                     continue;
@@ -463,7 +516,11 @@ pub fn run(sc: &Scenario) -> Report {
                 heap.push(Reverse(Queued {
                     at: arrive,
                     order,
-                    ev: Ev::Arrive { link, to_server: !is_client, payload: tx.payload },
+                    ev: Ev::Arrive {
+                        link,
+                        to_server: is_client,
+                        payload: tx.payload,
+                    },
                 }));
             }
         }
@@ -483,7 +540,9 @@ pub fn run(sc: &Scenario) -> Report {
                     seen[idx] = true;
                     if first_measured_id.is_some_and(|f| id >= f) {
                         delivered += 1;
-                        let lat = now.saturating_sub(Duration::from_nanos(sent_ns)).saturating_sub(min_delay);
+                        let lat = now
+                            .saturating_sub(Duration::from_nanos(sent_ns))
+                            .saturating_sub(min_delay);
                         added.push(lat.as_secs_f64() * 1e3);
                     }
                 }
@@ -501,7 +560,11 @@ pub fn run(sc: &Scenario) -> Report {
             server.recycle(p);
         }
         while let Some(ev) = client.poll_event() {
-            if let Event::LinkState { link, state: LinkState::Down } = ev {
+            if let Event::LinkState {
+                link,
+                state: LinkState::Down,
+            } = ev
+            {
                 let i = (link as usize).wrapping_sub(1);
                 if let Some(since) = dark_since.get(i).copied().flatten() {
                     if reports[i].detected_down_after_ms.is_none() {
@@ -516,19 +579,37 @@ pub fn run(sc: &Scenario) -> Report {
 
     // Packets still in flight at the end are not lost: count only those sent early enough.
     let measured_window = end.saturating_sub(sc.warmup).as_secs_f64();
-    let max_delay = sc.links.iter().map(|l| l.delay + l.jitter).max().unwrap_or_default();
+    let max_delay = sc
+        .links
+        .iter()
+        .map(|l| l.delay + l.jitter)
+        .max()
+        .unwrap_or_default();
     let tail = Duration::from_millis(600) + max_delay * 2;
     let tail_packets = (tail.as_secs_f64() * offered_pps) as u64;
     let counted = sent_measured.saturating_sub(tail_packets);
     let first = first_measured_id.unwrap_or(0);
-    let delivered_counted = (first..first + counted).filter(|&i| seen.get(i as usize).copied().unwrap_or(false)).count() as u64;
+    let delivered_counted = (first..first + counted)
+        .filter(|&i| seen.get(i as usize).copied().unwrap_or(false))
+        .count() as u64;
     let lost = counted.saturating_sub(delivered_counted);
 
     let stats = server.stats(base + now);
+    if std::env::var_os("BRAID_SIM_DEBUG").is_some() {
+        eprintln!(
+            "client: {:#?}\nserver: {:#?}",
+            client.stats(base + now),
+            stats
+        );
+    }
     added.sort_by(|a, b| a.total_cmp(b));
     let total_sent: u64 = reports.iter().map(|r| r.sent_packets).sum();
     for (i, r) in reports.iter_mut().enumerate() {
-        r.share = if total_sent > 0 { r.sent_packets as f64 / total_sent as f64 } else { 0.0 };
+        r.share = if total_sent > 0 {
+            r.sent_packets as f64 / total_sent as f64
+        } else {
+            0.0
+        };
         if let (Some(since), Some(last)) = (dark_since[i], last_use[i]) {
             r.avoided_after_ms = Some(last.saturating_sub(since).as_secs_f64() * 1e3);
         }
@@ -563,15 +644,26 @@ pub fn standard_scenarios() -> Vec<Scenario> {
     vec![
         Scenario::new(
             "1+2+3 Mbit/s, 10 ms",
-            vec![LinkSpec::new(1_000_000, ms(10)), LinkSpec::new(2_000_000, ms(10)), LinkSpec::new(3_000_000, ms(10))],
+            vec![
+                LinkSpec::new(1_000_000, ms(10)),
+                LinkSpec::new(2_000_000, ms(10)),
+                LinkSpec::new(3_000_000, ms(10)),
+            ],
         ),
         Scenario::new(
             "10/20/50 Mbit/s, 5/20/40 ms",
-            vec![LinkSpec::new(10_000_000, ms(5)), LinkSpec::new(20_000_000, ms(20)), LinkSpec::new(50_000_000, ms(40))],
+            vec![
+                LinkSpec::new(10_000_000, ms(5)),
+                LinkSpec::new(20_000_000, ms(20)),
+                LinkSpec::new(50_000_000, ms(40)),
+            ],
         ),
         Scenario::new(
             "EQL 57600 + 14400 bit/s",
-            vec![LinkSpec::new(57_600, ms(20)).configured(), LinkSpec::new(14_400, ms(20)).configured()],
+            vec![
+                LinkSpec::new(57_600, ms(20)).configured(),
+                LinkSpec::new(14_400, ms(20)).configured(),
+            ],
         )
         .scheduler("weighted")
         .packet_size(200)
@@ -581,13 +673,21 @@ pub fn standard_scenarios() -> Vec<Scenario> {
         .warmup(Duration::from_secs(10)),
         Scenario::new(
             "link 2 of 3 dark at 8 s",
-            vec![LinkSpec::new(10_000_000, ms(10)), LinkSpec::new(10_000_000, ms(15)), LinkSpec::new(10_000_000, ms(20))],
+            vec![
+                LinkSpec::new(10_000_000, ms(10)),
+                LinkSpec::new(10_000_000, ms(15)),
+                LinkSpec::new(10_000_000, ms(20)),
+            ],
         )
         .load(0.6)
         .event(Duration::from_secs(8), LinkEvent::Dark(1)),
         Scenario::new(
             "5% loss on one of 3 links",
-            vec![LinkSpec::new(10_000_000, ms(10)).loss(0.05), LinkSpec::new(10_000_000, ms(10)), LinkSpec::new(10_000_000, ms(10))],
+            vec![
+                LinkSpec::new(10_000_000, ms(10)).loss(0.05),
+                LinkSpec::new(10_000_000, ms(10)),
+                LinkSpec::new(10_000_000, ms(10)),
+            ],
         ),
     ]
 }

@@ -1,0 +1,177 @@
+//! Scenario tests: the figures issue 2 asks of the bundle, checked in the simulator.
+//! Each scenario is deterministic (seeded), so a failure reproduces exactly.
+
+use std::time::Duration;
+
+use braid_core::sim::{self, LinkEvent, LinkSpec, Scenario, WIRE_OVERHEAD};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn show(r: &sim::Report) {
+    eprintln!("{}\n{}", sim::Report::TABLE_HEADER, r.table_row());
+}
+
+#[test]
+fn one_two_three_mbit_same_delay_delivers_97_percent() {
+    let r = sim::run(&sim::standard_scenarios()[0]);
+    show(&r);
+    assert!(
+        r.delivered_ratio >= 0.97,
+        "delivered {:.3} of offered",
+        r.delivered_ratio
+    );
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.out_of_order, 0);
+}
+
+#[test]
+fn adaptive_uses_fast_and_slow_links_with_little_reordering() {
+    let r = sim::run(&sim::standard_scenarios()[1]);
+    show(&r);
+    assert!(
+        r.delivered_ratio >= 0.95,
+        "delivered {:.3} of offered",
+        r.delivered_ratio
+    );
+    assert!(
+        r.reorder_wait_p99_ms < 35.0,
+        "p99 reorder wait {:.1} ms >= delay spread",
+        r.reorder_wait_p99_ms
+    );
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.out_of_order, 0);
+}
+
+#[test]
+fn eql_weights_far_apart_neither_link_starves() {
+    let r = sim::run(&sim::standard_scenarios()[2]);
+    show(&r);
+    let (a, b) = (r.links[0].share, r.links[1].share);
+    assert!(
+        (a - 0.8).abs() < 0.05 && (b - 0.2).abs() < 0.05,
+        "shares {a:.3} / {b:.3}, want 0.8 / 0.2"
+    );
+    assert!(
+        r.delivered_ratio > 0.9,
+        "delivered {:.3}",
+        r.delivered_ratio
+    );
+}
+
+#[test]
+fn dark_link_is_avoided_within_a_second_and_nothing_is_delivered_twice() {
+    let r = sim::run(&sim::standard_scenarios()[3]);
+    show(&r);
+    let l = &r.links[1];
+    let down = l.detected_down_after_ms.expect("link 2 declared down");
+    let avoided = l.avoided_after_ms.expect("link 2 avoided");
+    assert!(down < 1000.0, "declared down after {down:.0} ms");
+    assert!(
+        avoided < 1000.0,
+        "still used {avoided:.0} ms after going dark"
+    );
+    assert!(
+        r.longest_stall_ms < 1000.0,
+        "delivery stalled {:.0} ms",
+        r.longest_stall_ms
+    );
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.out_of_order, 0);
+}
+
+#[test]
+fn lossy_link_still_adds_to_the_bundle() {
+    let r = sim::run(&sim::standard_scenarios()[4]);
+    show(&r);
+    // What the best (clean) 10 Mbit/s link would deliver alone, in IP-packet bits.
+    let best_single = 10e6 * 1400.0 / (1400 + WIRE_OVERHEAD) as f64;
+    assert!(
+        r.delivered_bps >= best_single,
+        "bundle {:.2} Mbit/s < best single {:.2}",
+        r.delivered_bps / 1e6,
+        best_single / 1e6
+    );
+    assert_eq!(r.duplicates, 0);
+}
+
+#[test]
+fn link_that_comes_back_carries_traffic_again() {
+    let sc = Scenario::new(
+        "dark then back",
+        vec![
+            LinkSpec::new(5_000_000, ms(10)),
+            LinkSpec::new(5_000_000, ms(10)),
+        ],
+    )
+    .load(0.6)
+    .duration(Duration::from_secs(12))
+    .event(Duration::from_secs(3), LinkEvent::Dark(1))
+    .event(Duration::from_secs(5), LinkEvent::Light(1));
+    let r = sim::run(&sc);
+    show(&r);
+    // After it is back (from 5 s to 12 s) link 2 must again carry a real share.
+    assert!(
+        r.links[1].share > 0.2,
+        "link 2 share {:.2}",
+        r.links[1].share
+    );
+    assert!(r.delivered_ratio > 0.9);
+}
+
+#[test]
+fn every_scheduler_delivers_in_order_without_duplicates() {
+    for name in braid_core::sched::NAMES {
+        let sc = Scenario::new(
+            "two equal links",
+            vec![
+                LinkSpec::new(4_000_000, ms(10)).configured(),
+                LinkSpec::new(4_000_000, ms(12)).configured(),
+            ],
+        )
+        .scheduler(name)
+        .load(0.4)
+        .duration(Duration::from_secs(6));
+        let r = sim::run(&sc);
+        show(&r);
+        assert_eq!(r.duplicates, 0, "{name}: duplicates");
+        assert_eq!(r.out_of_order, 0, "{name}: out of order");
+        assert!(
+            r.delivered_ratio > 0.97,
+            "{name}: delivered {:.3}",
+            r.delivered_ratio
+        );
+    }
+}
+
+#[test]
+fn redundant_survives_a_dark_link_without_loss() {
+    let sc = Scenario::new(
+        "redundant",
+        vec![
+            LinkSpec::new(4_000_000, ms(10)),
+            LinkSpec::new(4_000_000, ms(30)),
+        ],
+    )
+    .scheduler("redundant")
+    .load(0.3)
+    .duration(Duration::from_secs(8))
+    .event(Duration::from_secs(4), LinkEvent::Dark(0));
+    let r = sim::run(&sc);
+    show(&r);
+    assert_eq!(r.duplicates, 0);
+    assert_eq!(r.lost, 0, "a copy went over the other link");
+}
+
+#[test]
+fn simulation_is_deterministic() {
+    let sc = sim::standard_scenarios()[0]
+        .clone()
+        .duration(Duration::from_secs(5));
+    let a = sim::run(&sc);
+    let b = sim::run(&sc);
+    assert_eq!(a.delivered, b.delivered);
+    assert_eq!(a.lost, b.lost);
+    assert_eq!(a.table_row(), b.table_row());
+}
