@@ -39,7 +39,7 @@ pub const MIN_WINDOW: Duration = Duration::from_secs(10);
 /// Time constant of the loss EWMA.
 pub const LOSS_TAU: Duration = Duration::from_secs(1);
 /// Time constant of the delivery-rate EWMA.
-pub const RATE_TAU: Duration = Duration::from_millis(250);
+pub const RATE_TAU: Duration = Duration::from_millis(100);
 /// Shortest interval (peer clock) over which one delivery-rate sample is taken.
 pub const RATE_MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// Longest interval (peer clock) still taken as one delivery-rate sample; longer gaps (the link

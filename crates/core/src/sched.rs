@@ -369,7 +369,7 @@ pub const RAISE_EVIDENCE: f64 = 0.95;
 /// Rate multiplier per interval when probing upwards.
 pub const INCREASE_GAIN: f64 = 1.03;
 /// Rate multiplier per interval until the link's first congestion signal.
-pub const STARTUP_GAIN: f64 = 1.25;
+pub const STARTUP_GAIN: f64 = 1.5;
 /// On congestion the rate drops to this fraction of the measured delivery rate. While the
 /// bottleneck queue is non-empty the delivery rate is the link's capacity, so 1.0 is exact.
 pub const DECREASE_TO: f64 = 1.0;
