@@ -402,7 +402,8 @@ struct AdaptiveLink {
     /// Instant up to which the virtual queue has been drained.
     last: Instant,
     interval_start: Instant,
-    busy: Duration,
+    /// Seconds of the current interval during which the virtual queue was not empty.
+    busy: f64,
     /// The virtual queue's delay (s) at the previous adjustment.
     vq_prev: f64,
     /// Until the first congestion signal, probe up faster.
@@ -422,7 +423,7 @@ impl AdaptiveLink {
             backlog: 0.0,
             last: now,
             interval_start: now,
-            busy: Duration::ZERO,
+            busy: 0.0,
             vq_prev: 0.0,
             startup: v.bandwidth_bps.is_none(),
             configured: v.bandwidth_bps,
@@ -438,10 +439,10 @@ impl AdaptiveLink {
             let dt = dt.as_secs_f64();
             let q0 = self.backlog / bytes_per_s; // queue delay now, seconds
             if q0 <= dt {
-                self.busy += Duration::from_secs_f64(q0);
+                self.busy += q0;
                 self.backlog = 0.0;
             } else {
-                self.busy += Duration::from_secs_f64(dt);
+                self.busy += dt;
                 self.backlog -= bytes_per_s * dt;
             }
         }
@@ -460,7 +461,7 @@ impl AdaptiveLink {
         if elapsed < interval {
             return;
         }
-        let busy = self.busy.as_secs_f64() / elapsed.as_secs_f64();
+        let busy = self.busy / elapsed.as_secs_f64();
         let delivered = sane(v.delivery_rate_bps);
         // Pull the virtual queue towards the real one: the peer's queueing delay measures the
         // queue that packets placed about one interval ago found. Without this the two drift
@@ -488,7 +489,7 @@ impl AdaptiveLink {
         }
         self.rate = sane(self.rate).max(RATE_FLOOR_BPS);
         self.interval_start = now;
-        self.busy = Duration::ZERO;
+        self.busy = 0.0;
         self.vq_prev = self.backlog * 8.0 / self.rate;
     }
 
