@@ -12,7 +12,10 @@ use serde_json::Value;
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
 fn require_root() {
-    assert!(braid_lab::is_root(), "the lab tests need root (network namespaces)");
+    assert!(
+        braid_lab::is_root(),
+        "the lab tests need root (network namespaces)"
+    );
 }
 
 /// Runs `braid ARGS` with a time limit; kills it (by PID) if it overruns.
@@ -44,15 +47,17 @@ fn lab_json(args: &[&str], limit: Duration) -> Value {
     let out = braid(&all, limit);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "braid {all:?} failed: {stderr}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
-    });
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
     assert_no_namespaces_left(v["netns_prefix"].as_str().expect("netns_prefix"));
     v
 }
 
 fn namespaces() -> Vec<String> {
-    let out = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -78,7 +83,10 @@ const TCP_EFFICIENCY: f64 = 1448.0 / 1500.0;
 #[test]
 fn emulated_link_gives_its_rate_alone() {
     require_root();
-    let v = lab_json(&["--skip-bundle", "--link", "10mbit/5ms", "--duration", "4"], Duration::from_secs(60));
+    let v = lab_json(
+        &["--skip-bundle", "--link", "10mbit/5ms", "--duration", "4"],
+        Duration::from_secs(60),
+    );
     let link = &v["links"][0];
     let single = &link["single"];
     let goodput = f(&single["goodput_bps"]);
@@ -89,15 +97,20 @@ fn emulated_link_gives_its_rate_alone() {
     );
     // The wire itself (IP bytes the emulator forwarded) runs at the configured rate.
     let wire = f(&single["link_rates_bps"][0]);
-    assert!((wire - 10e6).abs() <= 0.05 * 10e6, "link carried {wire:.0} bit/s of IP");
+    assert!(
+        (wire - 10e6).abs() <= 0.05 * 10e6,
+        "link carried {wire:.0} bit/s of IP"
+    );
     assert!(single["survived"].as_bool().unwrap());
 }
 
 #[test]
 fn emulated_link_rtt_and_loss() {
     require_root();
-    let specs: Vec<LinkSpec> =
-        ["10mbit/20ms", "10mbit/1ms/10%", "10mbit/10ms/0%/4ms"].iter().map(|s| s.parse().unwrap()).collect();
+    let specs: Vec<LinkSpec> = ["10mbit/20ms", "10mbit/1ms/10%", "10mbit/10ms/0%/4ms"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
     let mut opts = LabOptions::new(BRAID.into());
     opts.prefix = format!("bl{}rtt", std::process::id());
     let prefix = opts.prefix.clone();
@@ -107,14 +120,20 @@ fn emulated_link_rtt_and_loss() {
         let _ = lab.ping(1, 2, Duration::from_millis(50));
         let p = lab.ping(1, 30, Duration::from_millis(20)).unwrap();
         assert_eq!(p.received, 30, "{p:?}");
-        assert!((p.avg_ms - 40.0).abs() <= 1.0, "RTT over a 20 ms link: {p:?}");
+        assert!(
+            (p.avg_ms - 40.0).abs() <= 1.0,
+            "RTT over a 20 ms link: {p:?}"
+        );
         assert!(p.min_ms >= 40.0 - 0.05, "faster than light: {p:?}");
 
         // 10% loss each way: a round trip is lost with probability 1 - 0.9^2 = 19%.
         let _ = lab.ping(2, 2, Duration::from_millis(50));
         let p = lab.ping(2, 1000, Duration::from_millis(2)).unwrap();
         let loss = p.loss();
-        assert!((0.15..=0.23).contains(&loss), "ping loss over a 10% link: {loss} ({p:?})");
+        assert!(
+            (0.15..=0.23).contains(&loss),
+            "ping loss over a 10% link: {loss} ({p:?})"
+        );
 
         // Jitter 4 ms each way around 10 ms: RTTs spread, but stay within 20 +- 8 ms.
         let _ = lab.ping(3, 2, Duration::from_millis(50));
@@ -133,16 +152,40 @@ fn lab_bundle_beats_every_link_and_nears_the_sum() {
     let v = lab_json(&["--duration", "5"], Duration::from_secs(120));
     let links = v["links"].as_array().unwrap();
     assert_eq!(links.len(), 3);
-    let best_single = links.iter().map(|l| f(&l["single"]["goodput_bps"])).fold(0.0, f64::max);
+    let best_single = links
+        .iter()
+        .map(|l| f(&l["single"]["goodput_bps"]))
+        .fold(0.0, f64::max);
     let bundle = f(&v["bundle"]["run"]["goodput_bps"]);
     let of_alone = f(&v["bundle_of_single_sum"]);
-    assert!(v["bundle"]["run"]["survived"].as_bool().unwrap(), "{}", v["bundle"]["run"]);
-    assert!(bundle > best_single * 1.5, "bundle {bundle:.0} vs best link {best_single:.0}");
-    assert!(of_alone >= 0.85, "bundle gave {:.1}% of the links alone", of_alone * 100.0);
+    assert!(
+        v["bundle"]["run"]["survived"].as_bool().unwrap(),
+        "{}",
+        v["bundle"]["run"]
+    );
+    assert!(
+        bundle > best_single * 1.5,
+        "bundle {bundle:.0} vs best link {best_single:.0}"
+    );
+    assert!(
+        of_alone >= 0.85,
+        "bundle gave {:.1}% of the links alone",
+        of_alone * 100.0
+    );
     // Every link carried a real share.
-    for (i, r) in v["bundle"]["run"]["link_rates_bps"].as_array().unwrap().iter().enumerate() {
+    for (i, r) in v["bundle"]["run"]["link_rates_bps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
         let rate = f(&links[i]["rate_bps"]);
-        assert!(f(r) > 0.7 * rate, "link{} carried {} of {rate}", i + 1, f(r));
+        assert!(
+            f(r) > 0.7 * rate,
+            "link{} carried {} of {rate}",
+            i + 1,
+            f(r)
+        );
     }
 }
 
@@ -150,12 +193,26 @@ fn lab_bundle_beats_every_link_and_nears_the_sum() {
 fn lab_link_failure_mid_transfer_keeps_the_connection() {
     require_root();
     let v = lab_json(
-        &["--skip-single", "--link", "4mbit/10ms", "--link", "4mbit/10ms", "--fail", "link2@2", "--duration", "5"],
+        &[
+            "--skip-single",
+            "--link",
+            "4mbit/10ms",
+            "--link",
+            "4mbit/10ms",
+            "--fail",
+            "link2@2",
+            "--duration",
+            "5",
+        ],
         Duration::from_secs(90),
     );
     let fail = &v["bundle"]["fail"];
     assert_eq!(fail["link"], "link2");
-    assert!(fail["survived"].as_bool().unwrap(), "TCP connection broke: {}", v["bundle"]["run"]);
+    assert!(
+        fail["survived"].as_bool().unwrap(),
+        "TCP connection broke: {}",
+        v["bundle"]["run"]
+    );
     let gap = f(&fail["longest_gap_ms"]);
     assert!(gap < 1000.0, "traffic stalled {gap} ms");
     // After the failure the remaining link still carries traffic.
@@ -165,14 +222,24 @@ fn lab_link_failure_mid_transfer_keeps_the_connection() {
 
 #[test]
 fn lab_rejects_a_bad_link_spec() {
-    for (spec, words) in [("10xbit", "unit"), ("10mbit/20", "delay"), ("10mbit/5ms/150%", "loss")] {
+    for (spec, words) in [
+        ("10xbit", "unit"),
+        ("10mbit/20", "delay"),
+        ("10mbit/5ms/150%", "loss"),
+    ] {
         let out = braid(&["lab", "--link", spec], Duration::from_secs(10));
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         let first = err.lines().next().unwrap_or("");
-        assert!(first.contains(spec) && first.contains(words), "{spec}: {err}");
+        assert!(
+            first.contains(spec) && first.contains(words),
+            "{spec}: {err}"
+        );
     }
-    let out = braid(&["lab", "--link", "1mbit", "--fail", "link3@1"], Duration::from_secs(10));
+    let out = braid(
+        &["lab", "--link", "1mbit", "--fail", "link3@1"],
+        Duration::from_secs(10),
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("only 1 links"));
 }
@@ -190,11 +257,17 @@ fn lab_cleans_up_after_sigint() {
     // Wait for its namespaces and emulator, then interrupt it mid-run.
     let start = Instant::now();
     while !namespaces().contains(&format!("{prefix}e")) {
-        assert!(start.elapsed() < Duration::from_secs(20), "lab never built its namespaces");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "lab never built its namespaces"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_secs(2));
-    let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(st.success());
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {

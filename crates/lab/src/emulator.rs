@@ -163,7 +163,11 @@ fn wait_readable(fd: i32, timeout: Duration) {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, a valid timespec, no signal mask.
     unsafe {
         libc::ppoll(&mut pfd, 1, &ts, std::ptr::null());
@@ -197,15 +201,22 @@ impl Direction {
                 }
                 let (_, frame) = queue.pop_front().expect("front exists");
                 // SAFETY: sending an initialized buffer on a bound packet socket.
-                let n = unsafe { libc::send(tx, frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
+                let n = unsafe {
+                    libc::send(tx, frame.as_ptr() as *const libc::c_void, frame.len(), 0)
+                };
                 if n >= 0 {
-                    self.counters.bytes.fetch_add(frame.len().saturating_sub(ETH_HLEN) as u64, Ordering::Relaxed);
+                    self.counters.bytes.fetch_add(
+                        frame.len().saturating_sub(ETH_HLEN) as u64,
+                        Ordering::Relaxed,
+                    );
                     self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 }
                 spare.push(frame);
             }
             let timeout = match queue.front() {
-                Some((at, _)) => at.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)),
+                Some((at, _)) => at
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100)),
                 None => Duration::from_millis(100),
             };
             wait_readable(rx, timeout);
@@ -215,7 +226,12 @@ impl Direction {
                 buf.resize(65536, 0);
                 // SAFETY: receiving into a buffer of the given length.
                 let n = unsafe {
-                    libc::recv(rx, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
+                    libc::recv(
+                        rx,
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
                 };
                 if n <= 0 {
                     spare.push(buf);
@@ -228,7 +244,10 @@ impl Direction {
                     spare.push(buf);
                     continue;
                 }
-                match self.shaper.on_frame(now, buf.len().saturating_sub(ETH_HLEN)) {
+                match self
+                    .shaper
+                    .on_frame(now, buf.len().saturating_sub(ETH_HLEN))
+                {
                     Verdict::Deliver(at) => queue.push_back((at, buf)),
                     Verdict::Lost => {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
@@ -257,11 +276,19 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
         let fail = Arc::new(AtomicBool::new(false));
         let limit = queue_limit_bytes(spec.rate_bps, queue_ms);
         let pair = [Arc::new(Counters::default()), Arc::new(Counters::default())];
-        for (d, (rx, tx)) in [(ea.clone(), eb.clone()), (eb.clone(), ea.clone())].into_iter().enumerate() {
+        for (d, (rx, tx)) in [(ea.clone(), eb.clone()), (eb.clone(), ea.clone())]
+            .into_iter()
+            .enumerate()
+        {
             let dir = Direction {
                 rx,
                 tx,
-                shaper: Shaper::new(spec, limit, seed.wrapping_mul(1_000_003).wrapping_add((2 * i + d) as u64)),
+                shaper: Shaper::new(
+                    spec,
+                    limit,
+                    seed.wrapping_mul(1_000_003)
+                        .wrapping_add((2 * i + d) as u64),
+                ),
                 counters: pair[d].clone(),
                 failed: fail.clone(),
                 stop: stop.clone(),
@@ -286,16 +313,24 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
         let period = Duration::from_millis(stats_ms.max(10));
         let mut next = Instant::now() + period;
         while !stats_stop.load(Ordering::Relaxed) {
-            std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)));
+            std::thread::sleep(
+                next.saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(50)),
+            );
             if Instant::now() < next {
                 continue;
             }
             next += period;
             let line = EmuStats {
                 t: start.elapsed().as_secs_f64(),
-                links: stats_counters.iter().map(|[ab, ba]| [ab.snapshot(), ba.snapshot()]).collect(),
+                links: stats_counters
+                    .iter()
+                    .map(|[ab, ba]| [ab.snapshot(), ba.snapshot()])
+                    .collect(),
             };
-            if writeln!(out, "{}", serde_json::to_string(&line).unwrap_or_default()).is_err() || out.flush().is_err() {
+            if writeln!(out, "{}", serde_json::to_string(&line).unwrap_or_default()).is_err()
+                || out.flush().is_err()
+            {
                 break;
             }
         }
@@ -305,9 +340,14 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let mut words = line.split_whitespace();
-        let (cmd, arg) = (words.next(), words.next().and_then(|w| w.parse::<usize>().ok()));
+        let (cmd, arg) = (
+            words.next(),
+            words.next().and_then(|w| w.parse::<usize>().ok()),
+        );
         match (cmd, arg) {
-            (Some("fail"), Some(n)) if (1..=failed.len()).contains(&n) => failed[n - 1].store(true, Ordering::Relaxed),
+            (Some("fail"), Some(n)) if (1..=failed.len()).contains(&n) => {
+                failed[n - 1].store(true, Ordering::Relaxed)
+            }
             (Some("restore"), Some(n)) if (1..=failed.len()).contains(&n) => {
                 failed[n - 1].store(false, Ordering::Relaxed)
             }

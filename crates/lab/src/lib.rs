@@ -57,21 +57,34 @@ pub struct FailSpec {
 }
 
 fn parse_fail(s: &str) -> Result<FailSpec, String> {
-    let (name, at) = s.split_once('@').ok_or_else(|| format!("'{s}' must be NAME@SECONDS, e.g. link2@10"))?;
+    let (name, at) = s
+        .split_once('@')
+        .ok_or_else(|| format!("'{s}' must be NAME@SECONDS, e.g. link2@10"))?;
     let num = name.strip_prefix("link").unwrap_or(name);
-    let link: usize = num.parse().map_err(|_| format!("'{name}' is not a link name (link1, link2, ...) or index"))?;
+    let link: usize = num
+        .parse()
+        .map_err(|_| format!("'{name}' is not a link name (link1, link2, ...) or index"))?;
     if link == 0 {
         return Err("links are numbered from 1".into());
     }
-    let secs: f64 = at.trim_end_matches('s').parse().map_err(|_| format!("'{at}' is not a number of seconds"))?;
+    let secs: f64 = at
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("'{at}' is not a number of seconds"))?;
     if !secs.is_finite() || secs <= 0.0 {
         return Err(format!("fail time '{at}' must be positive"));
     }
-    Ok(FailSpec { link, at: Duration::from_secs_f64(secs) })
+    Ok(FailSpec {
+        link,
+        at: Duration::from_secs_f64(secs),
+    })
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim_end_matches('s').parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    let v: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
     if !(1.0..=3600.0).contains(&v) {
         return Err(format!("duration '{s}' must be between 1 and 3600 seconds"));
     }
@@ -167,7 +180,7 @@ pub enum LabInternal {
 }
 
 fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
-    if !v.is_finite() || v < 0.0 || v > 86400.0 {
+    if !v.is_finite() || !(0.0..=86400.0).contains(&v) {
         bail!("bad {what}: {v}");
     }
     Ok(Duration::from_secs_f64(v))
@@ -175,13 +188,34 @@ fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
 
 pub fn run_internal(cmd: LabInternal) -> anyhow::Result<()> {
     match cmd {
-        LabInternal::Emulate { links, queue_ms, seed, stats_ms } => emulator::run(&links, queue_ms, seed, stats_ms),
-        LabInternal::Sink { listen, flows, window, accept_timeout } => {
-            traffic::run_sink(listen, flows, secs(window, "window")?, secs(accept_timeout, "accept timeout")?)
-        }
-        LabInternal::Source { connect, flows, duration, connect_timeout } => {
-            traffic::run_source(connect, flows, secs(duration, "duration")?, secs(connect_timeout, "connect timeout")?)
-        }
+        LabInternal::Emulate {
+            links,
+            queue_ms,
+            seed,
+            stats_ms,
+        } => emulator::run(&links, queue_ms, seed, stats_ms),
+        LabInternal::Sink {
+            listen,
+            flows,
+            window,
+            accept_timeout,
+        } => traffic::run_sink(
+            listen,
+            flows,
+            secs(window, "window")?,
+            secs(accept_timeout, "accept timeout")?,
+        ),
+        LabInternal::Source {
+            connect,
+            flows,
+            duration,
+            connect_timeout,
+        } => traffic::run_source(
+            connect,
+            flows,
+            secs(duration, "duration")?,
+            secs(connect_timeout, "connect timeout")?,
+        ),
     }
 }
 
@@ -194,7 +228,9 @@ pub fn interrupted() -> bool {
 
 /// SIGINT/SIGTERM set a flag that every wait of the lab checks, so it unwinds and cleans up.
 pub fn install_signal_handlers() -> anyhow::Result<()> {
-    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+    let flag = INTERRUPTED
+        .get_or_init(|| Arc::new(AtomicBool::new(false)))
+        .clone();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, flag.clone()).context("installing signal handlers")?;
     }
@@ -265,6 +301,9 @@ pub struct TcpRun {
     /// Emulator counters at the start and end of the steady part of the run.
     pub emu_start: Option<EmuStats>,
     pub emu_end: Option<EmuStats>,
+    /// Emulator counters just before the run and after it.
+    pub emu_before: Option<EmuStats>,
+    pub emu_after: Option<EmuStats>,
 }
 
 impl TcpRun {
@@ -272,9 +311,26 @@ impl TcpRun {
         let sent: u64 = self.source.flows.iter().map(|f| f.bytes_sent).sum();
         let got: u64 = self.sink.flows.iter().map(|f| f.bytes).sum();
         self.source.flows.iter().all(|f| f.error.is_none())
-            && self.sink.flows.iter().all(|f| f.clean_eof && f.error.is_none())
+            && self
+                .sink
+                .flows
+                .iter()
+                .all(|f| f.clean_eof && f.error.is_none())
             && sent == got
             && sent > 0
+    }
+
+    /// Per link, A->B frames dropped by the emulator during the run: (queue full, random loss).
+    pub fn link_drops(&self) -> Vec<(u64, u64)> {
+        match (&self.emu_before, &self.emu_after) {
+            (Some(a), Some(b)) => a
+                .links
+                .iter()
+                .zip(&b.links)
+                .map(|(x, y)| (y[0].queue_drops - x[0].queue_drops, y[0].lost - x[0].lost))
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Average A->B rate of each link in the steady part of the run (IP bytes, bit/s).
@@ -325,11 +381,25 @@ impl Lab {
             args.push("--link".into());
             args.push(s.to_string());
         }
-        args.extend(["--queue-ms".into(), opts.queue_ms.to_string(), "--seed".into(), opts.seed.to_string()]);
-        let mut emulator = Proc::spawn("emulator", &topo.ns_e(), &opts.exe, &args, dir.0.join("emulator.log"))?;
+        args.extend([
+            "--queue-ms".into(),
+            opts.queue_ms.to_string(),
+            "--seed".into(),
+            opts.seed.to_string(),
+        ]);
+        let mut emulator = Proc::spawn(
+            "emulator",
+            &topo.ns_e(),
+            &opts.exe,
+            &args,
+            dir.0.join("emulator.log"),
+        )?;
         let ready = emulator.read_line(Duration::from_secs(10))?;
         if ready != "ready" {
-            bail!("emulator said '{ready}' instead of ready: {}", emulator.log_tail());
+            bail!(
+                "emulator said '{ready}' instead of ready: {}",
+                emulator.log_tail()
+            );
         }
         let emu_started = Instant::now();
         let stats = Arc::new(Mutex::new(Vec::new()));
@@ -381,7 +451,9 @@ impl Lab {
 
     fn emu_command(&mut self, cmd: &str) -> anyhow::Result<()> {
         let stdin = self.emulator.stdin.as_mut().context("emulator stdin")?;
-        writeln!(stdin, "{cmd}").and_then(|_| stdin.flush()).context("emulator control")?;
+        writeln!(stdin, "{cmd}")
+            .and_then(|_| stdin.flush())
+            .context("emulator control")?;
         Ok(())
     }
 
@@ -411,33 +483,62 @@ impl Lab {
     ) -> anyhow::Result<TcpRun> {
         let listen = format!("{dst}:{SINK_PORT}");
         let dur = duration.as_secs_f64();
-        let sink_args: Vec<String> = ["lab-internal", "sink", "--listen", &listen, "--flows", &flows.to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["--window".to_string(), format!("{dur}")])
-            .collect();
-        let mut sink = Proc::spawn("sink", &self.topo.ns_b(), &self.exe, &sink_args, self.dir.0.join("sink.log"))?;
+        let sink_args: Vec<String> = [
+            "lab-internal",
+            "sink",
+            "--listen",
+            &listen,
+            "--flows",
+            &flows.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--window".to_string(), format!("{dur}")])
+        .collect();
+        let mut sink = Proc::spawn(
+            "sink",
+            &self.topo.ns_b(),
+            &self.exe,
+            &sink_args,
+            self.dir.0.join("sink.log"),
+        )?;
         let l = sink.read_line(Duration::from_secs(10))?;
         if l != "listening" {
             bail!("sink said '{l}': {}", sink.log_tail());
         }
         // The source writes one second longer than the window so the window is full of traffic.
-        let src_args: Vec<String> = ["lab-internal", "source", "--connect", &listen, "--flows", &flows.to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["--duration".to_string(), format!("{}", dur + 1.0)])
-            .collect();
-        let mut source =
-            Proc::spawn("source", &self.topo.ns_a(), &self.exe, &src_args, self.dir.0.join("source.log"))?;
+        let src_args: Vec<String> = [
+            "lab-internal",
+            "source",
+            "--connect",
+            &listen,
+            "--flows",
+            &flows.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--duration".to_string(), format!("{}", dur + 1.0)])
+        .collect();
+        let mut source = Proc::spawn(
+            "source",
+            &self.topo.ns_a(),
+            &self.exe,
+            &src_args,
+            self.dir.0.join("source.log"),
+        )?;
         let start = Instant::now();
         let t_emu_start = start.duration_since(self.emu_started).as_secs_f64();
+        let emu_before = self.emu_stats();
         let deadline = start + duration + Duration::from_secs(60);
         while source.try_wait().is_none() {
             if interrupted() {
                 bail!("interrupted");
             }
             if Instant::now() > deadline {
-                bail!("the traffic run did not finish in time: {}", source.log_tail());
+                bail!(
+                    "the traffic run did not finish in time: {}",
+                    source.log_tail()
+                );
             }
             tick(self, start.elapsed().as_secs_f64())?;
             std::thread::sleep(Duration::from_millis(100));
@@ -446,24 +547,49 @@ impl Lab {
         let sink_out = sink.wait_output(Duration::from_secs(30), &interrupted)?;
         let source: traffic::SourceReport = serde_json::from_str(src_out.trim())
             .with_context(|| format!("source report '{}'", src_out.trim()))?;
-        let sink: traffic::SinkReport =
-            serde_json::from_str(sink_out.trim()).with_context(|| format!("sink report '{}'", sink_out.trim()))?;
+        let sink: traffic::SinkReport = serde_json::from_str(sink_out.trim())
+            .with_context(|| format!("sink report '{}'", sink_out.trim()))?;
         // Steady part: from 1 s after the start to the end of the window.
         let hist = self.emu_stats_history();
         let emu_start = hist.iter().find(|s| s.t >= t_emu_start + 1.0).cloned();
-        let emu_end = hist.iter().rev().find(|s| s.t <= t_emu_start + dur + 0.5).cloned();
-        Ok(TcpRun { sink, source, emu_start, emu_end })
+        let emu_end = hist
+            .iter()
+            .rev()
+            .find(|s| s.t <= t_emu_start + dur)
+            .cloned();
+        // Wait for a stats line from after the run.
+        let t_done = self.emu_started.elapsed().as_secs_f64();
+        let wait_until = Instant::now() + Duration::from_millis(1500);
+        while self.emu_stats().is_none_or(|s| s.t < t_done) && Instant::now() < wait_until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let emu_after = self.emu_stats();
+        Ok(TcpRun {
+            sink,
+            source,
+            emu_start,
+            emu_end,
+            emu_before,
+            emu_after,
+        })
     }
 
     /// Writes the two endpoints' configs and starts `braid up` in each host; returns once every
     /// link is up and the tunnel carries a ping.
-    pub fn start_bundle(&mut self, scheduler: Option<&str>, mtu: u32, bandwidth_hint: bool) -> anyhow::Result<()> {
+    pub fn start_bundle(
+        &mut self,
+        scheduler: Option<&str>,
+        mtu: u32,
+        bandwidth_hint: bool,
+    ) -> anyhow::Result<()> {
         use base64::Engine;
         use rand::RngCore;
         let mut key = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut key);
         let key = base64::engine::general_purpose::STANDARD.encode(key);
-        let sched = scheduler.map(|s| format!("scheduler = {}\n", toml_str(s))).unwrap_or_default();
+        let sched = scheduler
+            .map(|s| format!("scheduler = {}\n", toml_str(s)))
+            .unwrap_or_default();
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
         let client_ctl = dir.join("client.sock");
@@ -491,17 +617,41 @@ impl Lab {
         let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
             use std::os::unix::fs::OpenOptionsExt;
             let p = dir.join(name);
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&p)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&p)?;
             f.write_all(text.as_bytes())?;
             Ok(p)
         };
         let server_cfg = write("server.toml", &server)?;
         let client_cfg = write("client.toml", &client)?;
-        let up = |cfg: &Path| vec!["--log-level".to_string(), "info".into(), "up".into(), cfg.display().to_string()];
-        let srv = Proc::spawn("braid up (server)", &self.topo.ns_b(), &self.exe, &up(&server_cfg), dir.join("server.log"))?;
+        let up = |cfg: &Path| {
+            vec![
+                "--log-level".to_string(),
+                "info".into(),
+                "up".into(),
+                cfg.display().to_string(),
+            ]
+        };
+        let srv = Proc::spawn(
+            "braid up (server)",
+            &self.topo.ns_b(),
+            &self.exe,
+            &up(&server_cfg),
+            dir.join("server.log"),
+        )?;
         self.endpoints.push(srv);
         std::thread::sleep(Duration::from_millis(100));
-        let cli = Proc::spawn("braid up (client)", &self.topo.ns_a(), &self.exe, &up(&client_cfg), dir.join("client.log"))?;
+        let cli = Proc::spawn(
+            "braid up (client)",
+            &self.topo.ns_a(),
+            &self.exe,
+            &up(&client_cfg),
+            dir.join("client.log"),
+        )?;
         self.endpoints.push(cli);
         self.client_control = Some(client_ctl.clone());
 
@@ -520,7 +670,8 @@ impl Lab {
             if Instant::now() > deadline {
                 bail!("the bundle did not come up within 15 s ({last})");
             }
-            match braid_linux::control::request(&client_ctl, &serde_json::json!({"cmd": "status"})) {
+            match braid_linux::control::request(&client_ctl, &serde_json::json!({"cmd": "status"}))
+            {
                 Ok(st) => {
                     let (up, total) = links_up(&st);
                     last = format!("{up} of {total} links up");
@@ -555,10 +706,18 @@ fn toml_str(s: &str) -> String {
 
 /// Counts links whose state is "up" in a `status` reply (tolerant of the reply's exact shape).
 fn links_up(st: &serde_json::Value) -> (usize, usize) {
-    let links = st.get("links").and_then(|l| l.as_array()).cloned().unwrap_or_default();
+    let links = st
+        .get("links")
+        .and_then(|l| l.as_array())
+        .cloned()
+        .unwrap_or_default();
     let up = links
         .iter()
-        .filter(|l| l.get("state").and_then(|s| s.as_str()).is_some_and(|s| s.eq_ignore_ascii_case("up")))
+        .filter(|l| {
+            l.get("state")
+                .and_then(|s| s.as_str())
+                .is_some_and(|s| s.eq_ignore_ascii_case("up"))
+        })
         .count();
     (up, links.len())
 }
@@ -566,21 +725,49 @@ fn links_up(st: &serde_json::Value) -> (usize, usize) {
 /// Runs `ping` in namespace `ns` and parses its summary.
 pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
     let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-n", "-q", "-c", &count.to_string()])
-        .args(["-i", &format!("{:.3}", interval.as_secs_f64()), "-W", "2", dst])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "ping",
+            "-n",
+            "-q",
+            "-c",
+            &count.to_string(),
+        ])
+        .args([
+            "-i",
+            &format!("{:.3}", interval.as_secs_f64()),
+            "-W",
+            "2",
+            dst,
+        ])
         .output()
         .context("cannot run ping (is iputils-ping installed?)")?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut st = PingStats::default();
     for line in text.lines() {
         if line.contains("packets transmitted") {
-            let nums: Vec<u32> = line.split(',').filter_map(|p| p.split_whitespace().next()?.parse().ok()).collect();
+            let nums: Vec<u32> = line
+                .split(',')
+                .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+                .collect();
             if nums.len() >= 2 {
                 st.sent = nums[0];
                 st.received = nums[1];
             }
-        } else if let Some(rest) = line.split(" = ").nth(1).filter(|_| line.starts_with("rtt") || line.starts_with("round-trip")) {
-            let v: Vec<f64> = rest.split_whitespace().next().unwrap_or("").split('/').filter_map(|x| x.parse().ok()).collect();
+        } else if let Some(rest) = line
+            .split(" = ")
+            .nth(1)
+            .filter(|_| line.starts_with("rtt") || line.starts_with("round-trip"))
+        {
+            let v: Vec<f64> = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .split('/')
+                .filter_map(|x| x.parse().ok())
+                .collect();
             if v.len() >= 3 {
                 st.min_ms = v[0];
                 st.avg_ms = v[1];
@@ -589,14 +776,20 @@ pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Resu
         }
     }
     if st.sent == 0 {
-        bail!("ping {dst} in {ns} printed no summary: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ping {dst} in {ns} printed no summary: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(st)
 }
 
 /// The default links: the classic Multilink PPP lab.
 pub fn default_links() -> Vec<LinkSpec> {
-    [1_000_000, 2_000_000, 3_000_000].iter().map(|&r| LinkSpec::new(r, Duration::from_millis(10))).collect()
+    [1_000_000, 2_000_000, 3_000_000]
+        .iter()
+        .map(|&r| LinkSpec::new(r, Duration::from_millis(10)))
+        .collect()
 }
 
 /// The live view: one line per second on stderr (redrawn in place on a terminal).
@@ -610,7 +803,12 @@ struct Live {
 impl Live {
     fn new(enabled: bool) -> Self {
         use std::io::IsTerminal;
-        Live { enabled, tty: std::io::stderr().is_terminal(), last_draw: 0.0, drawn: false }
+        Live {
+            enabled,
+            tty: std::io::stderr().is_terminal(),
+            last_draw: 0.0,
+            drawn: false,
+        }
     }
 
     fn tick(&mut self, lab: &Lab, label: &str, elapsed: f64, total: f64, only: Option<usize>) {
@@ -618,7 +816,11 @@ impl Live {
             return;
         }
         self.last_draw = elapsed;
-        let hist = lab.stats.lock().map(|v| v.iter().rev().take(2).cloned().collect::<Vec<_>>()).unwrap_or_default();
+        let hist = lab
+            .stats
+            .lock()
+            .map(|v| v.iter().rev().take(2).cloned().collect::<Vec<_>>())
+            .unwrap_or_default();
         if hist.len() < 2 || hist[0].t <= hist[1].t {
             return;
         }
@@ -634,7 +836,13 @@ impl Live {
             sum += rate;
             let frac = (rate / spec.rate_bps as f64).clamp(0.0, 1.0);
             let filled = (frac * 10.0).round() as usize;
-            line += &format!(" link{} {}{} {:>6.2}", i + 1, "█".repeat(filled), "·".repeat(10 - filled), rate / 1e6);
+            line += &format!(
+                " link{} {}{} {:>6.2}",
+                i + 1,
+                "█".repeat(filled),
+                "·".repeat(10 - filled),
+                rate / 1e6
+            );
         }
         line += &format!("  = {:.2} Mbit/s", sum / 1e6);
         let mut err = std::io::stderr().lock();
@@ -673,6 +881,8 @@ fn run_report(run: &TcpRun) -> RunReport {
             .chain(run.sink.flows.iter().filter_map(|f| f.error.clone()))
             .collect(),
         link_rates_bps: run.link_rates(),
+        link_queue_drops: run.link_drops().iter().map(|d| d.0).collect(),
+        link_lost: run.link_drops().iter().map(|d| d.1).collect(),
     }
 }
 
@@ -680,7 +890,13 @@ fn run_report(run: &TcpRun) -> RunReport {
 pub fn run_lab(args: LabArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the braid binary")?;
     install_signal_handlers()?;
-    let report = run_lab_with(&args, exe).map_err(|e| if interrupted() { anyhow::anyhow!("interrupted") } else { e })?;
+    let report = run_lab_with(&args, exe).map_err(|e| {
+        if interrupted() {
+            anyhow::anyhow!("interrupted")
+        } else {
+            e
+        }
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -691,13 +907,25 @@ pub fn run_lab(args: LabArgs) -> anyhow::Result<()> {
 
 /// Runs the lab as `args` says, with `exe` as the braid binary, and returns the figures.
 pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
-    let specs = if args.links.is_empty() { default_links() } else { args.links.clone() };
+    let specs = if args.links.is_empty() {
+        default_links()
+    } else {
+        args.links.clone()
+    };
     if let Some(f) = &args.fail {
         if f.link > specs.len() {
-            bail!("--fail link{}: there are only {} links", f.link, specs.len());
+            bail!(
+                "--fail link{}: there are only {} links",
+                f.link,
+                specs.len()
+            );
         }
         if f.at.as_secs_f64() >= args.duration {
-            bail!("--fail at {:.1} s is not inside the {} s run", f.at.as_secs_f64(), args.duration);
+            bail!(
+                "--fail at {:.1} s is not inside the {} s run",
+                f.at.as_secs_f64(),
+                args.duration
+            );
         }
         if args.skip_bundle {
             bail!("--fail applies to the bundle run; it cannot go with --skip-bundle");
@@ -713,7 +941,11 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
         eprintln!(
             "braid lab: {} links ({}), {} s per run, {} flow(s); namespaces {}a/b/e",
             specs.len(),
-            specs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            specs
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             args.duration,
             args.flows,
             opts.prefix
@@ -740,14 +972,19 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
         });
     }
     if !args.skip_single {
-        for i in 0..specs.len() {
+        for (i, link) in links.iter_mut().enumerate() {
             let label = format!("link{}", i + 1);
-            let run = lab.run_tcp(&netns::addr_b(i + 1), args.flows, duration, &mut |lab, t| {
-                live.tick(lab, &label, t, args.duration, Some(i));
-                Ok(())
-            })?;
+            let run = lab.run_tcp(
+                &netns::addr_b(i + 1),
+                args.flows,
+                duration,
+                &mut |lab, t| {
+                    live.tick(lab, &label, t, args.duration, Some(i));
+                    Ok(())
+                },
+            )?;
             live.end_run();
-            links[i].single = Some(run_report(&run));
+            link.single = Some(run_report(&run));
         }
     }
 
@@ -768,9 +1005,9 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             Ok(())
         })?;
         live.end_run();
-        let status = lab
-            .client_control()
-            .and_then(|p| braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok());
+        let status = lab.client_control().and_then(|p| {
+            braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok()
+        });
         let r = run_report(&run);
         bundle = Some(BundleReport {
             scheduler: args.scheduler.clone().unwrap_or_else(|| "default".into()),
@@ -785,7 +1022,14 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             client_status: status,
         });
     }
-    Ok(LabReport::new(opts.prefix.clone(), args.duration, args.flows, args.queue_ms, links, bundle))
+    Ok(LabReport::new(
+        opts.prefix.clone(),
+        args.duration,
+        args.flows,
+        args.queue_ms,
+        links,
+        bundle,
+    ))
 }
 
 #[cfg(test)]
@@ -794,8 +1038,20 @@ mod tests {
 
     #[test]
     fn fail_spec() {
-        assert_eq!(parse_fail("link2@10").unwrap(), FailSpec { link: 2, at: Duration::from_secs(10) });
-        assert_eq!(parse_fail("3@1.5s").unwrap(), FailSpec { link: 3, at: Duration::from_millis(1500) });
+        assert_eq!(
+            parse_fail("link2@10").unwrap(),
+            FailSpec {
+                link: 2,
+                at: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(
+            parse_fail("3@1.5s").unwrap(),
+            FailSpec {
+                link: 3,
+                at: Duration::from_millis(1500)
+            }
+        );
         for bad in ["link2", "x@1", "link0@1", "link1@-1", "link1@abc"] {
             assert!(parse_fail(bad).is_err(), "{bad}");
         }
@@ -808,7 +1064,8 @@ mod tests {
 
     #[test]
     fn counts_links_up() {
-        let st = serde_json::json!({"links": [{"state": "UP"}, {"state": "down"}, {"state": "up"}]});
+        let st =
+            serde_json::json!({"links": [{"state": "UP"}, {"state": "down"}, {"state": "up"}]});
         assert_eq!(links_up(&st), (2, 3));
         assert_eq!(links_up(&serde_json::json!({})), (0, 0));
     }

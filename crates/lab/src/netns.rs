@@ -36,7 +36,9 @@ fn run_tool(tool: &str, args: &[&str]) -> anyhow::Result<()> {
         .output()
         .with_context(|| format!("cannot run '{tool}' (is it installed?)"))?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr).trim().replace('\n', "; ");
+        let err = String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .replace('\n', "; ");
         if err.contains("Operation not permitted") || err.contains("Permission denied") {
             bail!("braid lab needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to build its network namespaces: '{tool} {}' failed: {err}", args.join(" "));
         }
@@ -76,27 +78,68 @@ impl Topology {
     /// Builds the namespaces and `links` links, interfaces up, offloads off (the emulator must see
     /// real frames of at most the MTU, with finished checksums), IPv6 off (no stray traffic).
     pub fn create(prefix: &str, links: usize) -> anyhow::Result<Topology> {
-        let mut topo = Topology { prefix: prefix.to_string(), links, created: Vec::new() };
+        let mut topo = Topology {
+            prefix: prefix.to_string(),
+            links,
+            created: Vec::new(),
+        };
         for ns in [topo.ns_a(), topo.ns_b(), topo.ns_e()] {
             ip(&["netns", "add", &ns])?;
             topo.created.push(ns.clone());
             in_ns(
                 &ns,
                 "sysctl",
-                &["-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
+                &[
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ],
             )?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         }
         let (a, b, e) = (topo.ns_a(), topo.ns_b(), topo.ns_e());
         for i in 1..=links {
-            let (ai, eai, ebi, bi) = (format!("a{i}"), format!("ea{i}"), format!("eb{i}"), format!("b{i}"));
-            ip(&["link", "add", &ai, "netns", &a, "type", "veth", "peer", "name", &eai, "netns", &e])?;
-            ip(&["link", "add", &ebi, "netns", &e, "type", "veth", "peer", "name", &bi, "netns", &b])?;
-            ip(&["-n", &a, "addr", "add", &format!("{}/24", addr_a(i)), "dev", &ai])?;
-            ip(&["-n", &b, "addr", "add", &format!("{}/24", addr_b(i)), "dev", &bi])?;
+            let (ai, eai, ebi, bi) = (
+                format!("a{i}"),
+                format!("ea{i}"),
+                format!("eb{i}"),
+                format!("b{i}"),
+            );
+            ip(&[
+                "link", "add", &ai, "netns", &a, "type", "veth", "peer", "name", &eai, "netns", &e,
+            ])?;
+            ip(&[
+                "link", "add", &ebi, "netns", &e, "type", "veth", "peer", "name", &bi, "netns", &b,
+            ])?;
+            ip(&[
+                "-n",
+                &a,
+                "addr",
+                "add",
+                &format!("{}/24", addr_a(i)),
+                "dev",
+                &ai,
+            ])?;
+            ip(&[
+                "-n",
+                &b,
+                "addr",
+                "add",
+                &format!("{}/24", addr_b(i)),
+                "dev",
+                &bi,
+            ])?;
             for (ns, dev) in [(&a, &ai), (&e, &eai), (&e, &ebi), (&b, &bi)] {
-                in_ns(ns, "ethtool", &["-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off"])
-                    .context("turning veth offloads off")?;
+                in_ns(
+                    ns,
+                    "ethtool",
+                    &[
+                        "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro",
+                        "off",
+                    ],
+                )
+                .context("turning veth offloads off")?;
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
             }
         }
@@ -107,15 +150,24 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         for ns in self.created.drain(..).rev() {
-            let _ = Command::new("ip").args(["netns", "delete", &ns]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &ns])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
 
 /// Names of the namespaces that currently exist.
 pub fn list_namespaces() -> Vec<String> {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return Vec::new() };
-    String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
 }
 
 /// A process the lab started inside a namespace. Dropping it stops it (SIGTERM, then SIGKILL).
@@ -130,22 +182,43 @@ pub struct Proc {
 impl Proc {
     /// Starts `exe ARGS` in namespace `ns` with stdin and stdout piped and stderr to `log`. The
     /// child gets SIGTERM if the lab dies (`PR_SET_PDEATHSIG`), so nothing outlives a killed lab.
-    pub fn spawn(name: &str, ns: &str, exe: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Proc> {
-        let logf = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+    pub fn spawn(
+        name: &str,
+        ns: &str,
+        exe: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> anyhow::Result<Proc> {
+        let logf =
+            std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns]).arg(exe).args(args);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(logf);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(logf);
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGTERM as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
                 Ok(())
             });
         }
         let mut child = cmd.spawn().with_context(|| format!("start {name}"))?;
         let stdout = child.stdout.take().map(BufReader::new);
         let stdin = child.stdin.take();
-        Ok(Proc { name: name.to_string(), child, stdout, stdin, log })
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            stdout,
+            stdin,
+            log,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -183,12 +256,20 @@ impl Proc {
                 Ok(line.trim_end().to_string())
             }
             Ok((Err(e), _)) => bail!("{}: reading its output: {e}", self.name),
-            Err(_) => bail!("{} did not answer within {timeout:?}: {}", self.name, self.log_tail()),
+            Err(_) => bail!(
+                "{} did not answer within {timeout:?}: {}",
+                self.name,
+                self.log_tail()
+            ),
         }
     }
 
     /// Waits for the process to exit by itself (at most `timeout`) and returns all of its stdout.
-    pub fn wait_output(&mut self, timeout: Duration, stop: &dyn Fn() -> bool) -> anyhow::Result<String> {
+    pub fn wait_output(
+        &mut self,
+        timeout: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> anyhow::Result<String> {
         let mut out = self.stdout.take().context("stdout already taken")?;
         let reader = std::thread::spawn(move || {
             let mut s = String::new();
@@ -208,7 +289,11 @@ impl Proc {
                 bail!("interrupted");
             }
             if Instant::now() > deadline {
-                bail!("{} did not finish within {timeout:?}: {}", self.name, self.log_tail());
+                bail!(
+                    "{} did not finish within {timeout:?}: {}",
+                    self.name,
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

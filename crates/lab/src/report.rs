@@ -69,6 +69,10 @@ pub struct RunReport {
     pub errors: Vec<String>,
     /// A->B IP bit/s the emulator forwarded on each link during the steady part of the run.
     pub link_rates_bps: Vec<f64>,
+    /// A->B frames the emulator dropped on each link during the run: queue full...
+    pub link_queue_drops: Vec<u64>,
+    /// ...and random loss.
+    pub link_lost: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -106,8 +110,9 @@ impl LabReport {
             .sum::<Option<f64>>();
         let single_ceiling = f64::from(UNDERLAY_MTU - TCP_IP_HEADERS) / f64::from(UNDERLAY_MTU);
         let bundle_goodput = bundle.as_ref().map(|b| b.run.goodput_bps);
-        let bundle_ceiling =
-            bundle.as_ref().map(|b| f64::from(b.tunnel_mtu - TCP_IP_HEADERS) / f64::from(UNDERLAY_MTU));
+        let bundle_ceiling = bundle
+            .as_ref()
+            .map(|b| f64::from(b.tunnel_mtu - TCP_IP_HEADERS) / f64::from(UNDERLAY_MTU));
         let bundle_link_utilization = bundle
             .as_ref()
             .filter(|b| !b.run.link_rates_bps.is_empty())
@@ -142,7 +147,10 @@ pub fn render(r: &LabReport) -> String {
         "link", "spec", "ping rtt", "TCP alone", "of rate", "link used"
     );
     for l in &r.links {
-        let rtt = l.ping_rtt_ms.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "-".into());
+        let rtt = l
+            .ping_rtt_ms
+            .map(|v| format!("{v:.1} ms"))
+            .unwrap_or_else(|| "-".into());
         let (alone, pct, used) = match &l.single {
             Some(s) => (
                 format!("{} Mbit/s", mbit(s.goodput_bps)),
@@ -156,11 +164,19 @@ pub fn render(r: &LabReport) -> String {
             ),
             None => ("-".into(), "-".into(), "-".into()),
         };
-        out += &format!("{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n", l.name, l.spec, rtt, alone, pct, used);
+        out += &format!(
+            "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
+            l.name, l.spec, rtt, alone, pct, used
+        );
     }
-    let sum_alone = r.single_sum_bps.map(|s| format!("{} Mbit/s", mbit(s))).unwrap_or_else(|| "-".into());
-    let sum_pct =
-        r.single_sum_bps.map(|s| format!("{:.1}%", 100.0 * s / r.nominal_sum_bps)).unwrap_or_else(|| "-".into());
+    let sum_alone = r
+        .single_sum_bps
+        .map(|s| format!("{} Mbit/s", mbit(s)))
+        .unwrap_or_else(|| "-".into());
+    let sum_pct = r
+        .single_sum_bps
+        .map(|s| format!("{:.1}%", 100.0 * s / r.nominal_sum_bps))
+        .unwrap_or_else(|| "-".into());
     out += &format!(
         "{:<8} {:<22} {:>9} {:>12} {:>8}\n",
         "sum",
@@ -170,7 +186,10 @@ pub fn render(r: &LabReport) -> String {
         sum_pct
     );
     if let Some(b) = &r.bundle {
-        let used = r.bundle_link_utilization.map(|u| format!("{:.1}%", 100.0 * u)).unwrap_or_else(|| "-".into());
+        let used = r
+            .bundle_link_utilization
+            .map(|u| format!("{:.1}%", 100.0 * u))
+            .unwrap_or_else(|| "-".into());
         out += &format!(
             "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
             "bundle",
@@ -186,9 +205,21 @@ pub fn render(r: &LabReport) -> String {
                 .link_rates_bps
                 .iter()
                 .zip(&r.links)
-                .map(|(v, l)| format!("{} {} ({:.0}%)", l.name, mbit(*v), 100.0 * v / l.rate_bps as f64))
+                .enumerate()
+                .map(|(i, (v, l))| {
+                    let drops = b.run.link_queue_drops.get(i).copied().unwrap_or(0);
+                    format!(
+                        "{} {} ({:.0}%, {drops} queue drops)",
+                        l.name,
+                        mbit(*v),
+                        100.0 * v / l.rate_bps as f64
+                    )
+                })
                 .collect();
-            out += &format!("  bundle per link on the wire (Mbit/s of IP): {}\n", per.join(", "));
+            out += &format!(
+                "  bundle per link on the wire (Mbit/s of IP): {}\n",
+                per.join(", ")
+            );
         }
         out += &format!(
             "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel, {:.1}% alone\n",
@@ -205,10 +236,15 @@ pub fn render(r: &LabReport) -> String {
                 if f.survived { "survived" } else { "BROKEN" }
             );
         } else if !b.run.survived {
-            out += &format!("  the TCP connection did not finish cleanly: {}\n", b.run.errors.join("; "));
+            out += &format!(
+                "  the TCP connection did not finish cleanly: {}\n",
+                b.run.errors.join("; ")
+            );
         }
-        let of_alone =
-            r.bundle_of_single_sum.map(|v| format!(", {:.0}% of the links alone", 100.0 * v)).unwrap_or_default();
+        let of_alone = r
+            .bundle_of_single_sum
+            .map(|v| format!(", {:.0}% of the links alone", 100.0 * v))
+            .unwrap_or_default();
         out += &format!(
             "bundle: {} Mbit/s of {} ({:.0}%{of_alone})\n",
             mbit(b.run.goodput_bps),

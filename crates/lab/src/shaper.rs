@@ -94,7 +94,9 @@ impl Shaper {
             at = if off >= 0.0 {
                 at + Duration::from_secs_f64(off)
             } else {
-                at.checked_sub(Duration::from_secs_f64(-off)).unwrap_or(wire_done).max(wire_done)
+                at.checked_sub(Duration::from_secs_f64(-off))
+                    .unwrap_or(wire_done)
+                    .max(wire_done)
             };
         }
         if let Some(prev) = self.last_delivery {
@@ -118,13 +120,22 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Shaper::new(&spec(1_000_000, 10), 1_000_000, 1);
         // 1250 bytes at 1 Mbit/s = 10 ms on the wire.
-        assert_eq!(s.on_frame(t0, 1250), Verdict::Deliver(t0 + Duration::from_millis(20)));
-        assert_eq!(s.on_frame(t0, 1250), Verdict::Deliver(t0 + Duration::from_millis(30)));
+        assert_eq!(
+            s.on_frame(t0, 1250),
+            Verdict::Deliver(t0 + Duration::from_millis(20))
+        );
+        assert_eq!(
+            s.on_frame(t0, 1250),
+            Verdict::Deliver(t0 + Duration::from_millis(30))
+        );
         assert_eq!(s.backlog(t0), 2500);
         // After the wire is idle again, a frame goes straight out.
         let t1 = t0 + Duration::from_millis(100);
         assert_eq!(s.backlog(t1), 0);
-        assert_eq!(s.on_frame(t1, 1250), Verdict::Deliver(t1 + Duration::from_millis(20)));
+        assert_eq!(
+            s.on_frame(t1, 1250),
+            Verdict::Deliver(t1 + Duration::from_millis(20))
+        );
     }
 
     #[test]
@@ -183,13 +194,21 @@ mod tests {
         let (mut min, mut max, mut sum) = (Duration::MAX, Duration::ZERO, 0.0);
         for i in 0..2000u32 {
             let now = t0 + Duration::from_millis(u64::from(i) * 10);
-            let Verdict::Deliver(at) = s.on_frame(now, 100) else { panic!("dropped") };
+            let Verdict::Deliver(at) = s.on_frame(now, 100) else {
+                panic!("dropped")
+            };
             min = min.min(at - now);
             max = max.max(at - now);
             sum += (at - now).as_secs_f64();
         }
-        assert!(min < Duration::from_millis(16) && min >= Duration::from_millis(15), "{min:?}");
-        assert!(max > Duration::from_millis(24) && max <= Duration::from_micros(25_010), "{max:?}");
+        assert!(
+            min < Duration::from_millis(16) && min >= Duration::from_millis(15),
+            "{min:?}"
+        );
+        assert!(
+            max > Duration::from_millis(24) && max <= Duration::from_micros(25_010),
+            "{max:?}"
+        );
         let mean = sum / 2000.0;
         assert!((mean - 0.020).abs() < 0.0005, "{mean}");
     }

@@ -27,7 +27,12 @@ pub struct LinkSpec {
 
 impl LinkSpec {
     pub fn new(rate_bps: u64, delay: Duration) -> Self {
-        LinkSpec { rate_bps, delay, loss: 0.0, jitter: Duration::ZERO }
+        LinkSpec {
+            rate_bps,
+            delay,
+            loss: 0.0,
+            jitter: Duration::ZERO,
+        }
     }
 }
 
@@ -43,9 +48,13 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     } else if let Some(n) = lower.strip_suffix("bit") {
         (n, 1.0)
     } else {
-        return Err(format!("rate '{s}' needs a unit: bit, kbit, mbit or gbit (e.g. 10mbit)"));
+        return Err(format!(
+            "rate '{s}' needs a unit: bit, kbit, mbit or gbit (e.g. 10mbit)"
+        ));
     };
-    let v: f64 = num.parse().map_err(|_| format!("rate '{s}' is not a number with a unit (e.g. 10mbit)"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("rate '{s}' is not a number with a unit (e.g. 10mbit)"))?;
     let bps = v * mult;
     if !bps.is_finite() || bps < 8000.0 {
         return Err(format!("rate '{s}' is too small (at least 8kbit)"));
@@ -68,7 +77,9 @@ pub fn parse_delay(s: &str) -> Result<Duration, String> {
     } else {
         return Err(format!("delay '{s}' needs a unit: us, ms or s (e.g. 20ms)"));
     };
-    let v: f64 = num.parse().map_err(|_| format!("delay '{s}' is not a number with a unit (e.g. 20ms)"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("delay '{s}' is not a number with a unit (e.g. 20ms)"))?;
     let secs = v * mult;
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("delay '{s}' must not be negative"));
@@ -81,8 +92,12 @@ pub fn parse_delay(s: &str) -> Result<Duration, String> {
 
 fn parse_loss(s: &str) -> Result<f64, String> {
     let t = s.trim();
-    let num = t.strip_suffix('%').ok_or_else(|| format!("loss '{s}' must be a percentage (e.g. 0.5%)"))?;
-    let v: f64 = num.parse().map_err(|_| format!("loss '{s}' is not a percentage (e.g. 0.5%)"))?;
+    let num = t
+        .strip_suffix('%')
+        .ok_or_else(|| format!("loss '{s}' must be a percentage (e.g. 0.5%)"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("loss '{s}' is not a percentage (e.g. 0.5%)"))?;
     if !(0.0..100.0).contains(&v) {
         return Err(format!("loss '{s}' must be in [0%, 100%)"));
     }
@@ -95,13 +110,32 @@ impl FromStr for LinkSpec {
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split('/').collect();
         if parts.len() > 4 || parts.iter().any(|p| p.trim().is_empty()) {
-            return Err(format!("link spec '{s}' must be RATE[/DELAY[/LOSS%[/JITTER]]], e.g. 50mbit/20ms/0.5%"));
+            return Err(format!(
+                "link spec '{s}' must be RATE[/DELAY[/LOSS%[/JITTER]]], e.g. 50mbit/20ms/0.5%"
+            ));
         }
         let rate_bps = parse_rate(parts[0])?;
-        let delay = parts.get(1).map(|p| parse_delay(p)).transpose()?.unwrap_or(Duration::ZERO);
-        let loss = parts.get(2).map(|p| parse_loss(p)).transpose()?.unwrap_or(0.0);
-        let jitter = parts.get(3).map(|p| parse_delay(p)).transpose()?.unwrap_or(Duration::ZERO);
-        Ok(LinkSpec { rate_bps, delay, loss, jitter })
+        let delay = parts
+            .get(1)
+            .map(|p| parse_delay(p))
+            .transpose()?
+            .unwrap_or(Duration::ZERO);
+        let loss = parts
+            .get(2)
+            .map(|p| parse_loss(p))
+            .transpose()?
+            .unwrap_or(0.0);
+        let jitter = parts
+            .get(3)
+            .map(|p| parse_delay(p))
+            .transpose()?
+            .unwrap_or(Duration::ZERO);
+        Ok(LinkSpec {
+            rate_bps,
+            delay,
+            loss,
+            jitter,
+        })
     }
 }
 
@@ -125,7 +159,7 @@ pub fn format_rate(bps: u64) -> String {
 
 fn format_delay(d: Duration) -> String {
     let us = d.as_micros();
-    if us % 1000 == 0 {
+    if us.is_multiple_of(1000) {
         format!("{}ms", us / 1000)
     } else {
         format!("{us}us")
@@ -134,7 +168,12 @@ fn format_delay(d: Duration) -> String {
 
 impl fmt::Display for LinkSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", format_rate(self.rate_bps), format_delay(self.delay))?;
+        write!(
+            f,
+            "{}/{}",
+            format_rate(self.rate_bps),
+            format_delay(self.delay)
+        )?;
         if self.loss > 0.0 || !self.jitter.is_zero() {
             let pct = format!("{:.4}", self.loss * 100.0);
             write!(f, "/{}%", pct.trim_end_matches('0').trim_end_matches('.'))?;
@@ -175,9 +214,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_specs_with_a_message() {
-        for bad in ["", "10", "10xbit", "mbit", "10mbit/20", "10mbit/20ms/5", "10mbit/20ms/100%", "10mbit//1%",
-            "10mbit/1ms/1%/1ms/x", "-1mbit", "1bit", "10mbit/-3ms", "10mbit/20ms/1%/abc"]
-        {
+        for bad in [
+            "",
+            "10",
+            "10xbit",
+            "mbit",
+            "10mbit/20",
+            "10mbit/20ms/5",
+            "10mbit/20ms/100%",
+            "10mbit//1%",
+            "10mbit/1ms/1%/1ms/x",
+            "-1mbit",
+            "1bit",
+            "10mbit/-3ms",
+            "10mbit/20ms/1%/abc",
+        ] {
             let e = bad.parse::<LinkSpec>().unwrap_err();
             assert!(!e.is_empty() && !e.contains('\n'), "{bad}: {e}");
         }

@@ -74,7 +74,11 @@ fn read_flow(mut s: TcpStream, t0: Instant, deadline: Instant) -> (Reads, SinkFl
                 reads.push((t0.elapsed().as_nanos() as u64, n as u32));
                 flow.bytes += n as u64;
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
                 flow.error = Some(e.to_string());
@@ -120,8 +124,14 @@ pub fn summarize(mut reads: Reads, window: Duration) -> (u64, Vec<f64>, f64, f64
 
 /// Runs the sink: accepts `flows` connections on `listen`, measures for `window`, reads until
 /// every flow has closed (or `drain` after the window), prints a [`SinkReport`] as JSON.
-pub fn run_sink(listen: SocketAddr, flows: usize, window: Duration, accept_timeout: Duration) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(listen).with_context(|| format!("sink: listen on {listen}"))?;
+pub fn run_sink(
+    listen: SocketAddr,
+    flows: usize,
+    window: Duration,
+    accept_timeout: Duration,
+) -> anyhow::Result<()> {
+    let listener =
+        TcpListener::bind(listen).with_context(|| format!("sink: listen on {listen}"))?;
     println!("listening");
     std::io::stdout().flush()?;
     listener.set_nonblocking(true)?;
@@ -138,7 +148,10 @@ pub fn run_sink(listen: SocketAddr, flows: usize, window: Duration, accept_timeo
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > accept_deadline {
-                    anyhow::bail!("sink: only {} of {flows} flows connected within {accept_timeout:?}", handles.len());
+                    anyhow::bail!(
+                        "sink: only {} of {flows} flows connected within {accept_timeout:?}",
+                        handles.len()
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -146,9 +159,14 @@ pub fn run_sink(listen: SocketAddr, flows: usize, window: Duration, accept_timeo
         }
     }
     let mut all = Vec::new();
-    let mut report = SinkReport { window_s: window.as_secs_f64(), ..Default::default() };
+    let mut report = SinkReport {
+        window_s: window.as_secs_f64(),
+        ..Default::default()
+    };
     for h in handles {
-        let (reads, flow) = h.join().map_err(|_| anyhow::anyhow!("sink: flow thread panicked"))?;
+        let (reads, flow) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("sink: flow thread panicked"))?;
         all.extend(reads);
         report.flows.push(flow);
     }
@@ -184,7 +202,11 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
     while Instant::now() < end {
         match s.write(&buf) {
             Ok(n) => flow.bytes_sent += n as u64,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
                 flow.error = Some(format!("write: {e}"));
@@ -209,12 +231,21 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
 
 /// Runs the source: `flows` TCP connections to `addr`, each writing for `duration`; prints a
 /// [`SourceReport`] as JSON.
-pub fn run_source(addr: SocketAddr, flows: usize, duration: Duration, connect_timeout: Duration) -> anyhow::Result<()> {
-    let handles: Vec<_> =
-        (0..flows).map(|_| std::thread::spawn(move || write_flow(addr, duration, connect_timeout))).collect();
+pub fn run_source(
+    addr: SocketAddr,
+    flows: usize,
+    duration: Duration,
+    connect_timeout: Duration,
+) -> anyhow::Result<()> {
+    let handles: Vec<_> = (0..flows)
+        .map(|_| std::thread::spawn(move || write_flow(addr, duration, connect_timeout)))
+        .collect();
     let mut report = SourceReport::default();
     for h in handles {
-        report.flows.push(h.join().map_err(|_| anyhow::anyhow!("source: flow thread panicked"))?);
+        report.flows.push(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("source: flow thread panicked"))?,
+        );
     }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
