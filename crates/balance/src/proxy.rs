@@ -16,17 +16,64 @@ use crate::balancer::{short_io_error, Balancer};
 use crate::config::Protocol;
 
 /// Runs the proxy until the balancer is told to stop.
+///
+/// TCP: one thread per core, each with its own single-threaded tokio runtime and its own
+/// listening socket on the same address (`SO_REUSEPORT`: the kernel spreads new connections), so
+/// a connection lives on one thread from accept to close with no cross-thread wake-ups. UDP: one
+/// thread (one socket carries every client).
 pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
     let listen = b
         .config
         .listen
         .ok_or_else(|| anyhow::anyhow!("proxy mode needs listen"))?;
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("braid-proxy")
+    let workers = match b.config.protocol {
+        Protocol::Tcp => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2),
+        Protocol::Udp => 1,
+    };
+    // Bind every socket before starting, so that a bad address is an error, not a log line.
+    let mut sockets = Vec::new();
+    for _ in 0..workers {
+        sockets.push(match b.config.protocol {
+            Protocol::Tcp => Listener::Tcp(tcp_listener(listen, workers > 1)?),
+            Protocol::Udp => Listener::Udp(udp_socket(listen)?),
+        });
+    }
+    tracing::info!(
+        "balancer {}: proxying {} {listen} over {} backends ({}), {workers} worker thread(s)",
+        b.config.name,
+        b.config.protocol.as_str(),
+        b.config.backends.len(),
+        b.config.algorithm
+    );
+    let mut threads = Vec::new();
+    for (i, sock) in sockets.into_iter().enumerate() {
+        let b = b.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("braid-proxy-{i}"))
+                .spawn(move || worker(b, sock, listen))?,
+        );
+    }
+    let mut result = Ok(());
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(e),
+            Err(_) => result = Err(anyhow::anyhow!("a proxy worker thread panicked")),
+        }
+    }
+    result
+}
+
+enum Listener {
+    Tcp(std::net::TcpListener),
+    Udp(std::net::UdpSocket),
+}
+
+fn worker(b: Arc<Balancer>, sock: Listener, listen: SocketAddr) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
@@ -38,28 +85,16 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
                 }
             }
         };
-        match b.config.protocol {
-            Protocol::Tcp => {
-                let l = tcp_listener(listen)?;
-                tracing::info!(
-                    "balancer {}: proxying TCP {listen} over {} backends ({})",
-                    b.config.name,
-                    b.config.backends.len(),
-                    b.config.algorithm
-                );
+        match sock {
+            Listener::Tcp(l) => {
+                let l = TcpListener::from_std(l)?;
                 tokio::select! {
                     r = tcp_accept_loop(b.clone(), l, listen) => r,
                     _ = stop => Ok(()),
                 }
             }
-            Protocol::Udp => {
-                let s = udp_socket(listen)?;
-                tracing::info!(
-                    "balancer {}: proxying UDP {listen} over {} backends ({})",
-                    b.config.name,
-                    b.config.backends.len(),
-                    b.config.algorithm
-                );
+            Listener::Udp(s) => {
+                let s = UdpSocket::from_std(s)?;
                 tokio::select! {
                     r = udp_loop(b.clone(), s, listen) => r,
                     _ = stop => Ok(()),
@@ -69,18 +104,21 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
     })
 }
 
-fn tcp_listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+fn tcp_listener(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     s.set_reuse_address(true)?;
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     s.listen(4096)?;
-    Ok(TcpListener::from_std(s.into())?)
+    Ok(s.into())
 }
 
-fn udp_socket(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
+fn udp_socket(addr: SocketAddr) -> anyhow::Result<std::net::UdpSocket> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, None)?;
     s.set_reuse_address(true)?;
@@ -89,7 +127,7 @@ fn udp_socket(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
     let _ = s.set_send_buffer_size(4 << 20);
     s.bind(&addr.into())
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (udp): {e}"))?;
-    Ok(UdpSocket::from_std(s.into())?)
+    Ok(s.into())
 }
 
 async fn tcp_accept_loop(
@@ -165,7 +203,10 @@ async fn serve_tcp(b: Arc<Balancer>, mut client: TcpStream, peer: SocketAddr, li
 
 /// Bytes not yet credited to the table are flushed every this many bytes (and at the end).
 const FLUSH_BYTES: u64 = 4 << 20;
-const BUF: usize = 64 * 1024;
+/// A direction's buffer starts small (most connections are short) and doubles, up to `BUF_MAX`,
+/// whenever a read fills it (a bulk transfer).
+const BUF_MIN: usize = 8 * 1024;
+const BUF_MAX: usize = 256 * 1024;
 
 /// Copies both ways until both sides have finished. A read EOF on one side becomes a write
 /// shutdown (FIN) on the other (half-close); an error on either side ends both.
@@ -211,10 +252,12 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; BUF];
+    // `read_buf` fills spare capacity: no zeroing of buffers per connection.
+    let mut buf: Vec<u8> = Vec::with_capacity(BUF_MIN);
     let mut pending = 0u64;
     loop {
-        let n = match r.read(&mut buf).await {
+        buf.clear();
+        let n = match r.read_buf(&mut buf).await {
             Ok(0) => {
                 let _ = w.shutdown().await;
                 return Ok(pending);
@@ -224,6 +267,9 @@ where
         };
         if w.write_all(&buf[..n]).await.is_err() {
             return Err(pending);
+        }
+        if n == buf.capacity() && n < BUF_MAX {
+            buf.reserve_exact((2 * n).min(BUF_MAX) - n);
         }
         pending += n as u64;
         let c = if to_backend {
