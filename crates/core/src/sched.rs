@@ -37,13 +37,15 @@
 //! - `rate_i` is learned, every [`ADJUST_INTERVAL`] (or srtt, if longer):
 //!   - it starts from the configured `bandwidth_bps`, else from the delivery rate if one is known,
 //!     else [`INITIAL_RATE_BPS`] (never below that guess when unconfigured);
-//!   - **probe up**: the link was kept busy by us (virtual backlog > 0 for at least
-//!     [`BUSY_FRACTION`] of the interval), the peer's `qdelay` is below [`QDELAY_LOW`] and the
-//!     link delivered at least [`RAISE_EVIDENCE`] of the assumed rate: it could take more than we
-//!     assumed: `rate = max(rate, delivery_rate) * INCREASE_GAIN` ([`STARTUP_GAIN`] until the
-//!     first congestion signal). Taking the delivery rate as a floor finds a fast link's rate in
-//!     a few hundred milliseconds when the first guess is far too low; the evidence condition
-//!     keeps a link fed with stale or partial signals from being inflated without bound;
+//!   - **start-up**: until the link's first congestion signal, a link kept busy by us (virtual
+//!     backlog > 0 for at least [`BUSY_FRACTION`] of the interval) whose `qdelay` is below
+//!     [`QDELAY_LOW`] gets `rate = max(rate, STARTUP_GAIN * delivery_rate)`: the rate grows by
+//!     about that factor per round trip from a guess that may be far too low, and never exceeds
+//!     the capacity by more than that factor (BBR's start-up, in spirit);
+//!   - **probe up**: after start-up, the same conditions plus evidence (the link delivered at
+//!     least [`RAISE_EVIDENCE`] of the assumed rate) give `rate = max(rate, delivery_rate) *
+//!     INCREASE_GAIN`; the evidence condition keeps a link fed with stale or partial signals from
+//!     being inflated without bound;
 //!   - **back off**: `qdelay` above [`QDELAY_HIGH`] means a standing queue at the real
 //!     bottleneck, which therefore delivers at its capacity: `rate = DECREASE_TO *
 //!     delivery_rate` (glorytun's auto rate does the same with 0.875). This also corrects a rate
@@ -370,7 +372,8 @@ pub const QDELAY_HIGH: Duration = Duration::from_millis(10);
 pub const RAISE_EVIDENCE: f64 = 0.95;
 /// Rate multiplier per interval when probing upwards.
 pub const INCREASE_GAIN: f64 = 1.03;
-/// Rate multiplier per interval until the link's first congestion signal.
+/// Until the link's first congestion signal, a busy link without queue is given this multiple of
+/// its delivery rate.
 pub const STARTUP_GAIN: f64 = 1.5;
 /// On congestion the rate drops to this fraction of the measured delivery rate. While the
 /// bottleneck queue is non-empty the delivery rate is the link's capacity, so 1.0 is exact.
@@ -474,18 +477,18 @@ impl AdaptiveLink {
             // arrived is its capacity, whether we had guessed lower or higher.
             self.startup = false;
             self.rate = DECREASE_TO * delivered;
+        } else if self.startup && busy >= BUSY_FRACTION && v.qdelay < QDELAY_LOW {
+            // Start-up: no queue although we kept the link busy; aim at a multiple of what it
+            // delivered (BBR's start-up, in spirit): the rate doubles or so per round trip
+            // without overshooting the capacity by more than STARTUP_GAIN.
+            self.rate = self.rate.max(delivered * STARTUP_GAIN);
         } else if busy >= BUSY_FRACTION
             && v.qdelay < QDELAY_LOW
             && delivered >= RAISE_EVIDENCE * self.rate
         {
-            // No queue although we kept the link busy: it can carry at least what it delivered
-            // (much more than the guess, early on), and maybe more: probe.
-            self.rate = self.rate.max(delivered);
-            self.rate *= if self.startup {
-                STARTUP_GAIN
-            } else {
-                INCREASE_GAIN
-            };
+            // No queue although we kept the link busy: it can carry at least what it delivered,
+            // and maybe more: probe.
+            self.rate = self.rate.max(delivered) * INCREASE_GAIN;
         }
         self.rate = sane(self.rate).max(RATE_FLOOR_BPS);
         self.interval_start = now;
@@ -1038,6 +1041,48 @@ mod tests {
         let mut s = Adaptive::default();
         offer(&mut s, t0, std::slice::from_ref(&weak), 1_000, 1000, 2e6);
         assert_eq!(s.rate_bps(1), Some(1e6));
+    }
+
+    #[test]
+    fn adaptive_start_up_aims_at_a_multiple_of_the_delivery_rate() {
+        // An unconfigured link (guess: 1 Mbit/s), offered 100 Mbit/s, delivering 3 Mbit/s so far
+        // without queue: next interval it is given STARTUP_GAIN times that, no more.
+        let t0 = Instant::now();
+        let v = LinkView {
+            delivery_rate_bps: 3e6,
+            ..view(1, None, 10)
+        };
+        let mut s = Adaptive::default();
+        offer(&mut s, t0, std::slice::from_ref(&v), 1_100, 1250, 100e6);
+        let r = s.rate_bps(1).unwrap();
+        assert_eq!(r, STARTUP_GAIN * 3e6);
+        // A queue shows up (capacity reached at 4 Mbit/s): start-up is over, the rate is what
+        // the link delivers, and it is probed up slowly from there.
+        let v = LinkView {
+            delivery_rate_bps: 4e6,
+            qdelay: ms(20),
+            ..v
+        };
+        offer(
+            &mut s,
+            t0 + ms(200),
+            std::slice::from_ref(&v),
+            1_100,
+            1250,
+            100e6,
+        );
+        assert_eq!(s.rate_bps(1), Some(DECREASE_TO * 4e6));
+        let v = LinkView { qdelay: ms(1), ..v };
+        // (50 ms of traffic: one adjustment.)
+        offer(
+            &mut s,
+            t0 + ms(400),
+            std::slice::from_ref(&v),
+            500,
+            1250,
+            100e6,
+        );
+        assert_eq!(s.rate_bps(1), Some(4e6 * INCREASE_GAIN));
     }
 
     #[test]
