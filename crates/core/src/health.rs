@@ -195,7 +195,29 @@ pub struct LinkHealth {
 
 impl LinkHealth {
     /// A new link starts DOWN: it has to prove itself with `rise` answered probes.
+    ///
+    /// Out-of-range settings are clamped (probe interval 1 ms..1 h, down-after at most 1 h, rise
+    /// at least 1, loss thresholds to 0..1 with `recovered <= degraded`), so that no setting can
+    /// make the timers overflow.
     pub fn new(cfg: HealthConfig, now: Instant) -> Self {
+        let hour = Duration::from_secs(3600);
+        let degraded_loss = if cfg.degraded_loss.is_nan() {
+            0.10
+        } else {
+            cfg.degraded_loss.clamp(0.0, 1.0)
+        };
+        let recovered_loss = if cfg.recovered_loss.is_nan() {
+            0.03
+        } else {
+            cfg.recovered_loss.clamp(0.0, degraded_loss)
+        };
+        let cfg = HealthConfig {
+            probe_interval: cfg.probe_interval.clamp(Duration::from_millis(1), hour),
+            down_after: cfg.down_after.min(hour),
+            rise: cfg.rise.max(1),
+            degraded_loss,
+            recovered_loss,
+        };
         LinkHealth {
             cfg,
             state: LinkState::Down,
@@ -259,7 +281,7 @@ impl LinkHealth {
         }
         *slot = Some((probe_id, now));
         self.probes_sent += 1;
-        self.next_probe = now + self.cfg.probe_interval.max(Duration::from_micros(1));
+        self.next_probe = now + self.cfg.probe_interval;
     }
     /// Records any sealed packet sent on this link (bytes = datagram length).
     pub fn on_packet_sent(&mut self, _now: Instant, link_seq: u32, bytes: usize) {
@@ -304,7 +326,7 @@ impl LinkHealth {
         let old = self.state;
         match self.state {
             LinkState::Down => {
-                if self.consecutive >= self.cfg.rise.max(1) {
+                if self.consecutive >= self.cfg.rise {
                     self.state = LinkState::Up;
                 }
             }
@@ -1163,6 +1185,41 @@ mod tests {
             );
         }
         assert_eq!(h.base_rel_owd(), Some(25_000));
+    }
+
+    #[test]
+    fn absurd_settings_are_clamped() {
+        let t0 = Instant::now();
+        let cfg = HealthConfig {
+            probe_interval: Duration::MAX,
+            down_after: Duration::MAX,
+            rise: 0,
+            degraded_loss: f64::NAN,
+            recovered_loss: 7.0,
+        };
+        let mut h = LinkHealth::new(cfg, t0);
+        h.on_probe_sent(t0, 1);
+        assert_eq!(h.next_probe_at(), t0 + Duration::from_secs(3600));
+        assert_eq!(h.config().rise, 1);
+        assert_eq!(
+            (h.config().degraded_loss, h.config().recovered_loss),
+            (0.10, 0.10)
+        );
+        assert_eq!(
+            h.on_probe_ack(
+                t0,
+                &ProbeAckRepr {
+                    probe_id: 1,
+                    ..Default::default()
+                }
+            ),
+            Some(LinkState::Up)
+        );
+        assert!(h.poll_timeout() <= t0 + Duration::from_secs(3600));
+        assert_eq!(
+            h.handle_timeout(t0 + Duration::from_secs(3601)),
+            Some(LinkState::Down)
+        );
     }
 
     #[test]

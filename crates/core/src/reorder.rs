@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use crate::LinkId;
 
+/// Largest `capacity` honoured (a slot costs about 50 bytes: 50 MB at this size).
+pub const MAX_CAPACITY: usize = 1 << 20;
 /// Hold timeout before the endpoint sets one (clamped to the configured bounds).
 pub const INITIAL_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -168,8 +170,9 @@ pub struct ReorderBuffer {
 }
 
 impl ReorderBuffer {
+    /// `capacity` is clamped to `1..=MAX_CAPACITY`.
     pub fn new(cfg: ReorderConfig) -> Self {
-        let cap = cfg.capacity.max(1);
+        let cap = cfg.capacity.clamp(1, MAX_CAPACITY);
         let timeout = INITIAL_TIMEOUT.clamp(cfg.min_timeout.min(cfg.max_timeout), cfg.max_timeout);
         ReorderBuffer {
             slots: (0..cap).map(|_| None).collect(),
@@ -606,6 +609,26 @@ mod tests {
         assert!(drain(&mut b, t0 + ms(17)).is_empty());
         assert_eq!(drain(&mut b, t0 + ms(18)), vec![3]);
         assert_eq!(b.stats().timeouts, 2);
+    }
+
+    #[test]
+    fn capacity_is_clamped() {
+        let t = Instant::now();
+        let mut b = ReorderBuffer::new(ReorderConfig {
+            capacity: usize::MAX,
+            ..Default::default()
+        });
+        b.reset(0);
+        b.push(t, MAX_CAPACITY as u64 + 5, 1, pkt(1));
+        assert_eq!(b.stats().skipped, 6, "the window is MAX_CAPACITY wide");
+        // Capacity 0 means 1: in order works, and holding two packets is one too many.
+        let mut b = buf(0);
+        b.push(t, 3, 1, pkt(3));
+        assert_eq!(drain(&mut b, t), vec![3]);
+        b.push(t, 5, 1, pkt(5));
+        b.push(t, 6, 1, pkt(6));
+        assert_eq!(drain(&mut b, t), vec![6]);
+        assert_eq!((b.stats().overflow, b.stats().skipped), (1, 2));
     }
 
     #[test]
