@@ -219,6 +219,28 @@ impl Net {
         );
     }
 
+    /// What the client's status says about drops and links, for failure messages.
+    fn why(&self) -> String {
+        match self.status("c.sock") {
+            Some(st) => {
+                let ls: Vec<String> = links(&st)
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "{} {} srtt {}us rate {:.0}",
+                            l["name"],
+                            l["state"],
+                            l["srtt_us"],
+                            l["delivery_rate_bps"].as_f64().unwrap_or(0.0)
+                        )
+                    })
+                    .collect();
+                format!("client drops {} links [{}]", st["drops"], ls.join(", "))
+            }
+            None => "client status unavailable".into(),
+        }
+    }
+
     fn ping(&self, count: u32) -> bool {
         let o = run(
             "ip",
@@ -389,8 +411,12 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
 
     let t = Transfer::start(&net, 5201, 3, 1.0);
     let (ok, _, total) = t.finish(Duration::from_secs(15));
-    assert!(ok, "iperf3 through the tunnel failed");
-    assert!(total > 1e6, "only {total} bytes through the tunnel in 3 s");
+    assert!(ok, "iperf3 through the tunnel failed; {}", net.why());
+    assert!(
+        total > 1e6,
+        "only {total} bytes through the tunnel in 3 s; {}",
+        net.why()
+    );
 
     for (sock, role) in [("c.sock", "client"), ("s.sock", "server")] {
         let st = net.status(sock).unwrap();
@@ -500,8 +526,12 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
     );
 
     let (ok, intervals, total) = t.finish(Duration::from_secs(15));
-    assert!(ok, "the TCP transfer broke when a link went down");
-    assert!(total > 1e6, "{total} bytes");
+    assert!(
+        ok,
+        "the TCP transfer broke when a link went down; {}",
+        net.why()
+    );
+    assert!(total > 1e6, "{total} bytes; {}", net.why());
     // The longest stretch without progress (0.2 s intervals).
     let mut longest = 0;
     let mut run_len = 0;
@@ -510,7 +540,11 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
         longest = longest.max(run_len);
     }
     let stall = longest as f64 * 0.2;
-    assert!(stall <= 1.0, "TCP stalled {stall:.1} s: {intervals:?}");
+    assert!(
+        stall <= 1.0,
+        "TCP stalled {stall:.1} s: {intervals:?}; {}",
+        net.why()
+    );
     eprintln!(
         "failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved"
     );

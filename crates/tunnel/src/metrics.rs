@@ -236,26 +236,23 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "Times the reorder buffer stopped waiting for a gap",
         &[(b.clone(), s.reorder.timeouts)],
     );
-    let d = &s.drops;
     let reason = |r: &str, v: u64| {
         let mut l = bundle(n);
         l.push(("reason".into(), r.into()));
         (l, v)
     };
-    r.counter(
-        "drops",
-        "Datagrams or packets dropped, by reason",
-        &[
-            reason("malformed", d.malformed),
-            reason("auth", d.auth),
-            reason("replay", d.replay),
-            reason("unknown_session", d.unknown_session),
-            reason("wrong_link", d.wrong_link),
-            reason("no_session", d.no_session),
-            reason("udp_send", extra.udp_send_drops),
-            reason("tun_write", extra.tun_write_errors),
-        ],
-    );
+    // Every reason the core counts (by its serialized field name, so new reasons show up
+    // without a change here), plus the runner's own.
+    let mut drops: Vec<(Labels, u64)> = match serde_json::to_value(&s.drops) {
+        Ok(serde_json::Value::Object(m)) => m
+            .iter()
+            .filter_map(|(k, v)| v.as_u64().map(|v| reason(k, v)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    drops.push(reason("udp_send", extra.udp_send_drops));
+    drops.push(reason("tun_write", extra.tun_write_errors));
+    r.counter("drops", "Datagrams or packets dropped, by reason", &drops);
     r.counter(
         "tun_rx_packets",
         "IP packets read from the TUN device",
