@@ -442,6 +442,28 @@ mod tests {
         assert_eq!(hex(&s2c), KAT_S2C, "s2c key");
     }
 
+    /// docs/protocol.md (§11) quotes these vectors; keep the spec and the code in step.
+    #[test]
+    fn protocol_doc_carries_the_test_vectors() {
+        let doc = include_str!("../../../docs/protocol.md").replace(' ', "");
+        for v in [
+            KAT_HANDSHAKE,
+            KAT_C2S,
+            KAT_S2C,
+            KAT_SEALED_CHACHA,
+            KAT_SEALED_AES,
+        ] {
+            assert!(doc.contains(v), "docs/protocol.md lacks {v}");
+        }
+        for s in [HANDSHAKE_SALT, HANDSHAKE_INFO, C2S_INFO, S2C_INFO] {
+            let s = std::str::from_utf8(s).unwrap().replace(' ', "");
+            assert!(
+                doc.contains(&format!("`{s}`")),
+                "docs/protocol.md lacks {s}"
+            );
+        }
+    }
+
     const KAT_HANDSHAKE: &str = "774351de603fc5cf835412ff823b395b25f9dec48f56eb3422dd354d2556b197";
     const KAT_C2S: &str = "037e0a9dc3e95cb091b876b162a4cc858f18350c5a01829fe5329fa3481e88be";
     const KAT_S2C: &str = "31c172d9169dd1d3c3dc10b1d2a58c61569ae913d220068d7deaf7f6c3c995f6";

@@ -176,6 +176,19 @@ mod tests {
     }
 
     #[test]
+    fn protocol_doc_states_this_window() {
+        let doc = include_str!("../../../docs/protocol.md");
+        assert!(
+            doc.contains(&format!("ring of {BLOCKS}")),
+            "docs/protocol.md: ring size"
+        );
+        assert!(
+            doc.contains(&format!("= {WINDOW}`")),
+            "docs/protocol.md: window"
+        );
+    }
+
+    #[test]
     fn near_u64_max() {
         let mut w = ReplayWindow::new();
         assert!(w.update(u64::MAX - 3));
