@@ -243,8 +243,8 @@ impl Lab {
             "br0",
         ]);
         must(&["ip", "-n", &b, "link", "set", "br0", "up"]);
-        for i in 0..3 {
-            let s = lab.ns(NAMES[i]);
+        for (i, name) in NAMES.iter().enumerate() {
+            let s = lab.ns(name);
             lab.netns.push(s.clone());
             must(&["ip", "netns", "add", &s]);
             must(&["ip", "-n", &s, "link", "set", "lo", "up"]);
