@@ -758,6 +758,65 @@ mod tests {
     }
 
     proptest! {
+        /// Driven as the endpoint drives it (pop after every push and at `poll_timeout`), no
+        /// packet waits longer than the hold timeout, whatever the loss and reordering, and
+        /// everything that arrives before its gap was given up is delivered in order.
+        #[test]
+        fn no_packet_waits_longer_than_the_timeout(
+            delays in proptest::collection::vec((0u64..60_000, 0u8..20), 1..400),
+            timeout_ms in 2u64..40,
+        ) {
+            let t0 = Instant::now();
+            let timeout = ms(timeout_ms);
+            let mut b = buf(64);
+            b.set_timeout(timeout);
+            b.reset(0);
+            // Packet k is sent at k ms and arrives after its delay; 1 in 20 is lost.
+            let mut arrivals: Vec<(Instant, u64)> = delays
+                .iter()
+                .enumerate()
+                .filter(|(_, &(_, lost))| lost != 0)
+                .map(|(k, &(d, _))| (t0 + ms(k as u64) + Duration::from_micros(d), k as u64))
+                .collect();
+            arrivals.sort();
+            let mut arrived_at = std::collections::HashMap::new();
+            let mut out: Vec<u64> = Vec::new();
+            let mut now = t0;
+            let pop_all = |b: &mut ReorderBuffer, now: Instant, arrived_at: &std::collections::HashMap<u64, Instant>, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
+                while let Some(p) = b.pop(now) {
+                    let s = seq_of(&p);
+                    let waited = now - arrived_at[&s];
+                    prop_assert!(waited <= timeout, "{} waited {:?} > {:?}", s, waited, timeout);
+                    prop_assert!(out.last().is_none_or(|&l| s > l));
+                    out.push(s);
+                }
+                Ok(())
+            };
+            let mut i = 0;
+            while i < arrivals.len() || b.depth() > 0 {
+                let next_arrival = arrivals.get(i).map(|a| a.0);
+                let next_timeout = b.poll_timeout();
+                let t = match (next_arrival, next_timeout) {
+                    (Some(a), Some(d)) => a.min(d),
+                    (Some(a), None) => a,
+                    (None, Some(d)) => d,
+                    (None, None) => break,
+                };
+                now = now.max(t);
+                if next_arrival == Some(t) {
+                    let (_, seq) = arrivals[i];
+                    i += 1;
+                    arrived_at.insert(seq, now);
+                    b.push(now, seq, 1, pkt(seq));
+                }
+                pop_all(&mut b, now, &arrived_at, &mut out)?;
+            }
+            let late = b.stats().late as usize;
+            prop_assert_eq!(out.len() + late, arrivals.len());
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
         #[test]
         fn invariants_hold_for_arbitrary_sequences(
