@@ -34,6 +34,9 @@ pub struct LabReport {
     pub bundle_of_single_sum: Option<f64>,
     /// TCP payload ceiling through the tunnel, as a fraction of the nominal sum.
     pub bundle_ceiling: Option<f64>,
+    /// Bundle goodput / (nominal sum x bundle ceiling): the share of what can fit through the
+    /// tunnel at this MTU that the bundle delivered.
+    pub bundle_of_ceiling: Option<f64>,
     /// IP bytes the emulator forwarded A->B on all links during the bundle run / nominal sum.
     pub bundle_link_utilization: Option<f64>,
 }
@@ -129,6 +132,9 @@ impl LabReport {
             single_sum_bps,
             single_ceiling,
             bundle,
+            bundle_of_ceiling: bundle_goodput
+                .zip(bundle_ceiling)
+                .map(|(g, c)| g / (c * nominal_sum_bps)),
             bundle_ceiling,
             bundle_link_utilization,
         }
@@ -222,10 +228,12 @@ pub fn render(r: &LabReport) -> String {
             );
         }
         out += &format!(
-            "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel, {:.1}% alone\n",
+            "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel ({:.1}% alone); \
+             the bundle reached {:.1}% of that ceiling\n",
             b.tunnel_mtu,
             100.0 * r.bundle_ceiling.unwrap_or(0.0),
-            100.0 * r.single_ceiling
+            100.0 * r.single_ceiling,
+            100.0 * r.bundle_of_ceiling.unwrap_or(0.0)
         );
         if let Some(f) = &b.fail {
             out += &format!(
