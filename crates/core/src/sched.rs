@@ -46,6 +46,9 @@
 //!     least [`RAISE_EVIDENCE`] of the assumed rate) give `rate = max(rate, delivery_rate) *
 //!     INCREASE_GAIN`; the evidence condition keeps a link fed with stale or partial signals from
 //!     being inflated without bound;
+//!   - **floor**: otherwise a link that delivered more than the assumed rate gets
+//!     `rate = delivery_rate` (it can carry at least that: this lifts a rate stuck with `qdelay`
+//!     between the thresholds, e.g. because of jitter on a slow link);
 //!   - **back off**: `qdelay` above [`QDELAY_HIGH`] means a standing queue at the real
 //!     bottleneck, which therefore delivers at its capacity: `rate = DECREASE_TO *
 //!     delivery_rate` (glorytun's auto rate does the same with 0.875). This also corrects a rate
@@ -477,6 +480,12 @@ impl AdaptiveLink {
             // arrived is its capacity, whether we had guessed lower or higher.
             self.startup = false;
             self.rate = DECREASE_TO * delivered;
+        } else if delivered > self.rate
+            && !(self.startup && busy >= BUSY_FRACTION && v.qdelay < QDELAY_LOW)
+        {
+            // The link carried more than we assumed: that much it can carry at least (this is
+            // what lifts a rate stuck between the thresholds, e.g. by jitter on a slow link).
+            self.rate = delivered;
         } else if self.startup && busy >= BUSY_FRACTION && v.qdelay < QDELAY_LOW {
             // Start-up: no queue although we kept the link busy; aim at a multiple of what it
             // delivered (BBR's start-up, in spirit): the rate doubles or so per round trip
@@ -1007,10 +1016,20 @@ mod tests {
             delivery_rate_bps: 2e6,
             ..view(1, Some(1_000_000), 10)
         };
-        // Idle link: no increase.
+        // Idle link (it delivers only the probes): no increase.
+        let idle = LinkView {
+            delivery_rate_bps: 8e3,
+            ..v.clone()
+        };
         let mut s = Adaptive::default();
         for k in 0..10 {
-            s.pick(t0 + ms(100 * k), 100, 0, std::slice::from_ref(&v), &mut out);
+            s.pick(
+                t0 + ms(100 * k),
+                100,
+                0,
+                std::slice::from_ref(&idle),
+                &mut out,
+            );
         }
         assert_eq!(s.rate_bps(1), Some(1e6));
         // Kept busy (2 Mbit/s offered to a 1 Mbit/s guess) without queueing delay: it jumps to
@@ -1024,14 +1043,15 @@ mod tests {
             r <= 2e6 * STARTUP_GAIN.max(INCREASE_GAIN) / RAISE_EVIDENCE,
             "{r}"
         );
-        // Same, but the peer sees 7 ms of queueing (between the thresholds): it holds.
+        // Same, but the peer sees 7 ms of queueing (between the thresholds): no probing, but the
+        // rate is at least what the link delivered.
         let held = LinkView {
             qdelay: ms(7),
             ..v.clone()
         };
         let mut s = Adaptive::default();
         offer(&mut s, t0, std::slice::from_ref(&held), 1_000, 1000, 2e6);
-        assert_eq!(s.rate_bps(1), Some(1e6));
+        assert_eq!(s.rate_bps(1), Some(2e6));
         // No evidence: the link delivers only half the assumed rate (without a queue, e.g. its
         // reports are stale): it holds too.
         let weak = LinkView {
