@@ -122,6 +122,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link_f(&|l| Some(l.delivery_rate_bps)),
     );
     r.gauge(
+        "link_sched_rate_bps",
+        "Rate the scheduler currently assumes for the link (learned by adaptive), bit/s",
+        &per_link_f(&|l| l.sched_rate_bps),
+    );
+    r.gauge(
         "link_tx_rate_bps",
         "Recent send rate, bit/s",
         &per_link_f(&|l| Some(l.tx_rate_bps)),
@@ -279,4 +284,58 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         return "# encoding failed\n".into();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_core::endpoint::{Config as EpConfig, Role};
+    use braid_core::{Endpoint, LinkConfig};
+    use std::time::Instant;
+
+    #[test]
+    fn encodes_per_link_and_bundle_series() {
+        let text = "[bundle]\nname = \"b0\"\nrole = \"client\"\nkey = \"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"\naddress = \"198.19.0.2/30\"\n\n[[link]]\nname = \"isp1\"\nbind = \"198.18.1.1\"\nremote = \"198.18.1.2:5050\"\n";
+        let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
+        let now = Instant::now();
+        use rand::SeedableRng;
+        let mut ep = Endpoint::new(
+            EpConfig::new(Role::Client, cfg.psk),
+            now,
+            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+        )
+        .unwrap();
+        ep.add_link(
+            now,
+            1,
+            LinkConfig {
+                name: "isp1".into(),
+                bandwidth_bps: Some(28800),
+                priority: 0,
+            },
+        )
+        .unwrap();
+        ep.send_packet(now, &[0x45; 60]); // no session yet: counted as a drop
+        let out = encode(
+            &cfg,
+            &ep.stats(now),
+            Extra {
+                udp_send_drops: 3,
+                tun_write_errors: 0,
+            },
+        );
+        for want in [
+            "braid_link_tx_bytes_total{bundle=\"b0\",link=\"isp1\"} 0",
+            "braid_link_bandwidth_bps{bundle=\"b0\",link=\"isp1\"} 28800",
+            "braid_link_state{bundle=\"b0\",link=\"isp1\",state=\"down\"}",
+            "braid_drops_total{bundle=\"b0\",reason=\"no_session\"} 1",
+            "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
+            "braid_session_up{bundle=\"b0\"} 0",
+            "braid_reorder_depth{bundle=\"b0\"} 0",
+            "# TYPE braid_link_rtt_seconds gauge",
+            "# EOF",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in\n{out}");
+        }
+    }
 }
