@@ -25,10 +25,17 @@ const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const VIP: &str = "198.18.0.100";
 const LB_IP: &str = "198.18.0.2";
 const CLIENT_IP: &str = "198.18.0.1";
+/// IPv6: the benchmarking prefix 2001:2::/48 (RFC 5180), the counterpart of 198.18.0.0/15;
+/// host 198.18.0.N is also 2001:2::N.
+const VIP6: &str = "2001:2::100";
+
+fn v6_of(v4: &str) -> String {
+    format!("2001:2::{}", v4.rsplit('.').next().unwrap())
+}
 
 /// The backends' HTTP server: `/` answers the backend's name, `/big/N` N bytes; keep-alive.
 const SERVER_PY: &str = r#"
-import sys, socketserver, http.server
+import sys, socket, socketserver, http.server
 name, port = sys.argv[1], int(sys.argv[2])
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -52,10 +59,11 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    address_family = socket.AF_INET6  # dual stack: IPv4 arrives as ::ffff:a.b.c.d
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
-S(("0.0.0.0", port), H).serve_forever()
+S(("::", port), H).serve_forever()
 "#;
 
 /// The client: `new N` makes N requests, each on a new connection, printing `ok NAME` or
@@ -272,6 +280,8 @@ impl Bed {
             "dev",
             "eth0",
         ]);
+        let v6 = format!("{}/64", v6_of(addr));
+        ip(&["-n", &ns, "addr", "add", &v6, "dev", "eth0", "nodad"]);
         ip(&["-n", &ns, "link", "set", "eth0", "up"]);
         ns
     }
@@ -289,6 +299,16 @@ impl Bed {
         let role = format!("b{i}");
         let ns = self.add_host(&role, &Bed::backend_ip(i));
         ip(&["-n", &ns, "addr", "add", &format!("{VIP}/32"), "dev", "lo"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{VIP6}/128"),
+            "dev",
+            "lo",
+            "nodad",
+        ]);
         for kv in [
             "net.ipv4.conf.all.arp_ignore=1",
             "net.ipv4.conf.all.arp_announce=2",
@@ -351,6 +371,37 @@ impl Bed {
         }
     }
 
+    /// Waits until IPv6 is usable on each host's eth0 (the kernel installs the on-link route
+    /// only once it has seen the carrier, up to a second after the link went up).
+    fn wait_ipv6(&self, roles: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for role in roles {
+            loop {
+                let out = run(Command::new("ip").args([
+                    "-n",
+                    &self.ns(role),
+                    "-6",
+                    "route",
+                    "show",
+                    "dev",
+                    "eth0",
+                ]));
+                let routes = String::from_utf8_lossy(&out.stdout).to_string();
+                if routes.contains("2001:2::/64") && !routes.contains("linkdown") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let a = run(Command::new("ip").args(["-n", &self.ns(role), "-6", "addr"]));
+                    panic!(
+                        "no IPv6 route on {role}: {routes} {}",
+                        String::from_utf8_lossy(&a.stdout)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
     fn control(&self) -> PathBuf {
         self.dir.path().join("ctl.sock")
     }
@@ -358,16 +409,30 @@ impl Bed {
     /// Starts `braid balance` in DSR mode on the balancer's eth0 and waits until it has learned
     /// every backend's MAC.
     fn start_balancer(&mut self, backends: &[u8]) {
+        self.start_balancer_on(backends, false)
+    }
+
+    /// `v6`: the VIP and the backends are IPv6 (NDP instead of ARP).
+    fn start_balancer_on(&mut self, backends: &[u8], v6: bool) {
+        let vip = if v6 {
+            format!("[{VIP6}]:80")
+        } else {
+            format!("{VIP}:80")
+        };
         let mut cfg = format!(
-            "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"tcp\"\nvip = \"{VIP}:80\"\n\
+            "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"tcp\"\nvip = \"{vip}\"\n\
              interface = \"eth0\"\nalgorithm = \"maglev\"\n\
              health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n",
             self.control().display()
         );
         for i in backends {
+            let addr = if v6 {
+                format!("[{}]:80", v6_of(&Bed::backend_ip(*i)))
+            } else {
+                format!("{}:80", Bed::backend_ip(*i))
+            };
             cfg.push_str(&format!(
-                "\n[[backend]]\naddress = \"{}:80\"\nweight = 1\n",
-                Bed::backend_ip(*i)
+                "\n[[backend]]\naddress = \"{addr}\"\nweight = 1\n"
             ));
         }
         let path = self.dir.path().join("dsr.toml");
@@ -450,7 +515,11 @@ impl Bed {
 
     /// Runs the client script in the client namespace (bounded by `limit`).
     fn client(&self, args: &[&str], limit: Duration) -> Vec<String> {
-        let child = self.client_spawn(args);
+        self.client_to(VIP, args, limit)
+    }
+
+    fn client_to(&self, vip: &str, args: &[&str], limit: Duration) -> Vec<String> {
+        let child = self.client_spawn_to(vip, args);
         let out = wait_output(child, limit);
         assert!(
             out.status.success(),
@@ -464,10 +533,14 @@ impl Bed {
     }
 
     fn client_spawn(&self, args: &[&str]) -> Child {
+        self.client_spawn_to(VIP, args)
+    }
+
+    fn client_spawn_to(&self, vip: &str, args: &[&str]) -> Child {
         Command::new("ip")
             .args(["netns", "exec", &self.ns("cl"), &self.python])
             .arg(self.dir.path().join("client.py"))
-            .arg(VIP)
+            .arg(vip)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -764,6 +837,52 @@ fn dsr_reply_bytes_bypass_the_balancer() {
         "balancer moved {through_lb} bytes for {client_rx} received by the client"
     );
     eprintln!("client received {client_rx} bytes; balancer interface rx+tx {through_lb} bytes");
+}
+
+#[test]
+fn dsr_ipv6_vip_answers_ndp_and_spreads() {
+    let mut bed = Bed::new("v6");
+    bed.wait_ipv6(&["cl", "lb", "b1", "b2", "b3"]);
+    for i in 1..=3 {
+        bed.start_server(i);
+    }
+    bed.wait_servers(&[1, 2, 3]);
+    bed.start_balancer_on(&[1, 2, 3], true);
+    let lines = bed.client_to(VIP6, &["new", "60"], Duration::from_secs(30));
+    let mut count: HashMap<String, u32> = HashMap::new();
+    for l in &lines {
+        let mut w = l.split_whitespace();
+        assert_eq!(
+            w.next(),
+            Some("ok"),
+            "a request failed: {l}\n{}",
+            bed.balancer_log()
+        );
+        *count.entry(w.next().unwrap().to_string()).or_default() += 1;
+    }
+    assert_eq!(lines.len(), 60);
+    for b in ["b1", "b2", "b3"] {
+        assert!(
+            count.get(b).copied().unwrap_or(0) >= 5,
+            "uneven spread: {count:?}"
+        );
+    }
+    // The client learned the VIP's MAC from our Neighbor Advertisement: it is the balancer's.
+    // The backends' MACs were learned through our Neighbor Solicitations.
+    let st = bed.status();
+    let nb = st["dsr"]["neighbors"].as_array().unwrap();
+    assert!(
+        nb.iter()
+            .all(|n| n["ip"].as_str().unwrap().starts_with("2001:2::") && n["mac"].is_string()),
+        "{st}"
+    );
+    let lb_mac = st["dsr"]["mac"].as_str().unwrap().to_string();
+    let out = run(Command::new("ip").args(["-n", &bed.ns("cl"), "-6", "neigh", "show", VIP6]));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&lb_mac),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
