@@ -32,6 +32,7 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
             .unwrap_or(2),
         Protocol::Udp => 1,
     };
+    raise_fd_limit();
     // Bind every socket before starting, so that a bad address is an error, not a log line.
     let mut sockets = Vec::new();
     for _ in 0..workers {
@@ -65,6 +66,25 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// Each proxied TCP connection holds two descriptors: raise the soft limit to the hard one (the
+/// usual soft default of 1024 would cap us at ~500 concurrent clients).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!("could not raise the open-files limit");
+            }
+        }
+    }
 }
 
 enum Listener {
@@ -478,4 +498,92 @@ async fn new_udp_session(
         }
     });
     Some(sess)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::io::{Read, Write};
+
+    /// A backend that reads the whole request (until the client's FIN), then answers with its
+    /// length and closes: it only works if the proxy forwards the half-close.
+    fn half_close_backend() -> (SocketAddr, std::thread::JoinHandle<()>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let h = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().unwrap();
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).unwrap();
+                write!(s, "got {} bytes", got.len()).unwrap();
+            }
+        });
+        (addr, h)
+    }
+
+    #[test]
+    fn tcp_half_close_retry_and_byte_counts() {
+        let (backend, h) = half_close_backend();
+        // A dead backend first in round-robin order: the client must be retried, not refused.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let text = format!(
+            "[balance]\nname = \"t\"\nlisten = \"{listen}\"\nalgorithm = \"round-robin\"\nhealth = {{ fall = 5 }}\n[[backend]]\naddress = \"{dead}\"\n[[backend]]\naddress = \"{backend}\"\n"
+        );
+        let b = Balancer::new(Config::parse(&text, "t").unwrap()).unwrap();
+        let runner = {
+            let b = b.clone();
+            std::thread::spawn(move || run(b))
+        };
+        let connect = || {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match std::net::TcpStream::connect(listen) {
+                    Ok(s) => return s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        for _ in 0..2 {
+            let mut c = connect();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(&[7u8; 100_000]).unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut reply = String::new();
+            c.read_to_string(&mut reply).unwrap();
+            assert_eq!(reply, "got 100000 bytes");
+        }
+        h.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = b.status_json();
+            let good = &st["backends"][1];
+            if good["active"] == 0 {
+                assert_eq!(good["total"], 2, "{st}");
+                assert_eq!(good["bytes_in"], 200_000, "{st}");
+                assert_eq!(good["bytes_out"], 32, "{st}");
+                assert!(st["totals"]["retries"].as_u64().unwrap() >= 1, "{st}");
+                assert_eq!(
+                    st["backends"][0]["passive_failures"], st["totals"]["retries"],
+                    "{st}"
+                );
+                assert_eq!(st["totals"]["no_backend"], 0, "{st}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "connections never closed: {st}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        b.stop();
+        runner.join().unwrap().unwrap();
+    }
 }
