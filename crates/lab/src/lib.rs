@@ -122,7 +122,7 @@ pub struct LabArgs {
     /// Skip the bundle run (measure the emulated links only).
     #[arg(long)]
     pub skip_bundle: bool,
-    /// Queue of each emulated link, in milliseconds of its rate (at least 48 KB).
+    /// Queue of each emulated link, in milliseconds of its rate (at least 15 KB: ten full frames).
     #[arg(long, value_name = "MS", default_value_t = shaper::DEFAULT_QUEUE_MS)]
     pub queue_ms: u64,
     /// MTU of the tunnel (default: the largest that fits a 1500-byte uplink).

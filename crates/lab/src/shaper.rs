@@ -20,9 +20,9 @@ use crate::spec::LinkSpec;
 
 /// Default queue: this many milliseconds of the link's rate...
 pub const DEFAULT_QUEUE_MS: u64 = 100;
-/// ...but at least this many bytes (about 32 full-size frames), so slow links still hold a TCP
-/// window's worth of packets.
-pub const MIN_QUEUE_BYTES: u64 = 48_000;
+/// ...but at least this many bytes (ten full-size frames), so that even a slow link holds a
+/// few packets.
+pub const MIN_QUEUE_BYTES: u64 = 15_000;
 
 /// Queue limit in bytes for a link of `rate_bps` with a queue of `queue_ms` milliseconds.
 pub fn queue_limit_bytes(rate_bps: u64, queue_ms: u64) -> u64 {
@@ -215,7 +215,8 @@ mod tests {
 
     #[test]
     fn queue_limits() {
-        assert_eq!(queue_limit_bytes(1_000_000, 100), MIN_QUEUE_BYTES);
+        assert_eq!(queue_limit_bytes(1_000_000, 100), 12_500.max(MIN_QUEUE_BYTES));
+        assert_eq!(queue_limit_bytes(1_000_000, 20), MIN_QUEUE_BYTES);
         assert_eq!(queue_limit_bytes(50_000_000, 100), 625_000);
     }
 }
