@@ -858,3 +858,38 @@ fn error_malformed_config() {
         assert_eq!(err.trim_end(), last, "more than one line on stderr");
     }
 }
+
+/// The server dies (SIGKILL: its control socket is left behind) and is started again: the new
+/// server replaces the stale socket, and the client, never restarted, gets a new session.
+#[test]
+fn server_restart_replaces_stale_socket_and_client_reconnects() {
+    let mut net = Net::new("i", 2);
+    net.start_pair(2);
+    let old = net.status("c.sock").unwrap()["session"].clone();
+    let i = net.procs.iter().position(|(l, _)| l == "server").unwrap();
+    let (_, mut server) = net.procs.remove(i);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(
+        net.path("s.sock").exists(),
+        "a killed server cannot remove its socket"
+    );
+    let s = net.path("s.toml");
+    let ns = net.server.clone();
+    net.up("server2", &ns, &s);
+    let back = wait_for(Duration::from_secs(10), || {
+        let c = net.status("c.sock")?;
+        (links_up(&c) == 2 && c["session"] != old && !c["session"].is_null()).then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "client did not get a new session: {}\n{}",
+        net.log("client"),
+        net.log("server2")
+    );
+    assert!(
+        net.ping(3),
+        "no ping after the server restart; {}",
+        net.why()
+    );
+}
