@@ -301,6 +301,9 @@ pub struct TcpRun {
     /// Emulator counters at the start and end of the steady part of the run.
     pub emu_start: Option<EmuStats>,
     pub emu_end: Option<EmuStats>,
+    /// Host A's TCP counters (OutSegs, RetransSegs) over the run: the sender's retransmissions.
+    pub tcp_out_segs: u64,
+    pub tcp_retrans_segs: u64,
     /// Emulator counters just before the run and after it.
     pub emu_before: Option<EmuStats>,
     pub emu_after: Option<EmuStats>,
@@ -529,6 +532,7 @@ impl Lab {
         let start = Instant::now();
         let t_emu_start = start.duration_since(self.emu_started).as_secs_f64();
         let emu_before = self.emu_stats();
+        let tcp_before = tcp_counters(&self.topo.ns_a());
         let deadline = start + duration + Duration::from_secs(60);
         while source.try_wait().is_none() {
             if interrupted() {
@@ -564,11 +568,14 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         let emu_after = self.emu_stats();
+        let tcp_after = tcp_counters(&self.topo.ns_a());
         Ok(TcpRun {
             sink,
             source,
             emu_start,
             emu_end,
+            tcp_out_segs: tcp_after.0.saturating_sub(tcp_before.0),
+            tcp_retrans_segs: tcp_after.1.saturating_sub(tcp_before.1),
             emu_before,
             emu_after,
         })
@@ -720,6 +727,32 @@ fn links_up(st: &serde_json::Value) -> (usize, usize) {
         })
         .count();
     (up, links.len())
+}
+
+/// TCP OutSegs and RetransSegs of namespace `ns` (from its /proc/net/snmp); zeros if unreadable.
+pub fn tcp_counters(ns: &str) -> (u64, u64) {
+    let Ok(out) = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .output()
+    else {
+        return (0, 0);
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tcp: Vec<&str> = text.lines().filter(|l| l.starts_with("Tcp:")).collect();
+    if tcp.len() < 2 {
+        return (0, 0);
+    }
+    let names: Vec<&str> = tcp[0].split_whitespace().collect();
+    let values: Vec<&str> = tcp[1].split_whitespace().collect();
+    let get = |key: &str| {
+        names
+            .iter()
+            .position(|n| *n == key)
+            .and_then(|i| values.get(i))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("OutSegs"), get("RetransSegs"))
 }
 
 /// Runs `ping` in namespace `ns` and parses its summary.
@@ -881,6 +914,8 @@ fn run_report(run: &TcpRun) -> RunReport {
             .chain(run.sink.flows.iter().filter_map(|f| f.error.clone()))
             .collect(),
         link_rates_bps: run.link_rates(),
+        tcp_segments: run.tcp_out_segs,
+        tcp_retransmits: run.tcp_retrans_segs,
         link_queue_drops: run.link_drops().iter().map(|d| d.0).collect(),
         link_lost: run.link_drops().iter().map(|d| d.1).collect(),
     }

@@ -70,6 +70,9 @@ pub struct RunReport {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub errors: Vec<String>,
+    /// Segments the TCP sender sent and retransmitted during the run (host A's counters).
+    pub tcp_segments: u64,
+    pub tcp_retransmits: u64,
     /// A->B IP bit/s the emulator forwarded on each link during the steady part of the run.
     pub link_rates_bps: Vec<f64>,
     /// A->B frames the emulator dropped on each link during the run: queue full...
@@ -227,6 +230,12 @@ pub fn render(r: &LabReport) -> String {
                 per.join(", ")
             );
         }
+        out += &format!(
+            "  TCP sender: {} segments, {} retransmitted ({:.2}%)\n",
+            b.run.tcp_segments,
+            b.run.tcp_retransmits,
+            100.0 * b.run.tcp_retransmits as f64 / (b.run.tcp_segments.max(1)) as f64
+        );
         out += &format!(
             "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel ({:.1}% alone); \
              the bundle reached {:.1}% of that ceiling\n",

@@ -215,7 +215,10 @@ mod tests {
 
     #[test]
     fn queue_limits() {
-        assert_eq!(queue_limit_bytes(1_000_000, 100), 12_500.max(MIN_QUEUE_BYTES));
+        assert_eq!(
+            queue_limit_bytes(1_000_000, 100),
+            12_500.max(MIN_QUEUE_BYTES)
+        );
         assert_eq!(queue_limit_bytes(1_000_000, 20), MIN_QUEUE_BYTES);
         assert_eq!(queue_limit_bytes(50_000_000, 100), 625_000);
     }
