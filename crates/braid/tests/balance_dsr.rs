@@ -148,6 +148,42 @@ elif mode == "big":
         print(got, flush=True)
 "#;
 
+/// A UDP backend: answers every datagram with its name. It binds the VIP (a DSR reply must come
+/// *from* the VIP) and its real address (health probes).
+const UDP_SERVER_PY: &str = r#"
+import sys, socket, select
+name, vip, real, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+socks = []
+for a in (vip, real):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((a, port))
+    socks.append(s)
+while True:
+    r, _, _ = select.select(socks, [], [])
+    for s in r:
+        data, peer = s.recvfrom(2048)
+        s.sendto(name.encode(), peer)
+"#;
+
+/// UDP client: N sockets (N source ports), each sends K datagrams and prints `i NAME` per answer.
+const UDP_CLIENT_PY: &str = r#"
+import sys, socket
+vip, port, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+socks = []
+for i in range(n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    s.connect((vip, port))
+    socks.append(s)
+for round in range(k):
+    for i, s in enumerate(socks):
+        s.send(b"hello %d %d" % (i, round))
+        try:
+            print(i, s.recv(2048).decode(), flush=True)
+        except Exception as e:
+            print(i, "fail:" + str(e).replace(" ", "_"), flush=True)
+"#;
+
 fn require_root() {
     let out = Command::new("id").arg("-u").output().expect("id -u");
     assert_eq!(
@@ -320,6 +356,8 @@ impl Bed {
     }
 
     fn write_scripts(&self) {
+        std::fs::write(self.dir.path().join("udp_server.py"), UDP_SERVER_PY).unwrap();
+        std::fs::write(self.dir.path().join("udp_client.py"), UDP_CLIENT_PY).unwrap();
         std::fs::write(self.dir.path().join("server.py"), SERVER_PY).unwrap();
         std::fs::write(self.dir.path().join("client.py"), CLIENT_PY).unwrap();
     }
@@ -414,22 +452,26 @@ impl Bed {
 
     /// `v6`: the VIP and the backends are IPv6 (NDP instead of ARP).
     fn start_balancer_on(&mut self, backends: &[u8], v6: bool) {
+        self.start_balancer_with(backends, v6, "tcp", 80)
+    }
+
+    fn start_balancer_with(&mut self, backends: &[u8], v6: bool, protocol: &str, port: u16) {
         let vip = if v6 {
-            format!("[{VIP6}]:80")
+            format!("[{VIP6}]:{port}")
         } else {
-            format!("{VIP}:80")
+            format!("{VIP}:{port}")
         };
         let mut cfg = format!(
-            "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"tcp\"\nvip = \"{vip}\"\n\
+            "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"{protocol}\"\nvip = \"{vip}\"\n\
              interface = \"eth0\"\nalgorithm = \"maglev\"\n\
              health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n",
             self.control().display()
         );
         for i in backends {
             let addr = if v6 {
-                format!("[{}]:80", v6_of(&Bed::backend_ip(*i)))
+                format!("[{}]:{port}", v6_of(&Bed::backend_ip(*i)))
             } else {
-                format!("{}:80", Bed::backend_ip(*i))
+                format!("{}:{port}", Bed::backend_ip(*i))
             };
             cfg.push_str(&format!(
                 "\n[[backend]]\naddress = \"{addr}\"\nweight = 1\n"
@@ -882,6 +924,64 @@ fn dsr_ipv6_vip_answers_ndp_and_spreads() {
         String::from_utf8_lossy(&out.stdout).contains(&lb_mac),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn dsr_udp_flows_spread_and_stick() {
+    let mut bed = Bed::new("ud");
+    for i in 1..=3u8 {
+        let role = format!("b{i}");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &bed.ns(&role), &bed.python])
+            .arg(bed.dir.path().join("udp_server.py"))
+            .args([role.as_str(), VIP, &Bed::backend_ip(i), "5353"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start UDP server");
+        bed.children.push((role, child));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    bed.start_balancer_with(&[1, 2, 3], false, "udp", 5353);
+    let child = Command::new("ip")
+        .args(["netns", "exec", &bed.ns("cl"), &bed.python])
+        .arg(bed.dir.path().join("udp_client.py"))
+        .args([VIP, "5353", "30", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, Duration::from_secs(60));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 120, "{lines:?}");
+    let mut per_socket: HashMap<String, Vec<String>> = HashMap::new();
+    for l in &lines {
+        let (i, name) = l.split_once(' ').unwrap();
+        assert!(
+            !name.starts_with("fail"),
+            "a datagram got no answer: {l}\n{}",
+            bed.balancer_log()
+        );
+        per_socket
+            .entry(i.to_string())
+            .or_default()
+            .push(name.to_string());
+    }
+    let mut count: HashMap<String, u32> = HashMap::new();
+    for names in per_socket.values() {
+        assert!(
+            names.iter().all(|n| *n == names[0]),
+            "a UDP flow changed backend: {names:?}"
+        );
+        *count.entry(names[0].clone()).or_default() += 1;
+    }
+    assert!(
+        count.len() == 3 && count.values().all(|&c| c >= 3),
+        "uneven spread: {count:?}"
     );
 }
 

@@ -234,7 +234,7 @@ impl Dsr {
                         tracing::debug!(error = %e, "send failed");
                     }
                 }
-                if n < batch_capacity(&batch) {
+                if n < batch.capacity() {
                     break;
                 }
             }
@@ -247,10 +247,6 @@ impl Dsr {
         publish(&lb, &lock(&table), &self.iface, send_errors, &status);
         Ok(())
     }
-}
-
-fn batch_capacity(_b: &FrameBatch) -> usize {
-    64
 }
 
 fn lock(table: &Mutex<BackendTable>) -> std::sync::MutexGuard<'_, BackendTable> {

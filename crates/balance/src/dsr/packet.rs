@@ -351,6 +351,11 @@ impl FrameBatch {
         }
     }
 
+    /// How many frames one [`PacketSocket::recv_batch`] can take.
+    pub fn capacity(&self) -> usize {
+        self.bufs.len()
+    }
+
     /// Frames received by the last [`PacketSocket::recv_batch`].
     pub fn len(&self) -> usize {
         self.len
