@@ -35,6 +35,7 @@ const ETHERTYPE_ARP: u16 = 0x0806;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ETH_HEADER_LEN: usize = 14;
 const ARP_LEN: usize = 28;
+const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ICMPV6: u8 = 58;
@@ -275,6 +276,12 @@ fn classify_ipv4(dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -> Frame {
     };
     let h = ip.header();
     let p = ip.payload();
+    if h.protocol().0 == IPPROTO_ICMP && !p.fragmented {
+        if *dst_mac != cfg.mac {
+            return Frame::Ignore(Ignored::NotOurMac);
+        }
+        return icmp_error(cfg, p.payload, &[3, 11], usize::from(h.total_len()));
+    }
     let first = h.fragments_offset().value() == 0;
     let facts = IpFacts {
         src: IpAddr::V4(h.source_addr()),
@@ -286,6 +293,63 @@ fn classify_ipv4(dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -> Frame {
         ip_len: usize::from(h.total_len()),
     };
     vip_packet(cfg, dst_mac, facts)
+}
+
+/// An ICMP error sent to the VIP (e.g. "fragmentation needed" / "packet too big" from a router
+/// on the path of a backend's reply): it belongs to the flow of the packet it quotes, so it goes
+/// to that flow's backend (otherwise path MTU discovery breaks for DSR replies). The quoted packet
+/// went VIP:port -> client:port; its flow, seen from the client, is the reverse.
+fn icmp_error(cfg: &DsrConfig, icmp: &[u8], error_types: &[u8], ip_len: usize) -> Frame {
+    if icmp.len() < 8 || !error_types.contains(&icmp[0]) {
+        return Frame::Ignore(Ignored::OtherService);
+    }
+    let quoted = &icmp[8..];
+    let (src, dst, protocol, l4): (IpAddr, IpAddr, u8, &[u8]) = match cfg.vip {
+        IpAddr::V4(_) => {
+            if quoted.len() < 20 || quoted[0] >> 4 != 4 {
+                return Frame::Ignore(Ignored::Malformed);
+            }
+            let ihl = usize::from(quoted[0] & 0x0f) * 4;
+            if ihl < 20 || quoted.len() < ihl + 4 {
+                return Frame::Ignore(Ignored::Malformed);
+            }
+            let a =
+                |o: usize| IpAddr::from([quoted[o], quoted[o + 1], quoted[o + 2], quoted[o + 3]]);
+            (a(12), a(16), quoted[9], &quoted[ihl..])
+        }
+        IpAddr::V6(_) => {
+            if quoted.len() < 44 || quoted[0] >> 4 != 6 {
+                return Frame::Ignore(Ignored::Malformed);
+            }
+            let a = |o: usize| {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&quoted[o..o + 16]);
+                IpAddr::from(b)
+            };
+            // Only a transport header right after the fixed header (the usual case).
+            (a(8), a(24), quoted[6], &quoted[40..])
+        }
+    };
+    if src != cfg.vip || protocol != cfg.transport.ip_number() || l4.len() < 4 {
+        return Frame::Ignore(Ignored::OtherService);
+    }
+    let sport = u16::from_be_bytes([l4[0], l4[1]]);
+    let dport = u16::from_be_bytes([l4[2], l4[3]]);
+    if cfg.port != 0 && sport != cfg.port {
+        return Frame::Ignore(Ignored::OtherService);
+    }
+    let flow = FlowKey::new(
+        protocol,
+        SocketAddr::new(dst, dport),
+        SocketAddr::new(src, sport),
+    );
+    Frame::ToVip(VipPacket {
+        flow,
+        syn: false,
+        fin_or_rst: false,
+        fragment: false,
+        ip_len,
+    })
 }
 
 fn classify_ipv6(frame: &[u8], dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -> Frame {
@@ -303,6 +367,18 @@ fn classify_ipv6(frame: &[u8], dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -
     }
     if cfg.vip != IpAddr::V6(dst) {
         return Frame::Ignore(Ignored::NotVip);
+    }
+    if p.ip_number.0 == IPPROTO_ICMPV6 && !p.fragmented {
+        if *dst_mac != cfg.mac {
+            return Frame::Ignore(Ignored::NotOurMac);
+        }
+        // Destination unreachable, packet too big, time exceeded.
+        return icmp_error(
+            cfg,
+            p.payload,
+            &[1, 2, 3],
+            40 + usize::from(h.payload_length()),
+        );
     }
     // A packet is a "first fragment" when its fragment header says offset 0.
     let first = !p.fragmented
@@ -1319,6 +1395,55 @@ mod tests {
         let mut f = ns_frame("2001:db8::1".parse().unwrap(), vip, Some(CLIENT));
         f[14 + 40 + 25] = 0; // option length 0
         assert_eq!(classify(&f, &c), Frame::Ignore(Ignored::Malformed));
+    }
+
+    #[test]
+    fn icmp_errors_about_our_replies_follow_their_flow() {
+        let c = cfg4();
+        // A router says "fragmentation needed" about a reply VIP:80 -> 198.18.0.1:40000.
+        let quoted = {
+            let b = etherparse::PacketBuilder::ipv4([198, 18, 0, 100], [198, 18, 0, 1], 64)
+                .tcp(80, 40000, 1, 1000);
+            let mut v = Vec::new();
+            b.write(&mut v, &[0u8; 100]).unwrap();
+            v
+        };
+        let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
+        icmp.extend_from_slice(&quoted[..28]);
+        let b = || {
+            etherparse::PacketBuilder::ethernet2(CLIENT, LB).ipv4(
+                [198, 18, 0, 254],
+                [198, 18, 0, 100],
+                64,
+            )
+        };
+        let mut f = Vec::new();
+        b().write(&mut f, etherparse::IpNumber(1), &icmp).unwrap();
+        let Frame::ToVip(p) = classify(&f, &c) else {
+            panic!("ICMP error not forwarded")
+        };
+        assert_eq!(p.flow.src, SocketAddr::from(([198, 18, 0, 1], 40000)));
+        assert_eq!(p.flow.dst, SocketAddr::from(([198, 18, 0, 100], 80)));
+        assert_eq!(p.flow.proto, 6);
+        // The same flow key as the client's own packets: same backend.
+        let client = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], 40000, 80, false);
+        let Frame::ToVip(q) = classify(&client, &c) else {
+            panic!()
+        };
+        assert_eq!(p.flow, q.flow);
+        // An echo request to the VIP, or an error about another service, is not forwarded.
+        let mut echo = Vec::new();
+        b().write(
+            &mut echo,
+            etherparse::IpNumber(1),
+            &[8, 0, 0, 0, 0, 1, 0, 1],
+        )
+        .unwrap();
+        assert_eq!(classify(&echo, &c), Frame::Ignore(Ignored::OtherService));
+        let mut other = f.clone();
+        let at = f.len() - 28 + 20; // quoted source port
+        other[at..at + 2].copy_from_slice(&443u16.to_be_bytes());
+        assert_eq!(classify(&other, &c), Frame::Ignore(Ignored::OtherService));
     }
 
     #[test]
