@@ -43,6 +43,8 @@ pub struct DsrStatus {
     pub neighbors: Vec<(IpAddr, Option<Mac>)>,
     /// Frames the kernel refused or that did not fit the send queue.
     pub send_errors: u64,
+    /// Frames dropped before we could read them (receive queue full: the balancer is too slow).
+    pub socket_drops: u64,
 }
 
 impl DsrStatus {
@@ -62,6 +64,7 @@ impl DsrStatus {
             "malformed": s.malformed,
             "flows_moved": s.flows_moved,
             "send_errors": self.send_errors,
+            "socket_drops": self.socket_drops,
             "active_flows": self.active_flows,
             "closing_flows": self.closing_flows,
             "neighbors": self.neighbors.iter().map(|(ip, mac)| {
@@ -161,6 +164,7 @@ impl Dsr {
         let mut lb = DsrBalancer::new(cfg, self.settings.timers);
         let mut batch = FrameBatch::new(64);
         let mut send_errors = 0u64;
+        let mut socket_drops = 0u64;
         tracing::info!(
             interface = %self.iface.name,
             mac = %fmt_mac(self.iface.mac),
@@ -182,7 +186,8 @@ impl Dsr {
                 let requests = {
                     let mut t = lock(&table);
                     let r = lb.poll_transmit(&mut t, now);
-                    publish(&lb, &t, &self.iface, send_errors, &status);
+                    socket_drops += self.sock.take_drops();
+                    publish(&lb, &t, &self.iface, (send_errors, socket_drops), &status);
                     last_publish = now;
                     r
                 };
@@ -240,11 +245,25 @@ impl Dsr {
             }
             // Keep `braid status` fresh under load too (at most every 50 ms).
             if last_publish.elapsed() >= Duration::from_millis(50) {
-                publish(&lb, &lock(&table), &self.iface, send_errors, &status);
+                socket_drops += self.sock.take_drops();
+                publish(
+                    &lb,
+                    &lock(&table),
+                    &self.iface,
+                    (send_errors, socket_drops),
+                    &status,
+                );
                 last_publish = Instant::now();
             }
         }
-        publish(&lb, &lock(&table), &self.iface, send_errors, &status);
+        socket_drops += self.sock.take_drops();
+        publish(
+            &lb,
+            &lock(&table),
+            &self.iface,
+            (send_errors, socket_drops),
+            &status,
+        );
         Ok(())
     }
 }
@@ -258,7 +277,7 @@ fn publish(
     lb: &DsrBalancer,
     table: &BackendTable,
     iface: &InterfaceInfo,
-    send_errors: u64,
+    (send_errors, socket_drops): (u64, u64),
     status: &Mutex<DsrStatus>,
 ) {
     let (active, closing) = lb.flow_count();
@@ -276,6 +295,7 @@ fn publish(
         closing_flows: closing,
         neighbors,
         send_errors,
+        socket_drops,
     };
 }
 

@@ -26,6 +26,7 @@ const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
 const PACKET_MR_MULTICAST: libc::c_int = 0;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_OUTGOING: u8 = 4;
 
 /// What the balancer needs to know about its interface.
@@ -197,6 +198,29 @@ impl PacketSocket {
             )
         };
         cvt(r, "PACKET_ADD_MEMBERSHIP").map(|_| ())
+    }
+
+    /// Frames the kernel dropped because our receive queue was full, since the last call
+    /// (`PACKET_STATISTICS` resets on read).
+    pub fn take_drops(&self) -> u64 {
+        // struct tpacket_stats { unsigned int tp_packets, tp_drops; }
+        let mut st = [0u32; 2];
+        let mut len = std::mem::size_of_val(&st) as libc::socklen_t;
+        // SAFETY: passes a live 8-byte buffer and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                st.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            0
+        } else {
+            u64::from(st[1])
+        }
     }
 
     pub fn as_raw_fd(&self) -> RawFd {
