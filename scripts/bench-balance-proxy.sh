@@ -7,11 +7,12 @@
 # 1. connections per second: short requests, a new connection each (wrk, "Connection: close");
 # 2. throughput: 1 MiB responses over keep-alive connections (wrk), in Gbit/s.
 # Both balancers use plain round robin (pen -r). Needs root. Installs wrk and nginx-light with
-# apt-get if they are missing. Knobs: DUR (s per run, default 10), CONNS (default 64),
+# apt-get if they are missing. Knobs: DUR (s per run, default 8), ROUNDS (default 3), CONNS (default 64),
 # BIG_CONNS (default 16), BRAID (path of the braid binary, default target/release/braid).
 set -euo pipefail
 
-DUR=${DUR:-10}
+DUR=${DUR:-8}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 BIG_CONNS=${BIG_CONNS:-16}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,6 +86,7 @@ name = "bench$$"
 listen = "198.18.10.2:8080"
 control = "$DIR/braid.sock"
 algorithm = "round-robin"
+${BRAID_WORKERS:+workers = $BRAID_WORKERS}
 health = { interval_ms = 1000, timeout_ms = 500, fall = 2, rise = 2 }
 [[backend]]
 address = "198.18.20.11:8080"
@@ -106,6 +108,9 @@ gbps() { # wrk's "Transfer/sec: X.XXMB|GB" -> Gbit/s
 errors() { awk '/Socket errors|Non-2xx/ {print}' | tr '\n' ' '; }
 
 results=()
+cpu_ticks() { # utime + stime of a process and its threads, in clock ticks
+    awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
 run_balancer() { # name port command...
     local name=$1 port=$2; shift 2
     ip netns exec "$B" "$@" > "$DIR/$name.log" 2>&1 &
@@ -115,28 +120,51 @@ run_balancer() { # name port command...
         ip netns exec "$C" curl -s -o /dev/null "http://198.18.10.2:$port/" && break
         sleep 0.1
     done
+    if [ -n "${STRACE:-}" ]; then
+        timeout 4 strace -c -f -p "$pid" -o "/tmp/strace-$name.txt" >/dev/null 2>&1 &
+    fi
     if [ -n "${PERF:-}" ]; then
         perf record -F 999 -g -o "/tmp/perf-$name.data" -p "$pid" -- sleep "$DUR" >/dev/null 2>&1 &
     fi
+    local t0 t1 t2
+    t0=$(cpu_ticks "$pid")
     wrk_run "$port" / "$CONNS" -H "Connection: close" > "$DIR/$name.cps" || true
+    t1=$(cpu_ticks "$pid")
     wrk_run "$port" /big "$BIG_CONNS" > "$DIR/$name.big" || true
+    t2=$(cpu_ticks "$pid")
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     local cps tput
     cps=$(rps < "$DIR/$name.cps"); tput=$(gbps < "$DIR/$name.big")
-    echo "$name: $cps conn/s ($(errors < "$DIR/$name.cps")), $tput Gbit/s ($(errors < "$DIR/$name.big"))"
+    local hz cpu1 cpu2
+    hz=$(getconf CLK_TCK)
+    cpu1=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v d="$DUR" 'BEGIN { printf "%.0f", 100 * t / hz / d }')
+    cpu2=$(awk -v t="$((t2 - t1))" -v hz="$hz" -v d="$DUR" 'BEGIN { printf "%.0f", 100 * t / hz / d }')
+    local us
+    us=$(awk -v t="$((t1 - t0))" -v hz="$hz" -v c="$cps" -v d="$DUR" 'BEGIN { if (c > 0) printf "%.1f", 1e6 * t / hz / (c * d); else print "-" }')
+    echo "  $name: $cps conn/s (balancer CPU ${cpu1}%, ${us} us/conn; $(errors < "$DIR/$name.cps")), $tput Gbit/s (balancer CPU ${cpu2}%; $(errors < "$DIR/$name.big"))"
     results+=("$name $cps $tput")
 }
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r)"
 echo "load: wrk -t2 -c$CONNS -d${DUR}s -H 'Connection: close' / ; wrk -t2 -c$BIG_CONNS -d${DUR}s /big (1 MiB); backends: 3 x nginx (1 worker)"
-run_balancer braid 8080 "$BRAID" --log-level warn balance "$DIR/braid.toml"
-run_balancer pen 8081 pen -f -r -x 20000 -c 20000 198.18.10.2:8081 198.18.20.11:8080 198.18.20.12:8080 198.18.20.13:8080
+run_braid() { run_balancer braid 8080 "$BRAID" --log-level warn balance "$DIR/braid.toml"; }
+run_pen() { run_balancer pen 8081 pen -f -r -x 20000 -c 20000 198.18.10.2:8081 198.18.20.11:8080 198.18.20.12:8080 198.18.20.13:8080; }
+# Rounds alternate which balancer goes first, so that load from elsewhere on the machine and
+# TIME_WAIT left by the previous run hit both alike; the medians are compared.
+for r in $(seq "$ROUNDS"); do
+    echo "round $r:"
+    if [ $((r % 2)) = 0 ]; then run_pen; sleep 2; run_braid; else run_braid; sleep 2; run_pen; fi
+    sleep 2
+done
 
-read -r _ bc bt <<< "${results[0]}"
-read -r _ pc pt <<< "${results[1]}"
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+pick() { printf '%s\n' "${results[@]}" | awk -v n="$1" -v f="$2" '$1 == n { print $f }' | median; }
+bc=$(pick braid 2); bt=$(pick braid 3); pc=$(pick pen 2); pt=$(pick pen 3)
+echo
+echo "medians of $ROUNDS rounds:"
 awk -v bc="$bc" -v pc="$pc" -v bt="$bt" -v pt="$pt" 'BEGIN {
-    printf "\n%-28s %12s %12s %8s\n", "", "braid", "pen", "ratio";
+    printf "%-28s %12s %12s %8s\n", "", "braid", "pen", "ratio";
     printf "%-28s %12.0f %12.0f %7.2fx\n", "connections/s (new each)", bc, pc, (pc>0)?bc/pc:0;
     printf "%-28s %12.2f %12.2f %7.2fx\n", "throughput Gbit/s (1 MiB)", bt, pt, (pt>0)?bt/pt:0;
 }'

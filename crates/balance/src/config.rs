@@ -13,7 +13,8 @@
 //! health = { interval_ms = 500, timeout_ms = 300, fall = 2, rise = 2 }   # http_path = "/x" for HTTP
 //! metrics = "127.0.0.1:9151"     # optional
 //! # optional: control = "/run/braid/web.sock", table_size = 65537, connect_timeout_ms = 1000,
-//! #           udp_idle_timeout_ms = 30000, max_flows = 1000000
+//! #           udp_idle_timeout_ms = 30000, max_flows = 1000000,
+//! #           workers = <one per core>  (proxy mode)
 //!
 //! [[backend]]
 //! address = "198.18.0.3:8080"    # dsr: the backend's address on the shared segment
@@ -112,6 +113,8 @@ pub struct Config {
     pub udp_idle_timeout: Duration,
     /// Bound of flow tables.
     pub max_flows: usize,
+    /// Proxy mode (TCP): worker threads (default: one per core).
+    pub workers: Option<usize>,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -145,6 +148,7 @@ struct RawBalance {
     connect_timeout_ms: Option<Spanned<u64>>,
     udp_idle_timeout_ms: Option<Spanned<u64>>,
     max_flows: Option<Spanned<u64>>,
+    workers: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -470,6 +474,16 @@ impl Config {
             }
         };
 
+        let workers = match &b.workers {
+            None => None,
+            Some(s) if (1..=256).contains(s.get_ref()) => Some(*s.get_ref() as usize),
+            Some(s) => {
+                return l.err(
+                    s.span(),
+                    format!("workers = {}: expected 1 to 256", s.get_ref()),
+                )
+            }
+        };
         let mut backends: Vec<BackendConfig> = Vec::new();
         for be in &raw.backend {
             let r = be.get_ref();
@@ -536,6 +550,7 @@ impl Config {
             connect_timeout,
             udp_idle_timeout,
             max_flows,
+            workers,
             backends,
         })
     }

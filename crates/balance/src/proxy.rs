@@ -27,9 +27,11 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
         .listen
         .ok_or_else(|| anyhow::anyhow!("proxy mode needs listen"))?;
     let workers = match b.config.protocol {
-        Protocol::Tcp => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2),
+        Protocol::Tcp => b.config.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        }),
         Protocol::Udp => 1,
     };
     raise_fd_limit();
@@ -240,8 +242,9 @@ async fn relay(
     let (mut ur, mut uw) = upstream.split();
     let mut done_in = 0u64;
     let mut done_out = 0u64;
-    let up = copy_half(b, id, true, &mut cr, &mut uw);
-    let down = copy_half(b, id, false, &mut ur, &mut cw);
+    let first_eof = AtomicBool::new(false);
+    let up = copy_half(b, id, true, &first_eof, &mut cr, &mut uw);
+    let down = copy_half(b, id, false, &first_eof, &mut ur, &mut cw);
     tokio::pin!(up, down);
     let mut up_done = false;
     let mut down_done = false;
@@ -260,11 +263,14 @@ async fn relay(
     (done_in, done_out)
 }
 
-/// One direction; returns the bytes not yet credited (`Err` on an I/O error).
+/// One direction; returns the bytes not yet credited (`Err` on an I/O error). `first_eof`: the
+/// first direction to see EOF forwards it with a shutdown (half-close); the second skips the
+/// syscall, since both sockets are closed right after (their FIN goes out then).
 async fn copy_half<R, W>(
     b: &Balancer,
     id: BackendId,
     to_backend: bool,
+    first_eof: &AtomicBool,
     r: &mut R,
     w: &mut W,
 ) -> Result<u64, u64>
@@ -279,7 +285,9 @@ where
         buf.clear();
         let n = match r.read_buf(&mut buf).await {
             Ok(0) => {
-                let _ = w.shutdown().await;
+                if !first_eof.swap(true, Ordering::Relaxed) {
+                    let _ = w.shutdown().await;
+                }
                 return Ok(pending);
             }
             Ok(n) => n,
