@@ -1774,5 +1774,44 @@ mod tests {
             let _ = classify(&f, &c4);
             let _ = classify(&f, &c6);
         }
+
+        /// ICMP errors quoting a reply, mutated and cut anywhere, through the whole data path.
+        #[test]
+        fn mutated_icmp_errors_through_the_balancer_never_panic(idx in 0usize..120, val in any::<u8>(), cut in 0usize..120, v6 in any::<bool>()) {
+            let now = Instant::now();
+            let mut f = if v6 {
+                let vip6: Ipv6Addr = "2001:db8::100".parse().unwrap();
+                let client: Ipv6Addr = "2001:db8::1".parse().unwrap();
+                let quoted = etherparse::PacketBuilder::ipv6(vip6.octets(), client.octets(), 64).tcp(80, 40000, 1, 1000);
+                let mut q = Vec::new();
+                quoted.write(&mut q, &[0u8; 20]).unwrap();
+                let mut icmp = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+                icmp.extend_from_slice(&q);
+                let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB).ipv6(client.octets(), vip6.octets(), 64);
+                let mut v = Vec::new();
+                b.write(&mut v, etherparse::IpNumber(58), &icmp).unwrap();
+                v
+            } else {
+                let quoted = etherparse::PacketBuilder::ipv4([198, 18, 0, 100], [198, 18, 0, 1], 64).tcp(80, 40000, 1, 1000);
+                let mut q = Vec::new();
+                quoted.write(&mut q, &[0u8; 20]).unwrap();
+                let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
+                icmp.extend_from_slice(&q[..28]);
+                let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB).ipv4([198, 18, 0, 254], [198, 18, 0, 100], 64);
+                let mut v = Vec::new();
+                b.write(&mut v, etherparse::IpNumber(1), &icmp).unwrap();
+                v
+            };
+            if idx < f.len() { f[idx] = val; }
+            f.truncate(cut.max(1));
+            let cfg = if v6 { cfg6() } else { cfg4() };
+            let mut t = BackendTable::new(crate::algo::Algorithm::Maglev, 251, crate::health::HealthParams::default()).unwrap();
+            t.add(SocketAddr::from(([198, 18, 0, 11], 80)), 1).unwrap();
+            let mut lb = DsrBalancer::new(cfg, DsrTimers::default());
+            lb.sync_backends(&t, now);
+            let mut arp = arp_frame(2, BACKEND, Ipv4Addr::new(198, 18, 0, 11), LB, LB, Ipv4Addr::new(198, 18, 0, 2));
+            lb.handle_frame(&mut arp, &mut t, now);
+            let _ = lb.handle_frame(&mut f, &mut t, now);
+        }
     }
 }
