@@ -281,12 +281,25 @@ fn publish(
     status: &Mutex<DsrStatus>,
 ) {
     let (active, closing) = lb.flow_count();
-    let neighbors = table
+    let neighbors: Vec<(IpAddr, Option<Mac>)> = table
         .backends()
         .iter()
         .map(|b| (b.addr.ip(), lb.neighbor(b.addr.ip())))
         .collect();
     let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+    // Say when a backend's MAC is learned or changes (the first thing to check when a backend
+    // gets no traffic).
+    for (ip, mac) in &neighbors {
+        let Some(mac) = mac else { continue };
+        let before = s
+            .neighbors
+            .iter()
+            .find(|(i, _)| i == ip)
+            .and_then(|(_, m)| *m);
+        if before != Some(*mac) {
+            tracing::info!(backend = %ip, mac = %fmt_mac(*mac), "backend MAC learned");
+        }
+    }
     *s = DsrStatus {
         interface: iface.name.clone(),
         mac: Some(iface.mac),
