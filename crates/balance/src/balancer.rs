@@ -354,36 +354,56 @@ impl Balancer {
         out
     }
 
-    /// Starts the health checker: every `interval`, each backend is checked (in parallel, each
-    /// within `timeout`); results feed the table's fall/rise machines.
+    /// Starts the health checker: every `interval`, each backend is checked (each check on its
+    /// own short-lived thread, bounded by `timeout`); results feed the table's fall/rise machines
+    /// as soon as they arrive. A slow or black-holed backend does not delay the others' checks;
+    /// a backend gets its next check one interval after the previous one started, or when that
+    /// one ends if it took longer.
     pub fn spawn_health_checker(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
         let b = self.clone();
         std::thread::Builder::new()
             .name("braid-health".into())
             .spawn(move || {
                 let interval = b.config.health.interval;
+                let (tx, rx) = std::sync::mpsc::channel::<(u64, CheckOutcome)>();
+                let mut inflight: std::collections::HashSet<u64> = Default::default();
                 let mut next = Instant::now();
                 while !b.stopping() {
-                    let targets: Vec<(u64, SocketAddr)> = b
-                        .table()
-                        .backends()
-                        .iter()
-                        .map(|x| (x.id, x.addr))
-                        .collect();
-                    let results: Vec<(u64, CheckOutcome)> = std::thread::scope(|s| {
-                        let hs: Vec<_> = targets
+                    if Instant::now() >= next {
+                        let targets: Vec<(u64, SocketAddr)> = b
+                            .table()
+                            .backends()
                             .iter()
-                            .map(|&(id, addr)| {
-                                let b = &b;
-                                s.spawn(move || (id, b.check_one(addr)))
-                            })
+                            .map(|x| (x.id, x.addr))
                             .collect();
-                        hs.into_iter().filter_map(|h| h.join().ok()).collect()
-                    });
-                    let now = Instant::now();
-                    {
-                        let mut t = b.table();
-                        for (id, r) in results {
+                        for (id, addr) in targets {
+                            if !inflight.insert(id) {
+                                continue; // the previous check is still running
+                            }
+                            let (b2, tx) = (b.clone(), tx.clone());
+                            let spawned = std::thread::Builder::new()
+                                .name("braid-check".into())
+                                .spawn(move || {
+                                    let _ = tx.send((id, b2.check_one(addr)));
+                                });
+                            if spawned.is_err() {
+                                inflight.remove(&id);
+                            }
+                        }
+                        next += interval;
+                        let now = Instant::now();
+                        if next < now {
+                            next = now + interval;
+                        }
+                    }
+                    let wait = next
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(50));
+                    match rx.recv_timeout(wait) {
+                        Ok((id, r)) => {
+                            inflight.remove(&id);
+                            let now = Instant::now();
+                            let mut t = b.table();
                             let addr = t.get(id).map(|x| x.addr);
                             if let Some(change) =
                                 t.handle_check(id, now, r.ok, Some(r.took), r.detail.clone())
@@ -396,14 +416,8 @@ impl Balancer {
                                 );
                             }
                         }
-                    }
-                    next += interval;
-                    let now = Instant::now();
-                    if next < now {
-                        next = now;
-                    }
-                    while !b.stopping() && Instant::now() < next {
-                        std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                     }
                 }
             })

@@ -500,7 +500,7 @@ fn proxy_distribution_per_algorithm() {
     let mut lab = Lab::new("dist");
     let weights = [(0, 1), (1, 1), (2, 2)];
     let health =
-        "health = { interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2, http_path = \"/\" }";
+        "health = { interval_ms = 200, timeout_ms = 1000, fall = 3, rise = 2, http_path = \"/\" }";
 
     lab.start_balancer(&format!("algorithm = \"round-robin\"\n{health}"), &weights);
     let m = counts(&lab.seq(60, &[""]));
@@ -587,7 +587,7 @@ fn proxy_backend_killed_mid_load() {
     let mut lab = Lab::new("kill");
     let (interval, fall) = (200.0, 2.0);
     lab.start_balancer(
-        "algorithm = \"round-robin\"\nhealth = { interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }",
+        "algorithm = \"round-robin\"\nhealth = { interval_ms = 200, timeout_ms = 500, fall = 2, rise = 2 }",
         &[(0, 1), (1, 1), (2, 1)],
     );
     let (load, out, ka) = lab.start_load(4.0);
@@ -667,7 +667,7 @@ fn proxy_backend_killed_mid_load() {
 fn proxy_drain_remove_add_set_weight_at_run_time() {
     let mut lab = Lab::new("ops");
     lab.start_balancer(
-        "algorithm = \"weighted\"\nhealth = { interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }",
+        "algorithm = \"weighted\"\nhealth = { interval_ms = 200, timeout_ms = 1000, fall = 3, rise = 2 }",
         &[(0, 1), (1, 1), (2, 1)],
     );
     // Drain the backend of an established connection: it keeps serving that connection, and no
@@ -777,7 +777,7 @@ fn proxy_drain_remove_add_set_weight_at_run_time() {
 fn proxy_udp_affinity_and_idle_timeout() {
     let mut lab = Lab::new("udp");
     lab.start_balancer(
-        "protocol = \"udp\"\nalgorithm = \"round-robin\"\nudp_idle_timeout_ms = 600\nhealth = { interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }",
+        "protocol = \"udp\"\nalgorithm = \"round-robin\"\nudp_idle_timeout_ms = 600\nhealth = { interval_ms = 200, timeout_ms = 1000, fall = 3, rise = 2 }",
         &[(0, 1), (1, 1), (2, 1)],
     );
     let out = run(&mut lab.client(&["udp", "198.18.10.2", "8080", "6", "5"]));
