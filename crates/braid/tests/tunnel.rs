@@ -548,8 +548,10 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
     let (ok, intervals, total) = t.finish(Duration::from_secs(15));
     assert!(
         ok,
-        "the TCP transfer broke when a link went down; {}",
-        net.why()
+        "the TCP transfer broke when a link went down; {}\nclient log:\n{}\nserver log:\n{}",
+        net.why(),
+        net.log("client"),
+        net.log("server")
     );
     assert!(total > 1e6, "{total} bytes; {}", net.why());
     // The longest stretch without progress (0.2 s intervals).

@@ -388,6 +388,17 @@ impl Endpoint {
         Ok(())
     }
 
+    /// The I/O layer could not send on `link` because the kernel says its network is gone
+    /// (ENETDOWN, ENETUNREACH...): the link is DOWN now, without waiting for probes to go
+    /// unanswered. Probing goes on, so it comes back by itself once its acks do.
+    pub fn handle_link_error(&mut self, now: Instant, link: LinkId) {
+        if let Some(i) = self.link_index(link) {
+            if let Some(state) = self.links[i].health.force_down(now) {
+                self.events.push_back(Event::LinkState { link, state });
+            }
+        }
+    }
+
     pub fn link_ids(&self) -> Vec<LinkId> {
         self.links.iter().map(|l| l.id).collect()
     }
@@ -1174,6 +1185,11 @@ impl Endpoint {
             reorder_timeout_us: self.reorder_timeout.as_micros() as u64,
             drops: self.drops.clone(),
         }
+    }
+
+    /// Forgets the reorder buffer's wait times so far (the simulator's warm-up ends).
+    pub fn clear_reorder_waits(&mut self) {
+        self.reorder.clear_waits();
     }
 
     /// The reorder buffer's wait-time percentile (for the simulator's reports).

@@ -549,17 +549,26 @@ impl LinkHealth {
         }
         let last = self.last_ack.unwrap_or(now);
         if now.saturating_duration_since(last) >= self.dead_after() {
-            self.state = LinkState::Down;
-            self.consecutive = 0;
-            // Measure loss and rate afresh once the link is back (what was lost while it was
-            // dark says nothing about the link that comes back).
-            self.report = None;
-            self.rate_base = None;
-            self.loss = 0.0;
-            self.rate_bps = 0.0;
-            return Some(LinkState::Down);
+            return self.force_down(now);
         }
         None
+    }
+
+    /// The link is known dead without waiting for the acks to stop (e.g. the kernel said its
+    /// network is down). Returns the new state if it changed.
+    pub fn force_down(&mut self, _now: Instant) -> Option<LinkState> {
+        if self.state == LinkState::Down {
+            return None;
+        }
+        self.state = LinkState::Down;
+        self.consecutive = 0;
+        // Measure loss and rate afresh once the link is back (what was lost while it was dark
+        // says nothing about the link that comes back).
+        self.report = None;
+        self.rate_base = None;
+        self.loss = 0.0;
+        self.rate_bps = 0.0;
+        Some(LinkState::Down)
     }
 
     // ----- readings -----

@@ -414,6 +414,9 @@ struct AdaptiveLink {
     vq_prev: f64,
     /// Until the first congestion signal, probe up faster.
     startup: bool,
+    /// Packets were dropped at the sender during this interval because every link was full:
+    /// the traffic wanted more than the rates we assume.
+    demand: bool,
     /// The configured bandwidth last seen (a change resets the rate to it).
     configured: Option<u64>,
 }
@@ -432,6 +435,7 @@ impl AdaptiveLink {
             busy: 0.0,
             vq_prev: 0.0,
             startup: v.bandwidth_bps.is_none(),
+            demand: false,
             configured: v.bandwidth_bps,
         }
     }
@@ -468,6 +472,9 @@ impl AdaptiveLink {
             return;
         }
         let busy = self.busy / elapsed.as_secs_f64();
+        // Kept busy by us, or wanted more than we gave (sender drops): either way the link was
+        // offered at least the rate we assume.
+        let pushed = busy >= BUSY_FRACTION || self.demand;
         let delivered = sane(v.delivery_rate_bps);
         // Pull the virtual queue towards the real one: the peer's queueing delay measures the
         // queue that packets placed about one interval ago found. Without this the two drift
@@ -480,21 +487,16 @@ impl AdaptiveLink {
             // arrived is its capacity, whether we had guessed lower or higher.
             self.startup = false;
             self.rate = DECREASE_TO * delivered;
-        } else if delivered > self.rate
-            && !(self.startup && busy >= BUSY_FRACTION && v.qdelay < QDELAY_LOW)
-        {
+        } else if delivered > self.rate && !(self.startup && pushed && v.qdelay < QDELAY_LOW) {
             // The link carried more than we assumed: that much it can carry at least (this is
             // what lifts a rate stuck between the thresholds, e.g. by jitter on a slow link).
             self.rate = delivered;
-        } else if self.startup && busy >= BUSY_FRACTION && v.qdelay < QDELAY_LOW {
+        } else if self.startup && pushed && v.qdelay < QDELAY_LOW {
             // Start-up: no queue although we kept the link busy; aim at a multiple of what it
             // delivered (BBR's start-up, in spirit): the rate doubles or so per round trip
             // without overshooting the capacity by more than STARTUP_GAIN.
             self.rate = self.rate.max(delivered * STARTUP_GAIN);
-        } else if busy >= BUSY_FRACTION
-            && v.qdelay < QDELAY_LOW
-            && delivered >= RAISE_EVIDENCE * self.rate
-        {
+        } else if pushed && v.qdelay < QDELAY_LOW && delivered >= RAISE_EVIDENCE * self.rate {
             // No queue although we kept the link busy: it can carry at least what it delivered,
             // and maybe more: probe.
             self.rate = self.rate.max(delivered) * INCREASE_GAIN;
@@ -502,6 +504,7 @@ impl AdaptiveLink {
         self.rate = sane(self.rate).max(RATE_FLOOR_BPS);
         self.interval_start = now;
         self.busy = 0.0;
+        self.demand = false;
         self.vq_prev = self.backlog * 8.0 / self.rate;
     }
 
@@ -575,8 +578,19 @@ impl Scheduler for Adaptive {
             }
         }
         let Some((i, _, queue)) = best else { return };
-        if queue > limit.min(MAX_VIRTUAL_QUEUE).as_secs_f64() {
+        // Drop at the sender only once every link's rate has been measured (its start-up ended
+        // with a standing queue): a guessed rate must not throttle the traffic that would reveal
+        // the real one.
+        let measured = links
+            .iter()
+            .all(|v| self.table.get(v.id).is_some_and(|st| !st.startup));
+        if measured && queue > limit.min(MAX_VIRTUAL_QUEUE).as_secs_f64() {
             // Every link is full: drop at the sender (see MIN_QUEUE_LIMIT).
+            for v in links {
+                if let Some(j) = self.table.entries.iter().position(|e| e.0 == v.id) {
+                    self.table.entries[j].2.demand = true;
+                }
+            }
             return;
         }
         let e = &mut self.table.entries[i];

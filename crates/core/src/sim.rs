@@ -368,6 +368,7 @@ pub fn run(sc: &Scenario) -> Report {
     let unif = |rng: &mut ChaCha8Rng| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     let trace = std::env::var_os("BRAID_SIM_TRACE").is_some();
     let mut next_trace = Duration::ZERO;
+    let mut warm = false;
 
     loop {
         // Next thing to happen.
@@ -403,6 +404,10 @@ pub fn run(sc: &Scenario) -> Report {
                 );
             }
             eprintln!("{line}");
+        }
+        if !warm && now >= sc.warmup {
+            warm = true;
+            server.clear_reorder_waits();
         }
         if next_send <= now {
             let id = next_id;

@@ -352,3 +352,19 @@ fn garbage_never_panics() {
     assert!(p.client.is_connected() && p.server.is_connected());
     let _ = p.base;
 }
+
+#[test]
+fn kernel_link_error_takes_the_link_down_at_once_and_it_comes_back() {
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    p.client.handle_link_error(p.now, 2);
+    assert_eq!(
+        p.link_states(&p.client),
+        vec![LinkState::Up, LinkState::Down]
+    );
+    p.client_events.clear();
+    p.exchange();
+    // Nothing was wrong with it after all: its probes are answered and it rises again.
+    p.run_for(Duration::from_secs(1));
+    assert_eq!(p.link_states(&p.client), vec![LinkState::Up; 2]);
+}

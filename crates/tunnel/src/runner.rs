@@ -469,7 +469,8 @@ impl Runner {
                 }
             }
         }
-        for s in self.socks.values_mut() {
+        let mut dead_socks = Vec::new();
+        for (tok, s) in self.socks.iter_mut() {
             while !s.pending.is_empty() {
                 let (a, b) = s.pending.as_slices();
                 let part = if a.is_empty() { b } else { a };
@@ -487,6 +488,19 @@ impl Runner {
                 let consumed = rep.sent + rep.failed;
                 if rep.failed > 0 {
                     s.send_errors += rep.failed as u64;
+                    let gone = rep
+                        .last_error
+                        .as_ref()
+                        .and_then(|e| e.raw_os_error())
+                        .is_some_and(|c| {
+                            matches!(
+                                c,
+                                libc::ENETDOWN | libc::ENETUNREACH | libc::ENODEV | libc::ENXIO
+                            )
+                        });
+                    if gone {
+                        dead_socks.push(*tok);
+                    }
                     s.last_send_error = rep.last_error.map(|e| e.to_string());
                 }
                 for _ in 0..consumed {
@@ -497,6 +511,20 @@ impl Runner {
                 if rep.would_block || consumed == 0 {
                     break;
                 }
+            }
+        }
+        if !dead_socks.is_empty() {
+            // The kernel says the uplink's network is gone: take the link out of the bundle now
+            // rather than after its probes go unanswered.
+            let now = Instant::now();
+            let ids: Vec<LinkId> = self
+                .links
+                .iter()
+                .filter(|(_, (t, _))| dead_socks.contains(t))
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                self.ep.handle_link_error(now, id);
             }
         }
     }
