@@ -270,6 +270,11 @@ struct TempDir(PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // BRAID_LAB_KEEP=1 keeps the configs and logs for debugging.
+        if std::env::var_os("BRAID_LAB_KEEP").is_some_and(|v| v == "1") {
+            eprintln!("braid lab: kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -436,6 +441,13 @@ impl Lab {
     /// The lab's working directory (configs, logs, control sockets).
     pub fn dir(&self) -> &Path {
         &self.dir.0
+    }
+
+    /// Control socket of the server endpoint, once started.
+    pub fn server_control(&self) -> Option<PathBuf> {
+        self.client_control
+            .as_ref()
+            .map(|_| self.dir.0.join("server.sock"))
     }
 
     /// Control socket of the client endpoint, once started.
@@ -942,6 +954,9 @@ pub fn run_lab(args: LabArgs) -> anyhow::Result<()> {
 
 /// Runs the lab as `args` says, with `exe` as the braid binary, and returns the figures.
 pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
+    if !is_root() {
+        bail!("braid lab needs root to build network namespaces (CAP_SYS_ADMIN, CAP_NET_ADMIN): run it with sudo");
+    }
     let specs = if args.links.is_empty() {
         default_links()
     } else {
@@ -1055,6 +1070,9 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             }),
             run: r,
             client_status: status,
+            server_status: lab.server_control().and_then(|p| {
+                braid_linux::control::request(&p, &serde_json::json!({"cmd": "status"})).ok()
+            }),
         });
     }
     Ok(LabReport::new(

@@ -89,6 +89,8 @@ pub struct BundleReport {
     pub fail: Option<FailReport>,
     /// The client's `status` reply at the end of the run.
     pub client_status: Option<serde_json::Value>,
+    /// The server's `status` reply at the end of the run.
+    pub server_status: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
