@@ -14,7 +14,7 @@
 //! deletes its namespaces, also when the test fails.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -215,20 +215,41 @@ fn python() -> String {
 
 /// Waits for `child` up to `limit`; kills it (by PID) if it overruns.
 fn wait_output(mut child: Child, limit: Duration) -> Output {
+    // Drain the pipes while waiting: a chatty child would otherwise block on a full pipe.
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+            let _ = child.wait();
+            let stdout = String::from_utf8_lossy(&out.join().unwrap()).to_string();
+            let tail: Vec<&str> = stdout.lines().rev().take(10).collect();
             panic!(
-                "process ran over {limit:?}; stdout: {} stderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                "process ran over {limit:?}; {} lines, last: {tail:?} stderr: {}",
+                stdout.lines().count(),
+                String::from_utf8_lossy(&err.join().unwrap())
             );
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
-    child.wait_with_output().unwrap()
 }
 
 /// The test bed: namespaces, processes, files. Dropping it cleans everything up.
@@ -891,6 +912,17 @@ fn dsr_ipv6_vip_answers_ndp_and_spreads() {
     bed.wait_servers(&[1, 2, 3]);
     bed.start_balancer_on(&[1, 2, 3], true);
     let lines = bed.client_to(VIP6, &["new", "60"], Duration::from_secs(30));
+    if lines.iter().any(|l| !l.starts_with("ok")) {
+        let st = bed.status();
+        let n = run(Command::new("ip").args(["-n", &bed.ns("cl"), "-6", "neigh"]));
+        let a = run(Command::new("ip").args(["-n", &bed.ns("b1"), "-6", "addr"]));
+        panic!(
+            "failures: {lines:?}\n{}\n{}\n{}",
+            st["dsr"],
+            String::from_utf8_lossy(&n.stdout),
+            String::from_utf8_lossy(&a.stdout)
+        );
+    }
     let mut count: HashMap<String, u32> = HashMap::new();
     for l in &lines {
         let mut w = l.split_whitespace();
