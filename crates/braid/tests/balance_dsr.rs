@@ -316,6 +316,10 @@ impl Bed {
         ip(&["netns", "add", &ns]);
         self.namespaces.push(ns.clone());
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        // No duplicate address detection on the fresh links: while a host's link-local address
+        // is tentative the kernel sends no Neighbor Solicitation at all, so its first replies
+        // would wait a second (real hosts have long finished DAD).
+        self.sysctl(&ns, "net.ipv6.conf.default.accept_dad=0");
         ns
     }
 
