@@ -1085,16 +1085,20 @@ impl Endpoint {
             l.tx_meter.tick(l.tx_bytes, dt);
             l.rx_meter.tick(l.rx_bytes, dt);
         }
-        // Hold time: the spread of base one-way delays over the links that carry data to us, plus
-        // their jitter. Links that carry data define "every link has passed this gap".
-        let recent = |t: Option<Instant>| {
-            t.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_millis(500))
+        // Hold time: the spread of the current one-way delays (queueing included) over every
+        // link that is alive towards us (anything arrived lately), plus their jitter. A link that
+        // carries data only now and then must be counted: leaving it out makes its packets late
+        // (dropped), which the inner TCP takes for loss, so it never offers enough to use it.
+        // The same links define "every link has passed this gap" (a link that carries no data
+        // never passes one, so such gaps wait for the hold time).
+        let alive = |t: Option<Instant>| {
+            t.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
         };
         let mut active: Vec<LinkId> = Vec::new();
         let mut owds: Vec<u32> = Vec::new();
         let mut jitter = Duration::ZERO;
         for l in &self.links {
-            if recent(l.last_data_rx) {
+            if alive(l.last_rx) {
                 active.push(l.id);
                 // Current one-way delay (base + queueing), as this receiver measures it: packets
                 // wait for the slowest link's *current* delay, queue included.
