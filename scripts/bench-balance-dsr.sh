@@ -117,9 +117,9 @@ run_mode() {
         echo "control = \"$WORK/$mode.sock\""
         for i in 1 2 3; do printf '\n[[backend]]\naddress = "198.18.0.1%s:80"\n' "$i"; done
     } >"$cfg"
-    ip netns exec "$P-lb" "$BRAID" --log-level warn balance "$cfg" 2>"$WORK/$mode.log" &
+    # (Runs in a subshell: it stops the balancer it starts itself.)
+    ip netns exec "$P-lb" "$BRAID" --log-level warn balance "$cfg" 2>"$WORK/$mode.log" >/dev/null &
     local lb=$!
-    PIDS+=("$lb")
     for _ in $(seq 100); do
         ip netns exec "$P-cl" curl -s -m 1 -o /dev/null "$url/" && break
         sleep 0.1
@@ -141,6 +141,63 @@ run_mode() {
         'BEGIN { d = t1 - t0; printf "%.1f %.1f %.1f %.1f %.2f\n", c*8/d/1e6, l*8/d/1e6, lr*8/d/1e6, lt*8/d/1e6, d }'
 }
 
+# Forwarding rate of the DSR data path: one client floods 60-byte UDP frames at the VIP from 64
+# source ports for DUR seconds (no shaping); prints "sent_pps forwarded_pps socket_drops".
+run_pps() {
+    tc -n "$P-lb" qdisc del dev eth0 root
+    tc -n "$P-sw" qdisc del dev "p-lb" root
+    cat >"$WORK/sink.py" <<'EOT'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 9))
+while True:
+    s.recvfrom(2048)  # health probes only: the flood goes to the VIP, where nothing listens
+EOT
+    cat >"$WORK/flood.py" <<'EOT'
+import socket, sys, time
+socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(64)]
+for s in socks:
+    s.connect((sys.argv[1], 9))
+n, t0, payload = 0, time.time(), b"x" * 18
+while time.time() - t0 < float(sys.argv[2]):
+    for s in socks:
+        try:
+            s.send(payload)
+        except OSError:
+            pass
+    n += 64
+print(n / (time.time() - t0))
+EOT
+    # (This function runs in a subshell: it must stop what it starts itself.)
+    local sinks=()
+    for i in 1 2 3; do
+        ip netns exec "$P-b$i" "$PY" "$WORK/sink.py" "198.18.0.1$i" >/dev/null 2>&1 &
+        sinks+=($!)
+    done
+    {
+        echo "[balance]"
+        echo "name = \"bench-pps\""
+        echo "mode = \"dsr\""
+        echo "protocol = \"udp\""
+        echo "vip = \"$VIP:9\""
+        echo "interface = \"eth0\""
+        echo "health = { interval_ms = 500, timeout_ms = 300, fall = 2, rise = 2 }"
+        echo "control = \"$WORK/pps.sock\""
+        for i in 1 2 3; do printf '\n[[backend]]\naddress = "198.18.0.1%s:9"\n' "$i"; done
+    } >"$WORK/pps.toml"
+    ip netns exec "$P-lb" "$BRAID" --log-level warn balance "$WORK/pps.toml" 2>"$WORK/pps.log" >/dev/null &
+    local lb=$!
+    sleep 1
+    local st='import json,sys; d=json.load(sys.stdin)["dsr"]; print(d["forwarded_packets"], d["socket_drops"])'
+    local f0 d0 f1 d1 sent
+    read -r f0 d0 < <("$BRAID" --control "$WORK/pps.sock" status --json | python3 -c "$st")
+    sent=$(ip netns exec "$P-cl" "$PY" "$WORK/flood.py" "$VIP" "$DUR")
+    sleep 0.5
+    read -r f1 d1 < <("$BRAID" --control "$WORK/pps.sock" status --json | python3 -c "$st")
+    kill "$lb" "${sinks[@]}"; wait "$lb" "${sinks[@]}" 2>/dev/null || true
+    awk -v s="$sent" -v f=$((f1 - f0)) -v d=$((d1 - d0)) -v t="$DUR" 'BEGIN { printf "%.0f %.0f %d\n", s, f/t, d }'
+}
+
 echo "machine: $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "balancer link shaped to $RATE each way (tbf); $PAR parallel downloads of 64 MiB objects, ${DUR}s per mode"
 read -r d_cl d_lb d_lr d_lt d_t < <(run_mode dsr "http://$VIP")
@@ -149,3 +206,5 @@ printf '%-6s %22s %28s\n' mode "clients receive Mbit/s" "balancer link rx/tx Mbi
 printf '%-6s %22s %28s\n' dsr "$d_cl" "$d_lr / $d_lt"
 printf '%-6s %22s %28s\n' proxy "$p_cl" "$p_lr / $p_lt"
 awk -v d="$d_cl" -v p="$p_cl" -v r="$RATE" 'BEGIN { printf "dsr / proxy = %.2fx; dsr clients get %.2fx the balancer link rate (%s)\n", d/p, d/(r+0), r }'
+read -r s_pps f_pps drops < <(run_pps)
+echo "dsr forwarding, 60-byte UDP frames, unshaped: client sent $s_pps pps, balancer forwarded $f_pps pps ($drops dropped in its socket queue)"
