@@ -134,6 +134,12 @@ pub struct LabArgs {
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// TCP congestion control of the two hosts' kernel TCP (cubic, reno, bbr, ...). Default
+    /// cubic, Linux's own default. BBR sizes its window from the smallest RTT it sees, which
+    /// `adaptive` keeps on the fastest link at light load: it cannot then fill links of much
+    /// longer delay (measured in BENCHMARKS.md).
+    #[arg(long, value_name = "NAME", default_value = "cubic")]
+    pub cc: String,
     /// No live view on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -252,6 +258,8 @@ pub struct LabOptions {
     pub prefix: String,
     pub queue_ms: u64,
     pub seed: u64,
+    /// TCP congestion control of hosts A and B.
+    pub cc: String,
 }
 
 impl LabOptions {
@@ -261,6 +269,7 @@ impl LabOptions {
             prefix: format!("bl{}", std::process::id()),
             queue_ms: shaper::DEFAULT_QUEUE_MS,
             seed: 1,
+            cc: "cubic".to_string(),
         }
     }
 }
@@ -384,6 +393,27 @@ impl Lab {
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let dir = TempDir(dir);
         let topo = Topology::create(&opts.prefix, specs.len())?;
+        for ns in [topo.ns_a(), topo.ns_b()] {
+            netns::in_ns(
+                &ns,
+                "sysctl",
+                &[
+                    "-q",
+                    "-w",
+                    &format!("net.ipv4.tcp_congestion_control={}", opts.cc),
+                ],
+            )
+            .with_context(|| {
+                let avail =
+                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                        .unwrap_or_default();
+                format!(
+                    "TCP congestion control {:?} (available: {})",
+                    opts.cc,
+                    avail.trim()
+                )
+            })?;
+        }
         let mut args: Vec<String> = vec!["lab-internal".into(), "emulate".into()];
         for s in specs {
             args.push("--link".into());
@@ -986,6 +1016,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     let mut opts = LabOptions::new(exe);
     opts.queue_ms = args.queue_ms;
     opts.seed = args.seed;
+    opts.cc = args.cc.clone();
     let mut live = Live::new(!args.quiet);
     if !args.quiet {
         eprintln!(
@@ -1075,14 +1106,16 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             }),
         });
     }
-    Ok(LabReport::new(
+    let mut report = LabReport::new(
         opts.prefix.clone(),
         args.duration,
         args.flows,
         args.queue_ms,
         links,
         bundle,
-    ))
+    );
+    report.tcp_congestion_control = args.cc.clone();
+    Ok(report)
 }
 
 #[cfg(test)]

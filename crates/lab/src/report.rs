@@ -21,6 +21,8 @@ pub struct LabReport {
     pub duration_s: f64,
     pub flows: u16,
     pub queue_ms: u64,
+    /// TCP congestion control of the test hosts.
+    pub tcp_congestion_control: String,
     pub links: Vec<LinkReport>,
     pub nominal_sum_bps: f64,
     /// Sum of the links' goodput alone (when every link was measured).
@@ -130,6 +132,7 @@ impl LabReport {
             duration_s,
             flows,
             queue_ms,
+            tcp_congestion_control: String::new(),
             bundle_of_nominal: bundle_goodput.map(|g| g / nominal_sum_bps),
             bundle_of_single_sum: bundle_goodput.zip(single_sum_bps).map(|(g, s)| g / s),
             links,
@@ -233,7 +236,8 @@ pub fn render(r: &LabReport) -> String {
             );
         }
         out += &format!(
-            "  TCP sender: {} segments, {} retransmitted ({:.2}%)\n",
+            "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%)\n",
+            r.tcp_congestion_control,
             b.run.tcp_segments,
             b.run.tcp_retransmits,
             100.0 * b.run.tcp_retransmits as f64 / (b.run.tcp_segments.max(1)) as f64
