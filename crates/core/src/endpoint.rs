@@ -509,6 +509,26 @@ impl Endpoint {
         }
     }
 
+    /// Opens and checks a HELLO or HELLO-ACK (sealed under the handshake key), counting why
+    /// it was dropped if it was.
+    fn open_hello(&mut self, header: &Header, datagram: &mut [u8]) -> Option<HelloRepr> {
+        let hello = match crypto::open(&self.hs_key, header, datagram) {
+            Ok(pt) => HelloRepr::parse(pt).ok(),
+            Err(crypto::CryptoError::Auth) => {
+                self.drops.auth += 1;
+                return None;
+            }
+            Err(_) => None,
+        };
+        match hello {
+            Some(h) if h.cipher == self.cfg.cipher && h.session != 0 => Some(h),
+            _ => {
+                self.drops.malformed += 1;
+                None
+            }
+        }
+    }
+
     fn handle_hello(
         &mut self,
         now: Instant,
@@ -520,27 +540,9 @@ impl Endpoint {
             self.drops.malformed += 1;
             return;
         }
-        let hello = match crypto::open(&self.hs_key, header, datagram) {
-            Ok(pt) => match HelloRepr::parse(pt) {
-                Ok(h) => h,
-                Err(_) => {
-                    self.drops.malformed += 1;
-                    return;
-                }
-            },
-            Err(crypto::CryptoError::Auth) => {
-                self.drops.auth += 1;
-                return;
-            }
-            Err(_) => {
-                self.drops.malformed += 1;
-                return;
-            }
-        };
-        if hello.cipher != self.cfg.cipher || hello.session == 0 {
-            self.drops.malformed += 1;
+        let Some(hello) = self.open_hello(header, datagram) else {
             return;
-        }
+        };
         // A repeated HELLO (sent on every link, or retransmitted) gets the same answer.
         let same = |s: &Session| s.remote_id == hello.session && s.client_salt == hello.salt;
         let ack = match (&self.pending, &self.session) {
@@ -594,45 +596,26 @@ impl Endpoint {
             self.drops.malformed += 1;
             return;
         }
-        let Some(hello) = self.hello.as_ref() else {
+        let Some((local_id, salt)) = self.hello.as_ref().map(|h| (h.local_id, h.salt)) else {
             // Late duplicate of an ack we already used.
             self.drops.unknown_session += 1;
             return;
         };
-        if header.session != hello.local_id {
+        if header.session != local_id {
             self.drops.unknown_session += 1;
             return;
         }
-        let ack = match crypto::open(&self.hs_key, header, datagram) {
-            Ok(pt) => match HelloRepr::parse(pt) {
-                Ok(h) => h,
-                Err(_) => {
-                    self.drops.malformed += 1;
-                    return;
-                }
-            },
-            Err(crypto::CryptoError::Auth) => {
-                self.drops.auth += 1;
-                return;
-            }
-            Err(_) => {
-                self.drops.malformed += 1;
-                return;
-            }
-        };
-        if ack.cipher != self.cfg.cipher || ack.session == 0 {
-            self.drops.malformed += 1;
+        let Some(ack) = self.open_hello(header, datagram) else {
             return;
-        }
-        let keys =
-            crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &hello.salt, &ack.salt, true);
+        };
+        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &salt, &ack.salt, true);
         let session = Session {
-            local_id: hello.local_id,
+            local_id,
             remote_id: ack.session,
             keys,
             send_counter: 0,
             replay: ReplayWindow::new(),
-            client_salt: hello.salt,
+            client_salt: salt,
             ack: None,
         };
         self.hello = None;

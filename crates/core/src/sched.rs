@@ -385,6 +385,8 @@ pub const DECREASE_TO: f64 = 1.0;
 /// (one interval earlier, when the packets the peer just measured were placed) closed at each
 /// adjustment.
 pub const RECONCILE_GAIN: f64 = 0.5;
+/// The learned rate falls by at most this factor per adjustment.
+pub const MAX_DECREASE: f64 = 0.8;
 /// Added to the predicted arrival on a DEGRADED link (used only when the others are that late).
 pub const DEGRADED_PENALTY: Duration = Duration::from_millis(50);
 
@@ -485,8 +487,11 @@ impl AdaptiveLink {
         if v.qdelay > QDELAY_HIGH && delivered > 0.0 && pushed {
             // A standing queue at the bottleneck: the link was busy the whole time, so what
             // arrived is its capacity, whether we had guessed lower or higher.
+            // At most MAX_DECREASE per interval: the report is a trip old and the delivery rate
+            // a smoothed one, and a link that just took over a failed link's traffic shows a
+            // queue while TCP backs off; one stale reading must not collapse the rate.
             self.startup = false;
-            self.rate = DECREASE_TO * delivered;
+            self.rate = (DECREASE_TO * delivered).max(self.rate * MAX_DECREASE);
         } else if delivered > self.rate && !(self.startup && pushed && v.qdelay < QDELAY_LOW) {
             // The link carried more than we assumed: that much it can carry at least (this is
             // what lifts a rate stuck between the thresholds, e.g. by jitter on a slow link).
@@ -1024,7 +1029,8 @@ mod tests {
         s.pick(t0, 1000, 0, std::slice::from_ref(&v), &mut out);
         s.pick(t0 + ms(150), 1000, 0, std::slice::from_ref(&v), &mut out);
         assert_eq!(s.rate_bps(1), Some(10e6));
-        // We push it (20 Mbit/s offered for 160 ms) and it queues: it delivers its capacity.
+        // We push it (20 Mbit/s offered for 160 ms: two adjustments) and it queues: it delivers
+        // its capacity. Each step falls by at most MAX_DECREASE...
         offer(
             &mut s,
             t0 + ms(200),
@@ -1033,14 +1039,28 @@ mod tests {
             1000,
             20e6,
         );
+        let r = s.rate_bps(1).unwrap();
+        assert!(
+            (10e6 * MAX_DECREASE * MAX_DECREASE..10e6).contains(&r),
+            "{r}"
+        );
+        // ...and a few steps later it is there.
+        offer(
+            &mut s,
+            t0 + ms(400),
+            std::slice::from_ref(&v),
+            2500,
+            1000,
+            20e6,
+        );
         assert_eq!(s.rate_bps(1), Some(DECREASE_TO * 4e6));
         // Never below the floor.
         v.delivery_rate_bps = 1.0;
         offer(
             &mut s,
-            t0 + ms(400),
+            t0 + ms(1500),
             std::slice::from_ref(&v),
-            400,
+            10000,
             1000,
             20e6,
         );
