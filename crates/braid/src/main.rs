@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "braid", version, about = "Bond several network links into one; balance connections over servers")]
+#[command(
+    name = "braid",
+    version,
+    about = "Bond several network links into one; balance connections over servers"
+)]
 struct Cli {
     /// Log level (error, warn, info, debug, trace), or a tracing filter; RUST_LOG also works.
     #[arg(long, global = true)]
