@@ -503,7 +503,7 @@ impl Endpoint {
             }
         }
         match header.ptype {
-            PacketType::Hello => self.handle_hello(now, &header, from, datagram),
+            PacketType::Hello => self.handle_hello(&header, from, datagram),
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
         }
@@ -529,13 +529,7 @@ impl Endpoint {
         }
     }
 
-    fn handle_hello(
-        &mut self,
-        now: Instant,
-        header: &Header,
-        from: SocketAddr,
-        datagram: &mut [u8],
-    ) {
+    fn handle_hello(&mut self, header: &Header, from: SocketAddr, datagram: &mut [u8]) {
         if self.cfg.role != Role::Server || header.session != 0 {
             self.drops.malformed += 1;
             return;
@@ -588,7 +582,6 @@ impl Endpoint {
             dst: Some(from),
             payload: out,
         });
-        let _ = now;
     }
 
     fn handle_hello_ack(&mut self, now: Instant, header: &Header, datagram: &mut [u8]) {
