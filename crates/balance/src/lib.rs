@@ -188,6 +188,30 @@ pub fn render_status(status: &serde_json::Value) -> String {
         s(status, "algorithm"),
         u(status, "uptime_ms") as f64 / 1000.0
     ));
+    if let Some(d) = status.get("dsr").filter(|d| d.is_object()) {
+        // DSR: the connection counters of proxy mode do not apply; show the data path's own.
+        let macs: Vec<String> = d
+            .get("neighbors")
+            .and_then(Value::as_array)
+            .map(|n| {
+                n.iter()
+                    .map(|e| format!("{} at {}", s(e, "ip"), s(e, "mac")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "forwarded {} packets ({})  flows {} active  answered {} ARP/NDP  dropped: no backend {}, no MAC {}, malformed {}\nbackend MACs: {}\n\n",
+            u(d, "forwarded_packets"),
+            human_bytes(u(d, "forwarded_bytes")),
+            u(d, "active_flows"),
+            u(d, "answered"),
+            u(d, "dropped_no_backend"),
+            u(d, "dropped_no_mac"),
+            u(d, "malformed"),
+            if macs.is_empty() { "-".to_string() } else { macs.join(", ") }
+        ));
+        return render_backends(status, out);
+    }
     let t = status.get("totals").cloned().unwrap_or(Value::Null);
     out.push_str(&format!(
         "connections {} (active {})  no backend {}  retried {}  connect failures {}  bytes in {}  out {}\n\n",
@@ -199,6 +223,14 @@ pub fn render_status(status: &serde_json::Value) -> String {
         human_bytes(u(&t, "bytes_in")),
         human_bytes(u(&t, "bytes_out"))
     ));
+    render_backends(status, out)
+}
+
+/// The backend table of a balancer's `status`, appended to `out`.
+fn render_backends(status: &serde_json::Value, mut out: String) -> String {
+    use serde_json::Value;
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let header = [
         "BACKEND",
         "STATE",
@@ -315,6 +347,32 @@ mod tests {
         assert_eq!(&lines[hdr + 2][col..col + 8], "draining", "{text}");
         assert!(
             lines[hdr + 1].contains("5.0 MiB") && lines[hdr + 1].contains("ok HTTP 200, 0.4 ms"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dsr_status_shows_the_data_path_and_backend_macs() {
+        let st = serde_json::json!({
+            "kind": "balance", "name": "web", "mode": "dsr", "protocol": "tcp",
+            "vip": "198.18.0.100", "interface": "eth1", "algorithm": "maglev",
+            "totals": {"accepted": 0},
+            "dsr": {
+                "forwarded_packets": 1234, "forwarded_bytes": 5 << 20, "active_flows": 7,
+                "answered": 3, "dropped_no_backend": 0, "dropped_no_mac": 1, "malformed": 2,
+                "neighbors": [{"ip": "198.18.0.3", "mac": "02:00:00:00:00:03"}]
+            },
+            "backends": [{"address": "198.18.0.3:80", "state": "up", "weight": 1}]
+        });
+        let text = render_status(&st);
+        assert!(
+            text.contains("forwarded 1234 packets (5.0 MiB)  flows 7 active"),
+            "{text}"
+        );
+        assert!(text.contains("198.18.0.3 at 02:00:00:00:00:03"), "{text}");
+        assert!(!text.contains("connections 0"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("198.18.0.3:80")),
             "{text}"
         );
     }
