@@ -103,6 +103,19 @@ pub struct BackendTable {
     built_generation: u64,
 }
 
+/// What the selection algorithms see of each backend, in table order.
+fn candidates(backends: &[Backend]) -> Vec<Candidate<'_>> {
+    backends
+        .iter()
+        .map(|b| Candidate {
+            name: b.name.as_bytes(),
+            weight: b.weight,
+            active: b.active,
+            eligible: b.eligible(),
+        })
+        .collect()
+}
+
 impl BackendTable {
     /// An empty table. `table_size` is Maglev's (validated: must be prime).
     pub fn new(
@@ -228,16 +241,7 @@ impl BackendTable {
 
     fn rebuild_if_needed(&mut self) {
         if self.built_generation != self.generation {
-            let cands: Vec<Candidate> = self
-                .backends
-                .iter()
-                .map(|b| Candidate {
-                    name: b.name.as_bytes(),
-                    weight: b.weight,
-                    active: b.active,
-                    eligible: b.eligible(),
-                })
-                .collect();
+            let cands = candidates(&self.backends);
             self.selector.rebuild(&cands);
             self.built_generation = self.generation;
         }
@@ -251,16 +255,7 @@ impl BackendTable {
             .iter()
             .filter_map(|id| self.backends.iter().position(|b| b.id == *id))
             .collect();
-        let cands: Vec<Candidate> = self
-            .backends
-            .iter()
-            .map(|b| Candidate {
-                name: b.name.as_bytes(),
-                weight: b.weight,
-                active: b.active,
-                eligible: b.eligible(),
-            })
-            .collect();
+        let cands = candidates(&self.backends);
         let i = self.selector.pick(&cands, key, &excl)?;
         Some(self.backends[i].id)
     }
