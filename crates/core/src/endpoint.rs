@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::crypto::{self, Aead, SessionKeys};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
-use crate::reorder::{ReorderBuffer, ReorderConfig};
+use crate::reorder::{Arrival, ReorderBuffer, ReorderConfig};
 use crate::replay::ReplayWindow;
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
@@ -54,6 +54,11 @@ pub struct Config {
     pub rehandshake_after: Duration,
     /// Server: forget a learned link that has been silent for this long.
     pub forget_link_after: Duration,
+    /// Delay equalisation: hold each received packet until the slowest live link's base one-way
+    /// delay has passed since it was sent, adding at most this much (`ZERO`: off). The inner
+    /// TCP then sees one steady RTT whatever links the scheduler uses (see [`Endpoint`]'s
+    /// receive path).
+    pub equalize_max: Duration,
 }
 
 impl Config {
@@ -69,6 +74,7 @@ impl Config {
             hello_interval: Duration::from_millis(250),
             rehandshake_after: Duration::from_secs(2),
             forget_link_after: Duration::from_secs(120),
+            equalize_max: DEFAULT_EQUALIZE_MAX,
         }
     }
 }
@@ -192,6 +198,14 @@ pub const WIRE_OVERHEAD: usize = IP_UDP_OVERHEAD + crate::wire::DATA_OVERHEAD;
 const TICK: Duration = Duration::from_millis(100);
 /// Extra hold time on top of the measured delay spread, for jitter.
 const REORDER_MARGIN: Duration = Duration::from_millis(3);
+/// Packets shorter than this are not held for delay equalisation: pure TCP acks, DNS, keystrokes
+/// and game updates keep the lowest latency the links give, while bulk-size packets get a delay
+/// that does not depend on which link carried them. For a bulk TCP flow that makes the RTT the
+/// slowest link's one-way delay plus the fastest's (acks take the fastest link), steady from
+/// the first packet to the last.
+pub const EQUALIZE_MIN_LEN: usize = 256;
+/// Default bound of delay equalisation ([`Config::equalize_max`]).
+pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
 
 struct Session {
     /// The id the peer puts in packets for us.
@@ -269,7 +283,9 @@ pub struct Endpoint {
     next_tick: Instant,
     last_tick: Instant,
     reorder: ReorderBuffer,
-    reorder_timeout: Duration,
+    /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
+    /// microseconds) a DATA packet is held until, when equalisation is on and measured.
+    equalize_rel: Option<u32>,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -311,7 +327,7 @@ impl Endpoint {
             next_tick: now + TICK,
             last_tick: now,
             reorder,
-            reorder_timeout: Duration::ZERO,
+            equalize_rel: None,
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -730,6 +746,7 @@ impl Endpoint {
         };
         link.health
             .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
+        self.reorder.link_progress(now, header.link, common.ts);
 
         match body {
             Body::Data(d) => {
@@ -739,7 +756,23 @@ impl Endpoint {
                 if d.flags & FLAG_UNORDERED != 0 {
                     self.direct.push_back(buf);
                 } else {
-                    let _ = self.reorder.push(now, d.seq, header.link, buf);
+                    // Equalised delivery: hold until `send_ts + target` in our clock.
+                    let release = match self.equalize_rel {
+                        Some(target) if d.payload.len() >= EQUALIZE_MIN_LEN => {
+                            let rel = local_ts.wrapping_sub(d.common.ts);
+                            let early = target.wrapping_sub(rel) as i32;
+                            let early = Duration::from_micros(early.max(0) as u64);
+                            now + early.min(self.cfg.equalize_max)
+                        }
+                        _ => now,
+                    };
+                    let arrival = Arrival {
+                        seq: d.seq,
+                        link: header.link,
+                        ts: Some(d.common.ts),
+                        release,
+                    };
+                    let _ = self.reorder.push_arrival(now, arrival, buf);
                 }
             }
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
@@ -1072,10 +1105,14 @@ impl Endpoint {
         };
         let mut active: Vec<LinkId> = Vec::new();
         let mut owds: Vec<u32> = Vec::new();
+        let mut bases: Vec<u32> = Vec::new();
         let mut jitter = Duration::ZERO;
         for l in &self.links {
+            // Counted by what arrives from it, whatever our own health check says: a link we
+            // declare DOWN (our probes go unanswered) may still carry the peer's packets.
             if alive(l.last_rx) {
                 active.push(l.id);
+                bases.extend(l.health.base_rel_owd());
                 // Current one-way delay (base + queueing), as this receiver measures it: packets
                 // wait for the slowest link's *current* delay, queue included.
                 if let Some(o) = l.health.base_rel_owd() {
@@ -1099,8 +1136,9 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
-        self.reorder_timeout = Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN;
-        self.reorder.set_timeout(self.reorder_timeout);
+        self.equalize_rel = self.equalize_target(&bases);
+        self.reorder
+            .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         if self.cfg.role == Role::Server {
             let forget = self.cfg.forget_link_after;
             self.links.retain(|l| {
@@ -1108,6 +1146,29 @@ impl Endpoint {
                     .is_none_or(|t| now.saturating_duration_since(t) < forget)
             });
         }
+    }
+
+    /// The equalisation target from the live links' base relative one-way delays: the largest,
+    /// but no more than `equalize_max` above the smallest (a link slower than that is not
+    /// waited for: its packets arrive late and wait in the reorder buffer as usual).
+    fn equalize_target(&self, bases: &[u32]) -> Option<u32> {
+        let max_add = self.cfg.equalize_max.as_micros().min(i32::MAX as u128) as i64;
+        let &first = bases.first()?;
+        if max_add == 0 || bases.len() < 2 {
+            return None;
+        }
+        let rel: Vec<i64> = bases
+            .iter()
+            .map(|&o| o.wrapping_sub(first) as i32 as i64)
+            .collect();
+        let lo = rel.iter().copied().min().unwrap_or(0);
+        let hi = rel
+            .iter()
+            .copied()
+            .filter(|&r| r - lo <= max_add)
+            .max()
+            .unwrap_or(lo);
+        Some(first.wrapping_add(hi as u32))
     }
 
     /// Says goodbye (CLOSE on every link); drain `poll_transmit` afterwards.
@@ -1162,7 +1223,7 @@ impl Endpoint {
             tun_tx_bytes: self.tun_tx_bytes,
             reorder: self.reorder.stats().clone(),
             reorder_depth: self.reorder.depth(),
-            reorder_timeout_us: self.reorder_timeout.as_micros() as u64,
+            reorder_timeout_us: self.reorder.timeout().as_micros() as u64,
             drops: self.drops.clone(),
         }
     }

@@ -27,15 +27,23 @@
 //!   an unanswered probe resets the "consecutive answered" count.
 //! - **Receiver side**: per-link counters and the relative one-way delay
 //!   `rel = local_ts - sender_ts` (wrapping; includes the unknown clock offset shared by every link
-//!   of the peer). Its 10 s windowed minimum is the link's base; the smoothed recent value minus
+//!   of the peer). Its 30 s windowed minimum ([`OWD_WINDOW`]) is the link's base; the smoothed recent value minus
 //!   the base is the queueing delay reported back in acks.
 
 use std::time::{Duration, Instant};
 
 use crate::wire::{Common, ProbeAckRepr};
 
-/// Window of the minimum filters (min RTT, base one-way delay).
+/// Window of the minimum RTT filter.
 pub const MIN_WINDOW: Duration = Duration::from_secs(10);
+/// Window of the base one-way delay filter. Longer than [`MIN_WINDOW`]: a loss-based inner TCP
+/// keeps a standing queue on every link for as long as it runs, so no packet sees the empty
+/// path; once the window forgets the last empty-queue sample the queue is taken for base delay
+/// (the queueing delay reported to the peer drops to zero, the equalisation target jumps), which
+/// made a dip every 10 s in long transfers. LEDBAT (RFC 6817) keeps minutes of base history for
+/// the same reason. The cost is clock drift: the two ends' clocks drifting apart by `d` ppm reads
+/// as up to `d * 30 s` of queue (3 ms at 100 ppm), common to every link.
+pub const OWD_WINDOW: Duration = Duration::from_secs(30);
 /// Time constant of the loss EWMA.
 pub const LOSS_TAU: Duration = Duration::from_secs(1);
 /// Time constant of the delivery-rate EWMA.
@@ -488,7 +496,7 @@ impl LinkHealth {
                 self.rel_smooth = unwrapped as f64;
             }
             Some(m) => {
-                m.update(MIN_WINDOW, now, unwrapped);
+                m.update(OWD_WINDOW, now, unwrapped);
                 self.rel_smooth += (unwrapped as f64 - self.rel_smooth) * REL_OWD_GAIN;
             }
         }
@@ -1180,8 +1188,26 @@ mod tests {
         let t0 = Instant::now();
         let mut h = LinkHealth::new(HealthConfig::default(), t0);
         h.on_packet_received(t0, &Common { link_seq: 0, ts: 0 }, 100, 5_000);
-        // The path becomes 20 ms longer for good (a route change): the base follows after ~10 s.
-        for i in 1..150u64 {
+        // The path becomes 20 ms longer for good (a route change): the base follows once the
+        // window (OWD_WINDOW, 30 s) has forgotten the old minimum.
+        for i in 1..250u64 {
+            let ts = (i * 100_000) as u32;
+            h.on_packet_received(
+                t0 + ms(i * 100),
+                &Common {
+                    link_seq: i as u32,
+                    ts,
+                },
+                100,
+                ts + 25_000,
+            );
+        }
+        assert_eq!(
+            h.base_rel_owd(),
+            Some(5_000),
+            "25 s later the old minimum still counts"
+        );
+        for i in 250..350u64 {
             let ts = (i * 100_000) as u32;
             h.on_packet_received(
                 t0 + ms(i * 100),

@@ -9,8 +9,18 @@
 //! - A missing sequence number is given up when
 //!   (a) every link in [`ReorderBuffer::set_links`] has already delivered a higher sequence number
 //!   (links are FIFO, so it was lost: Multilink PPP's rule), or
-//!   (b) it has waited the hold timeout since the first packet behind it arrived (the timeout is
-//!   set by the endpoint from the links' delay spread, clamped to the configured bounds).
+//!   (b) every such link has delivered some packet, of any kind, that was sent after the first
+//!   held packet behind the gap (the same rule in time rather than in sequence numbers: keepalive
+//!   probes carry the sender's clock too, so a link that carries no data still tells, within one
+//!   probe interval, that a gap is not on it), or
+//!   (c) it has waited the hold timeout since the first packet behind it arrived. The timeout is
+//!   set by the endpoint from the links' delay spread; when a packet turns up after its gap timed
+//!   out, the buffer adds how late it was (and a quarter) to the timeout, as RACK widens its
+//!   reordering window, and forgets that extra by halves every 10 s. All clamped to the
+//!   configured bounds. Rules (a) and (b) are exact on FIFO links; (c) is what catches a link
+//!   that went silent.
+//! - Each packet may carry a release instant before which it is not delivered (delay
+//!   equalisation, see the endpoint).
 //! - A bitmap over the last `capacity` sequence numbers behind the delivery point tells a
 //!   duplicate of a delivered packet from a late packet whose gap was skipped.
 //! - Every delivered packet's wait (arrival to pop) goes into a log-bucket histogram
@@ -76,8 +86,41 @@ pub struct ReorderStats {
 struct Slot {
     seq: u64,
     arrival: Instant,
+    /// Not delivered before this instant (delay equalisation; `arrival` when there is none).
+    release: Instant,
+    /// The sender's clock when it sealed the packet (wire `ts`), when known.
+    ts: Option<u32>,
     packet: Vec<u8>,
 }
+
+/// What the receiver knows of an arriving packet besides its sequence number.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub seq: u64,
+    pub link: LinkId,
+    /// The sender's wire `ts` (microseconds, wrapping): enables the time rule (b) of the module
+    /// docs.
+    pub ts: Option<u32>,
+    /// Not delivered before this instant (delay equalisation).
+    pub release: Instant,
+}
+
+/// A run of sequence numbers given up by timeout, remembered to measure how late their packets
+/// turn up (which lengthens the hold time, see [`ReorderBuffer::timeout`]).
+struct TimeoutSkip {
+    from: u128,
+    to: u128,
+    at: Instant,
+}
+/// Timeout skips remembered.
+const SKIP_LOG: usize = 64;
+/// A link that delivered a packet this recently is "flowing": a gap that it has not passed yet
+/// is not timed out (up to the configured maximum), because its packets keep coming and one of
+/// them may be the missing one, queued behind the others. A link carrying data delivers far more
+/// often than this; one carrying only keepalives (every 100 ms by default) far less often.
+pub const FLOWING: Duration = Duration::from_millis(20);
+/// The learned extra hold time halves after this long without a late packet.
+const EXTRA_HALF_LIFE: Duration = Duration::from_secs(10);
 
 /// Log-bucket histogram of microsecond values: 8 linear buckets, then 8 per power of two
 /// (relative resolution 12.5%).
@@ -163,8 +206,15 @@ pub struct ReorderBuffer {
     ready: VecDeque<Slot>,
     /// Highest sequence number received per link.
     link_max: Vec<(LinkId, u64)>,
+    /// Latest sender `ts` received per link, from any packet ([`ReorderBuffer::link_progress`]),
+    /// and when it arrived.
+    link_ts: Vec<(LinkId, u32, Instant)>,
     links: Vec<LinkId>,
     timeout: Duration,
+    /// Hold time added to `timeout` because packets turned up after their gap timed out.
+    extra: Duration,
+    extra_at: Instant,
+    skips: VecDeque<TimeoutSkip>,
     stats: ReorderStats,
     waits: Histogram,
 }
@@ -185,8 +235,12 @@ impl ReorderBuffer {
             arrivals: VecDeque::new(),
             ready: VecDeque::new(),
             link_max: Vec::new(),
+            link_ts: Vec::new(),
             links: Vec::new(),
             timeout,
+            extra: Duration::ZERO,
+            extra_at: Instant::now(),
+            skips: VecDeque::new(),
             stats: ReorderStats::default(),
             waits: Histogram::new(),
         }
@@ -210,6 +264,29 @@ impl ReorderBuffer {
 
     /// A packet with bundle sequence `seq` arrived on `link`.
     pub fn push(&mut self, now: Instant, seq: u64, link: LinkId, packet: Vec<u8>) -> Pushed {
+        let arrival = Arrival {
+            seq,
+            link,
+            ts: None,
+            release: now,
+        };
+        self.push_arrival(now, arrival, packet)
+    }
+
+    /// Like [`push`](Self::push), with the sender's timestamp (for rule (b)) and a release
+    /// instant before which the packet is not delivered (delay equalisation: the endpoint holds
+    /// packets of fast links until the slowest link's delay has passed). Release instants should
+    /// grow with `seq`; a packet is never delivered before the one ahead of it.
+    pub fn push_arrival(&mut self, now: Instant, arrival: Arrival, packet: Vec<u8>) -> Pushed {
+        let Arrival {
+            seq,
+            link,
+            ts,
+            release,
+        } = arrival;
+        if let Some(ts) = ts {
+            self.link_progress(now, link, ts);
+        }
         if !self.started {
             self.started = true;
             self.next = seq as u128;
@@ -225,6 +302,7 @@ impl ReorderBuffer {
                 Pushed::Duplicate
             } else {
                 self.stats.late += 1;
+                self.learn_lateness(now, pos);
                 Pushed::Late
             };
         }
@@ -240,10 +318,14 @@ impl ReorderBuffer {
         self.slots[i] = Some(Slot {
             seq,
             arrival: now,
+            release: release.max(now),
+            ts,
             packet,
         });
         self.held += 1;
-        self.arrivals.push_back((seq, now));
+        // A gap's wait runs from the release of the first packet behind it: until then that
+        // packet is held anyway (delay equalisation), so waiting costs nothing.
+        self.arrivals.push_back((seq, release.max(now)));
         // Bound memory when the caller does not pop: drop the oldest slid-out packets.
         while self.depth() > self.cap as usize {
             match self.ready.pop_front() {
@@ -329,9 +411,71 @@ impl ReorderBuffer {
             self.cfg.max_timeout,
         );
     }
-    /// The current hold timeout.
+    /// The current hold timeout: the one set, plus what late packets taught (RACK's reordering
+    /// window grows the same way), within the configured bounds.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        (self.timeout + self.extra).min(self.cfg.max_timeout)
+    }
+
+    /// A packet late by `lateness` behind a timeout: wait that much longer (and a quarter more)
+    /// from now on. The extra halves every [`EXTRA_HALF_LIFE`] without such a packet.
+    fn learn_lateness(&mut self, now: Instant, pos: u128) {
+        let Some(skip) = self.skips.iter().find(|k| k.from <= pos && pos < k.to) else {
+            return;
+        };
+        let late = now.saturating_duration_since(skip.at);
+        self.decay_extra(now);
+        self.extra = self.extra.max(late + late / 4).min(self.cfg.max_timeout);
+        self.extra_at = now;
+    }
+    fn decay_extra(&mut self, now: Instant) {
+        let since = now.saturating_duration_since(self.extra_at);
+        if since >= EXTRA_HALF_LIFE {
+            let halvings = (since.as_secs_f64() / EXTRA_HALF_LIFE.as_secs_f64()).min(64.0) as u32;
+            self.extra = self
+                .extra
+                .checked_div(1 << halvings.min(31))
+                .unwrap_or_default();
+            self.extra_at = now;
+        }
+    }
+
+    /// Some packet (of any kind) sent at `ts` (the sender's clock, wrapping microseconds)
+    /// arrived on `link`. Links are FIFO, so a gap whose successor was sent before `ts` is no
+    /// longer in flight on this link (rule (b)).
+    pub fn link_progress(&mut self, now: Instant, link: LinkId, ts: u32) {
+        match self.link_ts.iter_mut().find(|e| e.0 == link) {
+            Some(e) => {
+                if ts.wrapping_sub(e.1) as i32 > 0 {
+                    e.1 = ts;
+                    e.2 = now;
+                }
+            }
+            None => self.link_ts.push((link, ts, now)),
+        }
+    }
+
+    /// Some link that has not yet passed `ts` is still delivering (a packet arrived on it within
+    /// [`FLOWING`]): the missing packet may well be in its queue.
+    fn awaited_link_flowing(&self, now: Instant, ts: u32) -> bool {
+        self.links
+            .iter()
+            .any(|l| match self.link_ts.iter().find(|e| e.0 == *l) {
+                Some(e) => {
+                    e.1.wrapping_sub(ts) as i32 <= 0 && now.saturating_duration_since(e.2) < FLOWING
+                }
+                None => false,
+            })
+    }
+
+    /// Rule (b): every link that carries data has delivered a packet sent after `ts`.
+    fn passed_in_time_by_all_links(&self, ts: u32) -> bool {
+        !self.links.is_empty()
+            && self.links.iter().all(|l| {
+                self.link_ts
+                    .iter()
+                    .any(|e| e.0 == *l && e.1.wrapping_sub(ts) as i32 > 0)
+            })
     }
     /// The links that currently carry data; a gap that every one of them has passed is lost.
     pub fn set_links(&mut self, links: &[LinkId]) {
@@ -367,6 +511,9 @@ impl ReorderBuffer {
         // A packet is held, so `next <= its seq <= u64::MAX`.
         let head = self.next as u64;
         let i = self.idx(head);
+        if self.slots[i].as_ref().is_some_and(|s| now < s.release) {
+            return None;
+        }
         if let Some(slot) = self.slots[i].take() {
             self.held -= 1;
             self.set_bit(head, true);
@@ -375,22 +522,47 @@ impl ReorderBuffer {
             return Some(self.deliver(now, slot));
         }
         // The head is a gap with packets behind it: give it up?
+        self.decay_extra(now);
+        let timeout = self.timeout();
         let timed_out = self
             .arrivals
             .front()
-            .is_some_and(|&(_, t)| now >= t + self.timeout);
-        if !timed_out && !self.passed_by_all_links(self.next) {
+            .is_some_and(|&(_, t)| now >= t + timeout);
+        // Rule (b) looks at the first held packet behind the gap: every missing packet before it
+        // was sent before it.
+        let behind = self.first_held_ts();
+        let passed_in_time = behind.is_some_and(|ts| self.passed_in_time_by_all_links(ts));
+        // A timeout does not give up on a packet that a still-delivering link may yet bring,
+        // short of the configured maximum wait.
+        let timed_out = timed_out
+            && !behind.is_some_and(|ts| {
+                self.awaited_link_flowing(now, ts)
+                    && self
+                        .arrivals
+                        .front()
+                        .is_some_and(|&(_, t)| now < t + self.cfg.max_timeout)
+            });
+        if !timed_out && !passed_in_time && !self.passed_by_all_links(self.next) {
             return None;
         }
-        // Skip the run of missing sequence numbers up to the next held packet (by timeout: all of
-        // them; by rule (a): only those every link has passed).
+        // Skip the run of missing sequence numbers up to the next held packet (by timeout or
+        // rule (b): all of them; by rule (a): only those every link has passed).
         let mut s = self.next;
-        while self.slots[self.idx(s as u64)].is_none() && (timed_out || self.passed_by_all_links(s))
+        while self.slots[self.idx(s as u64)].is_none()
+            && (timed_out || passed_in_time || self.passed_by_all_links(s))
         {
             s += 1;
         }
-        if timed_out {
+        if timed_out && !passed_in_time {
             self.stats.timeouts += 1;
+            if self.skips.len() == SKIP_LOG {
+                self.skips.pop_front();
+            }
+            self.skips.push_back(TimeoutSkip {
+                from: self.next,
+                to: s,
+                at: now,
+            });
         }
         if s > self.next {
             self.advance_to(s);
@@ -407,9 +579,38 @@ impl ReorderBuffer {
             return None;
         }
         if let Some(s) = &self.slots[self.idx(self.next as u64)] {
-            return Some(s.arrival);
+            return Some(s.release);
         }
-        self.arrivals.front().map(|&(_, t)| t + self.timeout)
+        let &(_, first) = self.arrivals.front()?;
+        let due = first + self.timeout();
+        // While a link that may bring the missing packet keeps delivering, the gap is not given
+        // up (see `pop`): the next look is when it stops counting as flowing.
+        let flowing_until = self.first_held_ts().and_then(|ts| {
+            self.links
+                .iter()
+                .filter_map(|l| self.link_ts.iter().find(|e| e.0 == *l))
+                .filter(|e| e.1.wrapping_sub(ts) as i32 <= 0)
+                .map(|e| e.2 + FLOWING)
+                .max()
+        });
+        Some(match flowing_until {
+            Some(f) if f > due => f.min(first + self.cfg.max_timeout),
+            _ => due,
+        })
+    }
+
+    /// The sender `ts` of the first held packet at or after the delivery point.
+    fn first_held_ts(&self) -> Option<u32> {
+        let mut s = self.next;
+        loop {
+            if let Some(slot) = &self.slots[self.idx(s as u64)] {
+                return slot.ts;
+            }
+            s += 1;
+            if s - self.next >= self.cap as u128 {
+                return None;
+            }
+        }
     }
     /// Starts over (new session): the next sequence expected is `next`.
     pub fn reset(&mut self, next: u64) {
@@ -419,6 +620,8 @@ impl ReorderBuffer {
         self.arrivals.clear();
         self.ready.clear();
         self.link_max.clear();
+        self.link_ts.clear();
+        self.skips.clear();
         self.next = next as u128;
         self.started = true;
     }
@@ -786,7 +989,10 @@ mod tests {
                 while let Some(p) = b.pop(now) {
                     let s = seq_of(&p);
                     let waited = now - arrived_at[&s];
-                    prop_assert!(waited <= timeout, "{} waited {:?} > {:?}", s, waited, timeout);
+                    // The hold timeout, plus what late packets taught it (never past the maximum).
+                    let limit = b.timeout();
+                    prop_assert!(limit >= timeout && limit <= b.cfg.max_timeout);
+                    prop_assert!(waited <= limit, "{} waited {:?} > {:?}", s, waited, limit);
                     prop_assert!(out.last().is_none_or(|&l| s > l));
                     out.push(s);
                 }
