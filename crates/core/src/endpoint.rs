@@ -185,6 +185,9 @@ pub struct BundleStats {
     pub reorder: crate::reorder::ReorderStats,
     pub reorder_depth: usize,
     pub reorder_timeout_us: u64,
+    /// Delay equalisation: how long bulk-size packets from the fastest live link are held now
+    /// (the spread of the live links' base one-way delays, within `equalize_max`); 0 when off.
+    pub equalize_us: u64,
     pub drops: DropStats,
 }
 
@@ -286,6 +289,8 @@ pub struct Endpoint {
     /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
     /// microseconds) a DATA packet is held until, when equalisation is on and measured.
     equalize_rel: Option<u32>,
+    /// What the target adds to the fastest live link's base delay (for `stats`).
+    equalize_add: Duration,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -328,6 +333,7 @@ impl Endpoint {
             last_tick: now,
             reorder,
             equalize_rel: None,
+            equalize_add: Duration::ZERO,
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -1136,7 +1142,10 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
-        self.equalize_rel = self.equalize_target(&bases);
+        (self.equalize_rel, self.equalize_add) = match self.equalize_target(&bases) {
+            Some((target, add)) => (Some(target), add),
+            None => (None, Duration::ZERO),
+        };
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         if self.cfg.role == Role::Server {
@@ -1151,7 +1160,8 @@ impl Endpoint {
     /// The equalisation target from the live links' base relative one-way delays: the largest,
     /// but no more than `equalize_max` above the smallest (a link slower than that is not
     /// waited for: its packets arrive late and wait in the reorder buffer as usual).
-    fn equalize_target(&self, bases: &[u32]) -> Option<u32> {
+    /// Also returns how much the target adds to the smallest.
+    fn equalize_target(&self, bases: &[u32]) -> Option<(u32, Duration)> {
         let max_add = self.cfg.equalize_max.as_micros().min(i32::MAX as u128) as i64;
         let &first = bases.first()?;
         if max_add == 0 || bases.len() < 2 {
@@ -1168,7 +1178,10 @@ impl Endpoint {
             .filter(|&r| r - lo <= max_add)
             .max()
             .unwrap_or(lo);
-        Some(first.wrapping_add(hi as u32))
+        Some((
+            first.wrapping_add(hi as u32),
+            Duration::from_micros((hi - lo) as u64),
+        ))
     }
 
     /// Says goodbye (CLOSE on every link); drain `poll_transmit` afterwards.
@@ -1224,6 +1237,7 @@ impl Endpoint {
             reorder: self.reorder.stats().clone(),
             reorder_depth: self.reorder.depth(),
             reorder_timeout_us: self.reorder.timeout().as_micros() as u64,
+            equalize_us: self.equalize_add.as_micros() as u64,
             drops: self.drops.clone(),
         }
     }

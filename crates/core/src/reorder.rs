@@ -90,6 +90,7 @@ struct Slot {
     release: Instant,
     /// The sender's clock when it sealed the packet (wire `ts`), when known.
     ts: Option<u32>,
+    link: LinkId,
     packet: Vec<u8>,
 }
 
@@ -320,6 +321,7 @@ impl ReorderBuffer {
             arrival: now,
             release: release.max(now),
             ts,
+            link,
             packet,
         });
         self.held += 1;
@@ -455,26 +457,34 @@ impl ReorderBuffer {
         }
     }
 
-    /// Some link that has not yet passed `ts` is still delivering (a packet arrived on it within
-    /// [`FLOWING`]): the missing packet may well be in its queue.
-    fn awaited_link_flowing(&self, now: Instant, ts: u32) -> bool {
+    /// Some link that has not yet passed the held packet `behind` is still delivering (a packet
+    /// arrived on it within [`FLOWING`]): the missing packet may well be in its queue.
+    fn awaited_link_flowing(&self, now: Instant, behind: (u32, LinkId)) -> bool {
         self.links
             .iter()
             .any(|l| match self.link_ts.iter().find(|e| e.0 == *l) {
                 Some(e) => {
-                    e.1.wrapping_sub(ts) as i32 <= 0 && now.saturating_duration_since(e.2) < FLOWING
+                    !Self::has_passed(e, behind) && now.saturating_duration_since(e.2) < FLOWING
                 }
                 None => false,
             })
     }
 
-    /// Rule (b): every link that carries data has delivered a packet sent after `ts`.
-    fn passed_in_time_by_all_links(&self, ts: u32) -> bool {
+    /// Link entry `e` has passed the missing packets before the held packet `(ts, link)`: it
+    /// delivered something sent after that packet, or it is the link that delivered it (FIFO:
+    /// anything sent earlier on it arrived earlier).
+    fn has_passed(e: &(LinkId, u32, Instant), (ts, link): (u32, LinkId)) -> bool {
+        let d = e.1.wrapping_sub(ts) as i32;
+        d > 0 || (d == 0 && e.0 == link)
+    }
+
+    /// Rule (b): every link that carries data has passed the held packet `behind`.
+    fn passed_in_time_by_all_links(&self, behind: (u32, LinkId)) -> bool {
         !self.links.is_empty()
             && self.links.iter().all(|l| {
                 self.link_ts
                     .iter()
-                    .any(|e| e.0 == *l && e.1.wrapping_sub(ts) as i32 > 0)
+                    .any(|e| e.0 == *l && Self::has_passed(e, behind))
             })
     }
     /// The links that currently carry data; a gap that every one of them has passed is lost.
@@ -531,12 +541,12 @@ impl ReorderBuffer {
         // Rule (b) looks at the first held packet behind the gap: every missing packet before it
         // was sent before it.
         let behind = self.first_held_ts();
-        let passed_in_time = behind.is_some_and(|ts| self.passed_in_time_by_all_links(ts));
+        let passed_in_time = behind.is_some_and(|b| self.passed_in_time_by_all_links(b));
         // A timeout does not give up on a packet that a still-delivering link may yet bring,
         // short of the configured maximum wait.
         let timed_out = timed_out
-            && !behind.is_some_and(|ts| {
-                self.awaited_link_flowing(now, ts)
+            && !behind.is_some_and(|b| {
+                self.awaited_link_flowing(now, b)
                     && self
                         .arrivals
                         .front()
@@ -585,11 +595,11 @@ impl ReorderBuffer {
         let due = first + self.timeout();
         // While a link that may bring the missing packet keeps delivering, the gap is not given
         // up (see `pop`): the next look is when it stops counting as flowing.
-        let flowing_until = self.first_held_ts().and_then(|ts| {
+        let flowing_until = self.first_held_ts().and_then(|behind| {
             self.links
                 .iter()
                 .filter_map(|l| self.link_ts.iter().find(|e| e.0 == *l))
-                .filter(|e| e.1.wrapping_sub(ts) as i32 <= 0)
+                .filter(|e| !Self::has_passed(e, behind))
                 .map(|e| e.2 + FLOWING)
                 .max()
         });
@@ -599,12 +609,12 @@ impl ReorderBuffer {
         })
     }
 
-    /// The sender `ts` of the first held packet at or after the delivery point.
-    fn first_held_ts(&self) -> Option<u32> {
+    /// The sender `ts` and link of the first held packet at or after the delivery point.
+    fn first_held_ts(&self) -> Option<(u32, LinkId)> {
         let mut s = self.next;
         loop {
             if let Some(slot) = &self.slots[self.idx(s as u64)] {
-                return slot.ts;
+                return slot.ts.map(|ts| (ts, slot.link));
             }
             s += 1;
             if s - self.next >= self.cap as u128 {
@@ -743,6 +753,149 @@ mod tests {
         assert_eq!((b.stats().skipped, b.stats().timeouts), (1, 0));
         // Late arrival of the skipped one.
         assert_eq!(b.push(t, 1, 2, pkt(1)), Pushed::Late);
+    }
+
+    fn arrival(seq: u64, link: LinkId, ts: u32, release: Instant) -> Arrival {
+        Arrival {
+            seq,
+            link,
+            ts: Some(ts),
+            release,
+        }
+    }
+
+    #[test]
+    fn gap_passed_in_time_by_a_link_without_data_is_lost_at_once() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        // Packets 0 and 2 (sent at 0 and 200 us) on link 1; 1 (sent at 100 us) is missing.
+        b.push_arrival(t, arrival(0, 1, 0, t), pkt(0));
+        b.push_arrival(t, arrival(2, 1, 200, t), pkt(2));
+        assert_eq!(drain(&mut b, t), vec![0], "link 2 may still bring 1");
+        // Link 2 carries no data, only a keepalive sent at 150 us: sent before 2, so 1 may still
+        // be behind it.
+        b.link_progress(t, 2, 150);
+        assert_eq!(drain(&mut b, t), Vec::<u64>::new());
+        // A keepalive sent after 2 (at 250 us): link 2 is FIFO, so 1 is not on it. Lost.
+        b.link_progress(t + ms(1), 2, 250);
+        assert_eq!(drain(&mut b, t + ms(1)), vec![2]);
+        assert_eq!((b.stats().skipped, b.stats().timeouts), (1, 0));
+        // Timestamps wrap: "after" is modular.
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        b.push_arrival(t, arrival(0, 1, u32::MAX - 10, t), pkt(0));
+        b.push_arrival(t, arrival(2, 1, 5, t), pkt(2));
+        b.link_progress(t, 2, 20);
+        assert_eq!(drain(&mut b, t), vec![0, 2]);
+    }
+
+    #[test]
+    fn no_timeout_while_the_awaited_link_still_delivers() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        b.set_timeout(ms(10));
+        b.push_arrival(t, arrival(0, 1, 0, t), pkt(0));
+        b.push_arrival(t, arrival(2, 1, 2_000, t), pkt(2));
+        assert_eq!(drain(&mut b, t), vec![0]);
+        // Link 2 keeps delivering packets sent before 2 (a long queue): 1 may be among them, so
+        // the 10 ms timeout does not give it up...
+        for k in 1..=30u64 {
+            let now = t + ms(k);
+            b.link_progress(now, 2, 1_000 + k as u32);
+            assert_eq!(drain(&mut b, now), Vec::<u64>::new(), "{k} ms");
+        }
+        let due = b.poll_timeout().unwrap();
+        assert_eq!(
+            due,
+            t + ms(30) + FLOWING,
+            "next look: when link 2 stops flowing"
+        );
+        // ...and 1 turns up on link 2 after 30 ms.
+        b.push_arrival(t + ms(31), arrival(1, 2, 1_000, t), pkt(1));
+        assert_eq!(drain(&mut b, t + ms(31)), vec![1, 2]);
+        assert_eq!(b.stats().timeouts, 0);
+        // A link that stops delivering is waited for only the timeout.
+        b.push_arrival(t + ms(40), arrival(4, 1, 4_000, t), pkt(4));
+        assert_eq!(drain(&mut b, t + ms(40)), Vec::<u64>::new());
+        let due = b.poll_timeout().unwrap();
+        assert_eq!(due, t + ms(30) + FLOWING, "link 2 silent since 30 ms");
+        assert_eq!(drain(&mut b, due), vec![4]);
+        assert_eq!(b.stats().timeouts, 1);
+        // Never past the configured maximum, however long a link keeps flowing.
+        let mut b = buf(64);
+        b.set_links(&[1, 2]);
+        b.push_arrival(t, arrival(0, 1, 0, t), pkt(0));
+        b.push_arrival(t, arrival(2, 1, 2_000, t), pkt(2));
+        assert_eq!(drain(&mut b, t), vec![0]);
+        let max = ReorderConfig::default().max_timeout;
+        let mut now = t;
+        let mut sent = 1_000;
+        while now + ms(5) < t + max {
+            now += ms(5);
+            sent += 1;
+            b.link_progress(now, 2, sent);
+            assert_eq!(drain(&mut b, now), Vec::<u64>::new());
+        }
+        assert_eq!(drain(&mut b, t + max), vec![2], "given up at the maximum");
+    }
+
+    #[test]
+    fn late_packets_lengthen_the_hold_and_it_decays() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.set_timeout(ms(10));
+        b.push(t, 0, 1, pkt(0));
+        b.push(t, 2, 1, pkt(2));
+        assert_eq!(drain(&mut b, t + ms(10)), vec![0, 2], "1 timed out");
+        // 1 turns up 30 ms after it was given up: the hold grows by that and a quarter.
+        assert_eq!(b.push(t + ms(40), 1, 1, pkt(1)), Pushed::Late);
+        assert_eq!(b.timeout(), ms(10) + ms(30) + ms(30) / 4);
+        // A late packet whose gap was not given up by timeout teaches nothing.
+        assert_eq!(b.push(t + ms(41), 0, 1, pkt(0)), Pushed::Duplicate);
+        assert_eq!(b.timeout(), ms(10) + ms(30) + ms(30) / 4);
+        // Without late packets the extra halves every EXTRA_HALF_LIFE.
+        b.push(t + ms(40) + EXTRA_HALF_LIFE, 4, 1, pkt(4));
+        let _ = drain(&mut b, t + ms(40) + EXTRA_HALF_LIFE);
+        assert_eq!(b.timeout(), ms(10) + (ms(30) + ms(30) / 4) / 2);
+        // Bounded by the configured maximum.
+        b.learn_lateness(t, 0);
+        b.skips.push_back(TimeoutSkip {
+            from: 100,
+            to: 101,
+            at: t,
+        });
+        b.learn_lateness(t + Duration::from_secs(60), 100);
+        assert_eq!(b.timeout(), ReorderConfig::default().max_timeout);
+    }
+
+    #[test]
+    fn release_instants_hold_packets_in_order() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.reset(0);
+        // Equalisation: 0 may leave at 30 ms, 1 at 31 ms; 2 carries no release.
+        b.push_arrival(t, arrival(0, 1, 0, t + ms(30)), pkt(0));
+        b.push_arrival(t + ms(1), arrival(1, 1, 1_000, t + ms(31)), pkt(1));
+        b.push_arrival(t + ms(2), arrival(2, 2, 2_000, t + ms(2)), pkt(2));
+        assert_eq!(b.poll_timeout(), Some(t + ms(30)));
+        assert_eq!(drain(&mut b, t + ms(29)), Vec::<u64>::new());
+        assert_eq!(drain(&mut b, t + ms(30)), vec![0]);
+        assert_eq!(b.poll_timeout(), Some(t + ms(31)));
+        assert_eq!(
+            drain(&mut b, t + ms(31)),
+            vec![1, 2],
+            "never before the one ahead"
+        );
+        // A gap's wait runs from the release of the packet behind it.
+        let mut b = buf(64);
+        b.reset(0);
+        b.set_timeout(ms(10));
+        b.push_arrival(t, arrival(1, 1, 1_000, t + ms(30)), pkt(1));
+        assert_eq!(b.poll_timeout(), Some(t + ms(40)));
+        assert_eq!(drain(&mut b, t + ms(39)), Vec::<u64>::new());
+        assert_eq!(drain(&mut b, t + ms(40)), vec![1]);
     }
 
     #[test]

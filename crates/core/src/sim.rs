@@ -92,6 +92,9 @@ pub struct Scenario {
     pub events: Vec<(Duration, LinkEvent)>,
     /// Probe interval (default 100 ms); very slow links want it longer.
     pub probe_interval: Option<Duration>,
+    /// Bound of delay equalisation at both ends (default [`crate::endpoint::DEFAULT_EQUALIZE_MAX`];
+    /// zero turns it off).
+    pub equalize_max: Option<Duration>,
 }
 
 impl Scenario {
@@ -107,6 +110,7 @@ impl Scenario {
             warmup: Duration::from_secs(2),
             events: Vec::new(),
             probe_interval: None,
+            equalize_max: None,
         }
     }
     pub fn scheduler(mut self, s: &str) -> Self {
@@ -135,6 +139,10 @@ impl Scenario {
     }
     pub fn seed(mut self, s: u64) -> Self {
         self.seed = s;
+        self
+    }
+    pub fn equalize_max(mut self, d: Duration) -> Self {
+        self.equalize_max = Some(d);
         self
     }
 }
@@ -289,6 +297,10 @@ pub fn run(sc: &Scenario) -> Report {
     ccfg.scheduler = sc.scheduler.clone();
     let mut scfg = Config::new(Role::Server, psk);
     scfg.scheduler = sc.scheduler.clone();
+    if let Some(e) = sc.equalize_max {
+        ccfg.equalize_max = e;
+        scfg.equalize_max = e;
+    }
     if let Some(p) = sc.probe_interval {
         ccfg.health.probe_interval = p;
         scfg.health.probe_interval = p;

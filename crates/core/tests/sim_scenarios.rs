@@ -175,3 +175,48 @@ fn simulation_is_deterministic() {
     assert_eq!(a.lost, b.lost);
     assert_eq!(a.table_row(), b.table_row());
 }
+
+/// Delay equalisation: at light load `adaptive` puts everything on the 5 ms link; bulk-size
+/// packets are still held until the slowest live link's delay (40 ms) has passed, so the inner
+/// TCP sees the RTT it will see when the load spills onto that link. Small packets are not held,
+/// and turning equalisation off (or bounding it below the spread) gives the raw delay.
+#[test]
+fn equalisation_gives_bulk_packets_the_slowest_links_delay() {
+    let links = || {
+        vec![
+            LinkSpec::new(10_000_000, ms(5)),
+            LinkSpec::new(20_000_000, ms(20)),
+            LinkSpec::new(50_000_000, ms(40)),
+        ]
+    };
+    let light = |name: &str| {
+        Scenario::new(name, links())
+            .load(0.05)
+            .duration(Duration::from_secs(6))
+    };
+    // Added latency = end-to-end minus the fastest link's 5 ms.
+    let r = sim::run(&light("equalised"));
+    show(&r);
+    assert!(
+        (33.0..38.0).contains(&r.added_latency_p50_ms)
+            && (33.0..40.0).contains(&r.added_latency_p99_ms),
+        "bulk packets held to about 40 ms: {r:?}"
+    );
+    assert!(r.delivered_ratio > 0.99 && r.out_of_order == 0, "{r:?}");
+    let r = sim::run(&light("small packets").packet_size(100));
+    show(&r);
+    assert!(r.added_latency_p99_ms < 3.0, "acks are not held: {r:?}");
+    let r = sim::run(&light("off").equalize_max(Duration::ZERO));
+    show(&r);
+    assert!(
+        r.added_latency_p99_ms < 3.0,
+        "off: the fast link's delay: {r:?}"
+    );
+    // Bounded at 20 ms: the 40 ms link is too slow to wait for; the 20 ms one is waited for.
+    let r = sim::run(&light("bounded").equalize_max(ms(20)));
+    show(&r);
+    assert!(
+        (13.0..18.0).contains(&r.added_latency_p50_ms),
+        "held to the 20 ms link: {r:?}"
+    );
+}

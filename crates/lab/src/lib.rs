@@ -131,6 +131,10 @@ pub struct LabArgs {
     /// Do not tell the endpoints the links' rates (`bandwidth` in the config): let them learn.
     #[arg(long)]
     pub no_bandwidth_hint: bool,
+    /// Bound of the endpoints' delay equalisation, milliseconds (`equalize_max_ms`; 0 turns it
+    /// off; default braid's, 100).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub equalize_max: Option<u64>,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -377,6 +381,8 @@ pub struct Lab {
     stats: Arc<Mutex<Vec<EmuStats>>>,
     emu_started: Instant,
     client_control: Option<PathBuf>,
+    /// `equalize_max_ms` for both endpoints (`None`: braid's default).
+    pub equalize_max_ms: Option<u64>,
 }
 
 impl Lab {
@@ -465,6 +471,7 @@ impl Lab {
             stats,
             emu_started,
             client_control: None,
+            equalize_max_ms: None,
         })
     }
 
@@ -636,9 +643,12 @@ impl Lab {
         let mut key = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut key);
         let key = base64::engine::general_purpose::STANDARD.encode(key);
-        let sched = scheduler
+        let mut sched = scheduler
             .map(|s| format!("scheduler = {}\n", toml_str(s)))
             .unwrap_or_default();
+        if let Some(e) = self.equalize_max_ms {
+            sched += &format!("equalize_max_ms = {e}\n");
+        }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
         let client_ctl = dir.join("client.sock");
@@ -1071,6 +1081,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
 
     let mut bundle = None;
     if !args.skip_bundle {
+        lab.equalize_max_ms = args.equalize_max;
         lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
         let mut failed = false;
         let fail = args.fail.clone();

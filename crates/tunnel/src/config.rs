@@ -74,6 +74,8 @@ struct BundleRepr {
     down_after_ms: Option<Spanned<u64>>,
     /// Upper bound of the reorder buffer's hold time, milliseconds.
     reorder_max_ms: Option<Spanned<u64>>,
+    /// Bound of delay equalisation, milliseconds (0: off; default the core's, 100).
+    equalize_max_ms: Option<Spanned<u64>>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
@@ -110,6 +112,8 @@ pub struct Config {
     pub probe_interval: Option<Duration>,
     pub down_after: Option<Duration>,
     pub reorder_max: Option<Duration>,
+    /// Bound of delay equalisation (`Some(ZERO)`: off; `None`: the core's default).
+    pub equalize_max: Option<Duration>,
     pub connect_timeout: Option<Duration>,
     pub txqueuelen: u32,
     pub links: Vec<LinkSpec>,
@@ -365,6 +369,16 @@ impl Config {
         let probe_interval = ms(&b.probe_interval_ms, "probe_interval_ms")?;
         let down_after = ms(&b.down_after_ms, "down_after_ms")?;
         let reorder_max = ms(&b.reorder_max_ms, "reorder_max_ms")?;
+        let equalize_max = match &b.equalize_max_ms {
+            Some(x) if *x.get_ref() > 1_000 => {
+                return Err(cx.at(
+                    x,
+                    format_args!("equalize_max_ms must be 0..1000 ms (0 turns it off)"),
+                ))
+            }
+            Some(x) => Some(Duration::from_millis(*x.get_ref())),
+            None => None,
+        };
         let connect_timeout = match b
             .connect_timeout
             .as_ref()
@@ -479,6 +493,7 @@ impl Config {
             probe_interval,
             down_after,
             reorder_max,
+            equalize_max,
             connect_timeout,
             txqueuelen,
             links,
@@ -525,6 +540,21 @@ mod tests {
         assert_eq!(c.links[1].bind, Some("198.18.2.1:0".parse().unwrap()));
         assert_eq!(c.links[1].priority, 1);
         assert_eq!(c.connect_timeout, Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn equalisation_bound() {
+        let c = parse(&client("", LINKS)).unwrap();
+        assert_eq!(c.equalize_max, None, "the core's default");
+        let c = parse(&client("equalize_max_ms = 0", LINKS)).unwrap();
+        assert_eq!(c.equalize_max, Some(Duration::ZERO), "off");
+        let c = parse(&client("equalize_max_ms = 250", LINKS)).unwrap();
+        assert_eq!(c.equalize_max, Some(Duration::from_millis(250)));
+        let e = parse(&client("equalize_max_ms = 5000", LINKS)).unwrap_err();
+        assert!(
+            e.starts_with("/etc/braid/t.toml:7:") && e.contains("equalize_max_ms must be 0..1000"),
+            "{e}"
+        );
     }
 
     #[test]

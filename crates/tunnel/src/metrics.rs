@@ -216,6 +216,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "Current reorder hold timeout",
         &[(b.clone(), s.reorder_timeout_us as f64 / 1e6)],
     );
+    r.gauge(
+        "equalize_seconds",
+        "How long bulk-size packets of the fastest live link are held (delay equalisation)",
+        &[(b.clone(), s.equalize_us as f64 / 1e6)],
+    );
     r.counter(
         "reorder_delivered",
         "Packets delivered in order by the reorder buffer",

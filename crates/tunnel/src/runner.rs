@@ -195,6 +195,9 @@ impl Runner {
         if let Some(d) = cfg.down_after {
             ep_cfg.health.down_after = d;
         }
+        if let Some(e) = cfg.equalize_max {
+            ep_cfg.equalize_max = e;
+        }
         if let Some(m) = cfg.reorder_max {
             ep_cfg.reorder.max_timeout = m;
             ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);

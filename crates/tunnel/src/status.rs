@@ -137,13 +137,14 @@ pub fn render_status(s: &Value) -> String {
     let tx_rate: f64 = links.iter().map(|l| f(l, "tx_rate_bps")).sum();
     let rx_rate: f64 = links.iter().map(|l| f(l, "rx_rate_bps")).sum();
     out.push_str(&format!(
-        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {} (timeout {:.1} ms)",
+        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {} (timeout {:.1} ms); equalising {:.1} ms",
         fmt_bps(tx_rate),
         fmt_bps(rx_rate),
         u(s, "tun_rx_packets").unwrap_or(0),
         u(s, "tun_tx_packets").unwrap_or(0),
         u(s, "reorder_depth").unwrap_or(0),
         u(s, "reorder_timeout_us").unwrap_or(0) as f64 / 1000.0,
+        u(s, "equalize_us").unwrap_or(0) as f64 / 1000.0,
     ));
     if let Some(d) = s.get("drops").and_then(|d| d.as_object()) {
         let nz: Vec<String> = d
