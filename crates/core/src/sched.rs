@@ -19,7 +19,7 @@
 //! PPP and MPTCP: placing by arrival time keeps the receiver's reordering small):
 //!
 //! ```text
-//! arrival_i = now + max(backlog_i * 8 / (rate_i * (1 - loss_i)), qdelay_i) + owd_i
+//! arrival_i = now + backlog_i * 8 / (rate_i * (1 - loss_i)) + owd_i
 //!             (+ DEGRADED_PENALTY when the link is DEGRADED)
 //! ```
 //!
@@ -27,12 +27,15 @@
 //!   `rate_i`. It models the link's bottleneck queue as fed by us, and is pulled towards the real
 //!   one at every adjustment ([`RECONCILE_GAIN`] of the difference between the peer's `qdelay`
 //!   and the virtual queue's delay one interval earlier). When even the best link's
-//!   queue would exceed the bundle's queue limit (about one RTT, see [`MIN_QUEUE_LIMIT`]), the
-//!   packet is dropped at the sender, so that the real queues stay short and equal to the
-//!   virtual ones.
-//! - `qdelay_i` is the queueing delay the peer measured on the link (from one-way delays). It is
-//!   a floor on the predicted queueing time: it reveals a queue the virtual one does not know
-//!   about (the rate was overestimated, or someone else's traffic shares the bottleneck).
+//!   queue would exceed the bundle's queue limit (about one RTT, see [`MIN_QUEUE_LIMIT`]) and
+//!   the peer measures a standing queue of at least half that limit on every link, the packet
+//!   is dropped at the sender, so that the real queues stay short and equal to the virtual
+//!   ones. (Without the second condition a rate learned too low, e.g. by a back-off while the
+//!   inner TCP's slow start made the delivery rate lag, dropped packets the links could carry
+//!   and left the inner TCP with a window below the path's capacity.)
+//! - `qdelay_i` is the queueing delay the peer measured on the link (from one-way delays). It
+//!   corrects the virtual queue and the rate (below) rather than entering the prediction
+//!   directly: it is one trip old, and steering by it made the queues swing.
 //! - `owd_i` is the endpoint's estimate of the path's one-way delay without queueing.
 //! - `rate_i` is learned, every [`ADJUST_INTERVAL`] (or srtt, if longer):
 //!   - it starts from the configured `bandwidth_bps`, else from the delivery rate if one is known,
