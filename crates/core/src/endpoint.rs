@@ -752,7 +752,12 @@ impl Endpoint {
         };
         link.health
             .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
-        self.reorder.link_progress(now, header.link, common.ts);
+        // What arrived on this link, sent when (reorder rule (b)); ordered DATA tells the
+        // reorder buffer itself when it is pushed.
+        let ordered_data = matches!(&body, Body::Data(d) if d.flags & FLAG_UNORDERED == 0);
+        if !ordered_data {
+            self.reorder.link_progress(now, header.link, common.ts);
+        }
 
         match body {
             Body::Data(d) => {

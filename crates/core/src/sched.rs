@@ -558,6 +558,14 @@ impl Adaptive {
     pub fn backlog_bytes(&self, link: LinkId) -> Option<f64> {
         self.table.get(link).map(|l| l.backlog)
     }
+    /// These links were offered more than their assumed rates let us place on them.
+    fn mark_demand<'a>(&mut self, links: impl Iterator<Item = &'a LinkView>) {
+        for v in links {
+            if let Some(e) = self.table.entries.iter_mut().find(|e| e.0 == v.id) {
+                e.2.demand = true;
+            }
+        }
+    }
 }
 
 impl Scheduler for Adaptive {
@@ -607,21 +615,13 @@ impl Scheduler for Adaptive {
         let really_full = links.iter().all(|v| v.qdelay >= real_limit);
         if measured && really_full && queue > limit.min(MAX_VIRTUAL_QUEUE).as_secs_f64() {
             // Every link is full: drop at the sender (see MIN_QUEUE_LIMIT).
-            for v in links {
-                if let Some(j) = self.table.entries.iter().position(|e| e.0 == v.id) {
-                    self.table.entries[j].2.demand = true;
-                }
-            }
+            self.mark_demand(links.iter());
             return;
         }
         if measured && queue > limit.min(MAX_VIRTUAL_QUEUE).as_secs_f64() {
             // Full by our model, not in reality: the rates of the links without a real queue are
             // too low; let them climb fast.
-            for v in links.iter().filter(|v| v.qdelay < real_limit) {
-                if let Some(j) = self.table.entries.iter().position(|e| e.0 == v.id) {
-                    self.table.entries[j].2.demand = true;
-                }
-            }
+            self.mark_demand(links.iter().filter(|v| v.qdelay < real_limit));
         }
         let e = &mut self.table.entries[i];
         e.2.backlog += len as f64;
