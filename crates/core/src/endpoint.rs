@@ -54,8 +54,9 @@ pub struct Config {
     pub rehandshake_after: Duration,
     /// Server: forget a learned link that has been silent for this long.
     pub forget_link_after: Duration,
-    /// Delay equalisation: hold each received packet until the slowest live link's base one-way
-    /// delay has passed since it was sent, adding at most this much (`ZERO`: off). The inner
+    /// Delay equalisation: hold each received bulk-size packet ([`EQUALIZE_MIN_LEN`] bytes or
+    /// more) until the slowest live link's base one-way delay has passed since it was sent,
+    /// adding at most this much (`ZERO`: off). The inner
     /// TCP then sees one steady RTT whatever links the scheduler uses (see [`Endpoint`]'s
     /// receive path).
     pub equalize_max: Duration,
