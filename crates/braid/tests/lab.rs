@@ -311,3 +311,108 @@ fn lab_refuses_without_root() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("needs root"), "{err}");
 }
+
+const ALLOWED_CC: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+fn allowed_cc() -> String {
+    std::fs::read_to_string(ALLOWED_CC).unwrap().trim().to_string()
+}
+
+/// A stock kernel lets a namespace other than the first select only the algorithms in
+/// `tcp_allowed_congestion_control`. The lab must run all the same with an algorithm taken out
+/// of that list, and leave the list as it found it.
+#[test]
+fn lab_runs_a_congestion_control_the_kernel_does_not_allow_and_restores_the_list() {
+    require_root();
+    let cc = "cubic";
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap();
+    if !available.split_whitespace().any(|a| a == cc) {
+        // Load it the way the lab does (autoload by socket option) so the test can go on.
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_tcp_congestion(cc.as_bytes())
+            .expect("cubic must exist in this kernel");
+    }
+    // Take it out, under the lock every braid process uses for this list.
+    let original;
+    let without;
+    {
+        let _lock =
+            braid_linux::sysctl::FileLock::acquire(&braid_lab::hostcheck::lock_path()).unwrap();
+        original = allowed_cc();
+        without = original
+            .split_whitespace()
+            .filter(|a| *a != cc)
+            .collect::<Vec<_>>()
+            .join(" ");
+        std::fs::write(ALLOWED_CC, &without).unwrap();
+    }
+    let out = braid(
+        &[
+            "lab", "--json", "--quiet", "--link", "5mbit/5ms", "--duration", "3", "--cc", cc,
+        ],
+        Duration::from_secs(60),
+    );
+    let after = {
+        let _lock =
+            braid_linux::sysctl::FileLock::acquire(&braid_lab::hostcheck::lock_path()).unwrap();
+        let after = allowed_cc();
+        std::fs::write(ALLOWED_CC, &original).unwrap();
+        after
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lab --cc {cc} failed: {stderr}");
+    assert_eq!(
+        after, without,
+        "the lab did not put the allowed list back as it was"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tcp_congestion_control"], cc);
+    assert!(v["links"][0]["single"]["survived"].as_bool().unwrap());
+    assert!(v["bundle"]["run"]["survived"].as_bool().unwrap());
+    assert!(f(&v["bundle"]["run"]["goodput_bps"]) > 1e6);
+    assert_no_namespaces_left(v["netns_prefix"].as_str().unwrap());
+}
+
+#[test]
+fn lab_names_an_unknown_congestion_control_and_the_fix_in_one_line() {
+    require_root();
+    let out = braid(
+        &["lab", "--quiet", "--cc", "braidnosuchcc"],
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("\"braidnosuchcc\""), "{err}");
+    assert!(err.contains("modprobe tcp_braidnosuchcc"), "{err}");
+    assert!(!err.contains("needs root"), "{err}");
+}
+
+#[test]
+fn lab_names_a_missing_tool_before_it_starts() {
+    require_root();
+    // A PATH with `ip` and `ping` but no `ethtool`.
+    let dir = tempfile::tempdir().unwrap();
+    for tool in ["ip", "ping"] {
+        let real = braid_lab::hostcheck::find_in_path(tool).expect(tool);
+        std::os::unix::fs::symlink(real, dir.path().join(tool)).unwrap();
+    }
+    let child = Command::new(BRAID)
+        .args(["lab", "--quiet", "--duration", "2"])
+        .env("PATH", dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let prefix = format!("bl{}", child.id());
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("`ethtool`") && err.contains("apt-get install ethtool"),
+        "{err}"
+    );
+    assert_no_namespaces_left(&prefix);
+}

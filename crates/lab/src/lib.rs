@@ -1,6 +1,7 @@
 //! `braid lab`: a private network in namespaces with emulated links, two braid endpoints, real
 //! kernel TCP through them, and a report. Also the harness of the end-to-end tests and benchmarks.
 //!
+//! - [`hostcheck`]: the tools and the TCP congestion control the lab needs from the machine.
 //! - [`spec`]: link specifications (`RATE[/DELAY[/LOSS%[/JITTER]]]`).
 //! - [`netns`]: namespaces, veths and the processes the lab runs inside them (all cleaned up by Drop).
 //! - [`shaper`] + [`emulator`]: the link emulator (braid's own forwarding engine; no netem here).
@@ -9,6 +10,7 @@
 //! - [`Lab`]: the whole set-up as a value, used by `braid lab` and by the end-to-end tests.
 
 pub mod emulator;
+pub mod hostcheck;
 pub mod netns;
 pub mod report;
 pub mod shaper;
@@ -398,28 +400,9 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let dir = TempDir(dir);
+        hostcheck::require_tools(hostcheck::LAB_TOOLS)?;
         let topo = Topology::create(&opts.prefix, specs.len())?;
-        for ns in [topo.ns_a(), topo.ns_b()] {
-            netns::in_ns(
-                &ns,
-                "sysctl",
-                &[
-                    "-q",
-                    "-w",
-                    &format!("net.ipv4.tcp_congestion_control={}", opts.cc),
-                ],
-            )
-            .with_context(|| {
-                let avail =
-                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-                        .unwrap_or_default();
-                format!(
-                    "TCP congestion control {:?} (available: {})",
-                    opts.cc,
-                    avail.trim()
-                )
-            })?;
-        }
+        hostcheck::set_hosts_cc(&[topo.ns_a(), topo.ns_b()], &opts.cc)?;
         let mut args: Vec<String> = vec!["lab-internal".into(), "emulate".into()];
         for s in specs {
             args.push("--link".into());
@@ -1021,6 +1004,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             bail!("--fail applies to the bundle run; it cannot go with --skip-bundle");
         }
     }
+    hostcheck::require_tools(hostcheck::LAB_TOOLS)?;
     let duration = Duration::from_secs_f64(args.duration);
     let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
     let mut opts = LabOptions::new(exe);

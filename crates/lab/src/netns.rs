@@ -39,7 +39,9 @@ fn run_tool(tool: &str, args: &[&str]) -> anyhow::Result<()> {
         let err = String::from_utf8_lossy(&out.stderr)
             .trim()
             .replace('\n', "; ");
-        if err.contains("Operation not permitted") || err.contains("Permission denied") {
+        let denied = err.contains("Operation not permitted") || err.contains("Permission denied");
+        // As root, EPERM is the kernel refusing the change itself, not a lack of privilege.
+        if denied && !crate::is_root() {
             bail!("braid lab needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to build its network namespaces: '{tool} {}' failed: {err}", args.join(" "));
         }
         bail!("'{tool} {}' failed: {err}", args.join(" "));
@@ -86,16 +88,13 @@ impl Topology {
         for ns in [topo.ns_a(), topo.ns_b(), topo.ns_e()] {
             ip(&["netns", "add", &ns])?;
             topo.created.push(ns.clone());
-            in_ns(
-                &ns,
-                "sysctl",
-                &[
-                    "-q",
-                    "-w",
-                    "net.ipv6.conf.all.disable_ipv6=1",
-                    "net.ipv6.conf.default.disable_ipv6=1",
-                ],
-            )?;
+            for key in [
+                "net.ipv6.conf.all.disable_ipv6",
+                "net.ipv6.conf.default.disable_ipv6",
+            ] {
+                braid_linux::sysctl::write_in_netns(&ns, key, "1")
+                    .with_context(|| format!("{key}=1 in namespace {ns}"))?;
+            }
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         }
         let (a, b, e) = (topo.ns_a(), topo.ns_b(), topo.ns_e());

@@ -5,8 +5,10 @@
 //! - [`netlink`]: interface address/MTU/up/delete through rtnetlink;
 //! - [`control`]: the control socket (server and client, one JSON object per line);
 //! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`.
+//! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace.
 pub mod control;
 pub mod metrics;
 pub mod netlink;
+pub mod sysctl;
 pub mod tun;
 pub mod udp;
