@@ -28,7 +28,7 @@ use anyhow::{bail, Context};
 
 use crate::emulator::EmuStats;
 use crate::netns::{Proc, Topology};
-use crate::report::{BundleReport, FailReport, LabReport, LinkReport, RunReport};
+use crate::report::{BundleReport, CompareReport, FailReport, LabReport, LinkReport, RunReport};
 pub use crate::spec::LinkSpec;
 
 /// Tunnel addresses (inside 198.18.0.0/15, outside the links' 198.18.<i>.0/24).
@@ -80,6 +80,47 @@ fn parse_fail(s: &str) -> Result<FailSpec, String> {
         link,
         at: Duration::from_secs_f64(secs),
     })
+}
+
+/// Which way the data of a traffic run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Host A (the client endpoint's side) sends to host B: an upload over the uplinks.
+    #[default]
+    Upload,
+    /// Host B (the server side) sends to host A: a download.
+    Download,
+}
+
+impl Direction {
+    /// Index of this direction in the emulator's per-link counters (A->B, B->A).
+    pub fn emu_index(self) -> usize {
+        match self {
+            Direction::Upload => 0,
+            Direction::Download => 1,
+        }
+    }
+}
+
+/// What a traffic run sends, and how.
+#[derive(Debug, Clone)]
+pub struct Traffic {
+    /// Address of the receiving host (the sink listens on it).
+    pub dst: String,
+    pub flows: u16,
+    /// Length of the measurement window.
+    pub duration: Duration,
+    pub direction: Direction,
+    /// Run both ends under `mptcpize run` (kernel MPTCP instead of TCP).
+    pub mptcp: bool,
+}
+
+/// What to run side by side with the bundle over the same emulated links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compare {
+    /// Kernel MPTCP: the same traffic tool under `mptcpize run`, one subflow per link.
+    Mptcp,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -146,6 +187,15 @@ pub struct LabArgs {
     /// longer delay (measured in BENCHMARKS.md).
     #[arg(long, value_name = "NAME", default_value = "cubic")]
     pub cc: String,
+    /// Download: host B (behind the server endpoint) sends and host A receives. Applies to every
+    /// run (links alone, bundle, comparison).
+    #[arg(long)]
+    pub reverse: bool,
+    /// Also run this over the very same emulated links, same traffic, duration and congestion
+    /// control, and report it side by side: `mptcp` is kernel MPTCP (`mptcpize run` around the
+    /// lab's traffic tool, one subflow per link; needs the mptcpize package).
+    #[arg(long, value_name = "WHAT", value_enum)]
+    pub compare: Option<Compare>,
     /// No live view on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -327,6 +377,8 @@ pub struct TcpRun {
     /// Emulator counters just before the run and after it.
     pub emu_before: Option<EmuStats>,
     pub emu_after: Option<EmuStats>,
+    /// Which way the data went.
+    pub direction: Direction,
 }
 
 impl TcpRun {
@@ -343,27 +395,35 @@ impl TcpRun {
             && sent > 0
     }
 
-    /// Per link, A->B frames dropped by the emulator during the run: (queue full, random loss).
+    /// Per link, frames of the data direction dropped by the emulator during the run: (queue
+    /// full, random loss).
     pub fn link_drops(&self) -> Vec<(u64, u64)> {
         match (&self.emu_before, &self.emu_after) {
             (Some(a), Some(b)) => a
                 .links
                 .iter()
                 .zip(&b.links)
-                .map(|(x, y)| (y[0].queue_drops - x[0].queue_drops, y[0].lost - x[0].lost))
+                .map(|(x, y)| {
+                    let d = self.direction.emu_index();
+                    (y[d].queue_drops - x[d].queue_drops, y[d].lost - x[d].lost)
+                })
                 .collect(),
             _ => Vec::new(),
         }
     }
 
-    /// Average A->B rate of each link in the steady part of the run (IP bytes, bit/s).
+    /// Average rate of each link in the data direction in the steady part of the run (IP bytes,
+    /// bit/s).
     pub fn link_rates(&self) -> Vec<f64> {
         match (&self.emu_start, &self.emu_end) {
             (Some(a), Some(b)) if b.t > a.t => a
                 .links
                 .iter()
                 .zip(&b.links)
-                .map(|(x, y)| (y[0].bytes - x[0].bytes) as f64 * 8.0 / (b.t - a.t))
+                .map(|(x, y)| {
+                    let d = self.direction.emu_index();
+                    (y[d].bytes - x[d].bytes) as f64 * 8.0 / (b.t - a.t)
+                })
                 .collect(),
             _ => Vec::new(),
         }
@@ -502,6 +562,52 @@ impl Lab {
         self.emu_command(&format!("restore {i}"))
     }
 
+    /// Prepares kernel MPTCP between hosts A and B: one subflow per emulated link. Each host gets
+    /// a `subflow` endpoint on every link but the first, bound to that link's device, so the
+    /// connecting side opens one subflow per link whichever way the data goes (a device-bound
+    /// subflow to the peer's first address is routed on-link through its own link).
+    pub fn enable_mptcp(&self) -> anyhow::Result<()> {
+        hostcheck::require_tools(&[hostcheck::Tool {
+            command: "mptcpize",
+            package: "mptcpize",
+        }])?;
+        let n = self.specs.len().to_string();
+        for (ns, host, dev) in [(self.topo.ns_a(), 'a', "a"), (self.topo.ns_b(), 'b', "b")] {
+            netns::ip(&[
+                "-n",
+                &ns,
+                "mptcp",
+                "limits",
+                "set",
+                "subflow",
+                &n,
+                "add_addr_accepted",
+                &n,
+            ])
+            .context("kernel MPTCP (ip mptcp limits)")?;
+            for i in 2..=self.specs.len() {
+                let addr = if host == 'a' {
+                    netns::addr_a(i)
+                } else {
+                    netns::addr_b(i)
+                };
+                netns::ip(&[
+                    "-n",
+                    &ns,
+                    "mptcp",
+                    "endpoint",
+                    "add",
+                    &addr,
+                    "dev",
+                    &format!("{dev}{i}"),
+                    "subflow",
+                ])
+                .context("kernel MPTCP (ip mptcp endpoint)")?;
+            }
+        }
+        Ok(())
+    }
+
     /// Pings host B over link `i` from host A.
     pub fn ping(&self, i: usize, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
         ping(&self.topo.ns_a(), &netns::addr_b(i), count, interval)
@@ -516,27 +622,68 @@ impl Lab {
         duration: Duration,
         tick: &mut dyn FnMut(&mut Lab, f64) -> anyhow::Result<()>,
     ) -> anyhow::Result<TcpRun> {
-        let listen = format!("{dst}:{SINK_PORT}");
-        let dur = duration.as_secs_f64();
+        let traffic = Traffic {
+            dst: dst.to_string(),
+            flows,
+            duration,
+            direction: Direction::Upload,
+            mptcp: false,
+        };
+        self.run_traffic(&traffic, tick)
+    }
+
+    /// The namespaces of a run's (sender, receiver).
+    fn hosts(&self, direction: Direction) -> (String, String) {
+        match direction {
+            Direction::Upload => (self.topo.ns_a(), self.topo.ns_b()),
+            Direction::Download => (self.topo.ns_b(), self.topo.ns_a()),
+        }
+    }
+
+    /// Starts the lab's traffic tool (`braid lab-internal sink|source ...`) in `ns`, under
+    /// `mptcpize run` if asked.
+    fn spawn_tool(
+        &self,
+        name: &str,
+        ns: &str,
+        args: Vec<String>,
+        mptcp: bool,
+    ) -> anyhow::Result<Proc> {
+        let log = self.dir.0.join(format!("{name}.log"));
+        if mptcp {
+            let mut all = vec!["run".to_string(), self.exe.display().to_string()];
+            all.extend(args);
+            Proc::spawn(name, ns, Path::new("mptcpize"), &all, log)
+        } else {
+            Proc::spawn(name, ns, &self.exe, &args, log)
+        }
+    }
+
+    /// Runs `traffic` (measured at the sink); `tick` is called about every 100 ms with the
+    /// seconds elapsed (for live views and failures).
+    pub fn run_traffic(
+        &mut self,
+        traffic: &Traffic,
+        tick: &mut dyn FnMut(&mut Lab, f64) -> anyhow::Result<()>,
+    ) -> anyhow::Result<TcpRun> {
+        let listen = format!("{}:{SINK_PORT}", traffic.dst);
+        let dur = traffic.duration.as_secs_f64();
+        let flows = traffic.flows.to_string();
+        let (sender_ns, receiver_ns) = self.hosts(traffic.direction);
         let sink_args: Vec<String> = [
             "lab-internal",
             "sink",
             "--listen",
             &listen,
             "--flows",
-            &flows.to_string(),
+            &flows,
+            "--window",
+            &dur.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
-        .chain(["--window".to_string(), format!("{dur}")])
         .collect();
-        let mut sink = Proc::spawn(
-            "sink",
-            &self.topo.ns_b(),
-            &self.exe,
-            &sink_args,
-            self.dir.0.join("sink.log"),
-        )?;
+        let mut sink = self.spawn_tool("sink", &receiver_ns, sink_args, traffic.mptcp)?;
         let l = sink.read_line(Duration::from_secs(10))?;
         if l != "listening" {
             bail!("sink said '{l}': {}", sink.log_tail());
@@ -548,24 +695,19 @@ impl Lab {
             "--connect",
             &listen,
             "--flows",
-            &flows.to_string(),
+            &flows,
+            "--duration",
+            &(dur + 1.0).to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
-        .chain(["--duration".to_string(), format!("{}", dur + 1.0)])
         .collect();
-        let mut source = Proc::spawn(
-            "source",
-            &self.topo.ns_a(),
-            &self.exe,
-            &src_args,
-            self.dir.0.join("source.log"),
-        )?;
+        let mut source = self.spawn_tool("source", &sender_ns, src_args, traffic.mptcp)?;
         let start = Instant::now();
         let t_emu_start = start.duration_since(self.emu_started).as_secs_f64();
         let emu_before = self.emu_stats();
-        let tcp_before = tcp_counters(&self.topo.ns_a());
-        let deadline = start + duration + Duration::from_secs(60);
+        let tcp_before = tcp_counters(&sender_ns);
+        let deadline = start + traffic.duration + Duration::from_secs(60);
         while source.try_wait().is_none() {
             if interrupted() {
                 bail!("interrupted");
@@ -600,8 +742,9 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         let emu_after = self.emu_stats();
-        let tcp_after = tcp_counters(&self.topo.ns_a());
+        let tcp_after = tcp_counters(&sender_ns);
         Ok(TcpRun {
+            direction: traffic.direction,
             sink,
             source,
             emu_start,
@@ -764,30 +907,52 @@ fn links_up(st: &serde_json::Value) -> (usize, usize) {
     (up, links.len())
 }
 
-/// TCP OutSegs and RetransSegs of namespace `ns` (from its /proc/net/snmp); zeros if unreadable.
-pub fn tcp_counters(ns: &str) -> (u64, u64) {
+/// Counters of one section (`Tcp:`, `MPTcpExt:`, ...) of `/proc/net/snmp` or
+/// `/proc/net/netstat` inside namespace `ns`; empty if unreadable.
+pub fn proc_counters(ns: &str, file: &str, section: &str) -> Vec<(String, u64)> {
     let Ok(out) = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .args(["netns", "exec", ns, "cat", file])
         .output()
     else {
-        return (0, 0);
+        return Vec::new();
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    let tcp: Vec<&str> = text.lines().filter(|l| l.starts_with("Tcp:")).collect();
-    if tcp.len() < 2 {
-        return (0, 0);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(section))
+        .collect();
+    if lines.len() < 2 {
+        return Vec::new();
     }
-    let names: Vec<&str> = tcp[0].split_whitespace().collect();
-    let values: Vec<&str> = tcp[1].split_whitespace().collect();
-    let get = |key: &str| {
-        names
-            .iter()
-            .position(|n| *n == key)
-            .and_then(|i| values.get(i))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (get("OutSegs"), get("RetransSegs"))
+    lines[0]
+        .split_whitespace()
+        .zip(lines[1].split_whitespace())
+        .skip(1)
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+fn counter(counters: &[(String, u64)], key: &str) -> u64 {
+    counters
+        .iter()
+        .find(|(k, _)| k == key)
+        .map_or(0, |(_, v)| *v)
+}
+
+/// TCP OutSegs and RetransSegs of namespace `ns` (from its /proc/net/snmp); zeros if unreadable.
+pub fn tcp_counters(ns: &str) -> (u64, u64) {
+    let c = proc_counters(ns, "/proc/net/snmp", "Tcp:");
+    (counter(&c, "OutSegs"), counter(&c, "RetransSegs"))
+}
+
+/// MPTCP connections the sender in `ns` opened as MPTCP (MP_CAPABLE answered) and subflows it
+/// joined (MP_JOIN answered), from its `/proc/net/netstat`.
+pub fn mptcp_counters(ns: &str) -> (u64, u64) {
+    let c = proc_counters(ns, "/proc/net/netstat", "MPTcpExt:");
+    (
+        counter(&c, "MPCapableSYNACKRX"),
+        counter(&c, "MPJoinSynAckRx"),
+    )
 }
 
 /// Runs `ping` in namespace `ns` and parses its summary.
@@ -863,16 +1028,19 @@ pub fn default_links() -> Vec<LinkSpec> {
 /// The live view: one line per second on stderr (redrawn in place on a terminal).
 struct Live {
     enabled: bool,
+    /// Index of the data direction in the emulator's counters.
+    dir: usize,
     tty: bool,
     last_draw: f64,
     drawn: bool,
 }
 
 impl Live {
-    fn new(enabled: bool) -> Self {
+    fn new(enabled: bool, direction: Direction) -> Self {
         use std::io::IsTerminal;
         Live {
             enabled,
+            dir: direction.emu_index(),
             tty: std::io::stderr().is_terminal(),
             last_draw: 0.0,
             drawn: false,
@@ -900,7 +1068,8 @@ impl Live {
             if only.is_some_and(|o| o != i) {
                 continue;
             }
-            let rate = (new.links[i][0].bytes - old.links[i][0].bytes) as f64 * 8.0 / dt;
+            let d = self.dir;
+            let rate = (new.links[i][d].bytes - old.links[i][d].bytes) as f64 * 8.0 / dt;
             sum += rate;
             let frac = (rate / spec.rate_bps as f64).clamp(0.0, 1.0);
             let filled = (frac * 10.0).round() as usize;
@@ -985,36 +1154,27 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     } else {
         args.links.clone()
     };
-    if let Some(f) = &args.fail {
-        if f.link > specs.len() {
-            bail!(
-                "--fail link{}: there are only {} links",
-                f.link,
-                specs.len()
-            );
-        }
-        if f.at.as_secs_f64() >= args.duration {
-            bail!(
-                "--fail at {:.1} s is not inside the {} s run",
-                f.at.as_secs_f64(),
-                args.duration
-            );
-        }
-        if args.skip_bundle {
-            bail!("--fail applies to the bundle run; it cannot go with --skip-bundle");
-        }
-    }
+    check_fail(args, specs.len())?;
     hostcheck::require_tools(hostcheck::LAB_TOOLS)?;
-    let duration = Duration::from_secs_f64(args.duration);
-    let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
+    if args.compare == Some(Compare::Mptcp) {
+        hostcheck::require_tools(&[hostcheck::Tool {
+            command: "mptcpize",
+            package: "mptcpize",
+        }])?;
+    }
     let mut opts = LabOptions::new(exe);
     opts.queue_ms = args.queue_ms;
     opts.seed = args.seed;
     opts.cc = args.cc.clone();
-    let mut live = Live::new(!args.quiet);
+    let direction = if args.reverse {
+        Direction::Download
+    } else {
+        Direction::Upload
+    };
+    let mut live = Live::new(!args.quiet, direction);
     if !args.quiet {
         eprintln!(
-            "braid lab: {} links ({}), {} s per run, {} flow(s); namespaces {}a/b/e",
+            "braid lab: {} links ({}), {} s per run, {} flow(s), {}, {}; namespaces {}a/b/e",
             specs.len(),
             specs
                 .iter()
@@ -1023,11 +1183,120 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
                 .join(", "),
             args.duration,
             args.flows,
+            match direction {
+                Direction::Upload => "upload (A sends)",
+                Direction::Download => "download (B sends)",
+            },
+            args.cc,
             opts.prefix
         );
     }
     let mut lab = Lab::start(&specs, &opts)?;
+    let mut links = ping_links(&lab, &specs, args.queue_ms);
+    let traffic = |dst: String, mptcp: bool| Traffic {
+        dst,
+        flows: args.flows,
+        duration: Duration::from_secs_f64(args.duration),
+        direction,
+        mptcp,
+    };
+    let receiver = |i: usize| match direction {
+        Direction::Upload => netns::addr_b(i),
+        Direction::Download => netns::addr_a(i),
+    };
+    if !args.skip_single {
+        for (i, link) in links.iter_mut().enumerate() {
+            let label = format!("link{}", i + 1);
+            let run = lab.run_traffic(&traffic(receiver(i + 1), false), &mut |lab, t| {
+                live.tick(lab, &label, t, args.duration, Some(i));
+                Ok(())
+            })?;
+            live.end_run();
+            link.single = Some(run_report(&run));
+        }
+    }
+    let compare = match args.compare {
+        Some(Compare::Mptcp) => {
+            lab.enable_mptcp()?;
+            let (capable0, joined0) = mptcp_counters(&lab.hosts(direction).0);
+            let (run, fail) = run_with_fail(
+                &mut lab,
+                &traffic(receiver(1), true),
+                args,
+                &mut live,
+                "mptcp",
+            )?;
+            let (capable1, joined1) = mptcp_counters(&lab.hosts(direction).0);
+            if capable1 <= capable0 {
+                bail!(
+                    "--compare mptcp: the connections fell back to plain TCP (no MP_CAPABLE \
+                     answer): is net.mptcp.enabled 1 in the lab's namespaces?"
+                );
+            }
+            if let Some(f) = &args.fail {
+                lab.restore_link(f.link)?;
+            }
+            Some(CompareReport {
+                name: "mptcp".into(),
+                subflows_joined: joined1.saturating_sub(joined0),
+                run: run_report(&run),
+                fail,
+            })
+        }
+        None => None,
+    };
+    let bundle = if args.skip_bundle {
+        None
+    } else {
+        Some(run_bundle(
+            &mut lab,
+            args,
+            &traffic(
+                match direction {
+                    Direction::Upload => TUNNEL_B.into(),
+                    Direction::Download => TUNNEL_A.into(),
+                },
+                false,
+            ),
+            &mut live,
+        )?)
+    };
+    let mut report = LabReport::new(
+        opts.prefix.clone(),
+        args.duration,
+        args.flows,
+        args.queue_ms,
+        links,
+        bundle,
+    );
+    report.tcp_congestion_control = args.cc.clone();
+    report.direction = direction;
+    report.set_compare(compare);
+    Ok(report)
+}
 
+fn check_fail(args: &LabArgs, links: usize) -> anyhow::Result<()> {
+    let Some(f) = &args.fail else {
+        return Ok(());
+    };
+    if f.link > links {
+        bail!("--fail link{}: there are only {links} links", f.link);
+    }
+    if f.at.as_secs_f64() >= args.duration {
+        bail!(
+            "--fail at {:.1} s is not inside the {} s run",
+            f.at.as_secs_f64(),
+            args.duration
+        );
+    }
+    if args.skip_bundle && args.compare.is_none() {
+        bail!("--fail applies to the bundle run (and --compare's); it cannot go with --skip-bundle alone");
+    }
+    Ok(())
+}
+
+/// Idle round trip of every link, and the rows of the report they start.
+fn ping_links(lab: &Lab, specs: &[LinkSpec], queue_ms: u64) -> Vec<LinkReport> {
     let mut links = Vec::new();
     for (i, s) in specs.iter().enumerate() {
         let n = i + 1;
@@ -1041,76 +1310,67 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
             delay_ms: s.delay.as_secs_f64() * 1e3,
             loss_pct: s.loss * 100.0,
             jitter_ms: s.jitter.as_secs_f64() * 1e3,
-            queue_bytes: shaper::queue_limit_bytes(s.rate_bps, args.queue_ms),
+            queue_bytes: shaper::queue_limit_bytes(s.rate_bps, queue_ms),
             ping_rtt_ms: p.filter(|p| p.received > 0).map(|p| p.avg_ms),
             single: None,
         });
     }
-    if !args.skip_single {
-        for (i, link) in links.iter_mut().enumerate() {
-            let label = format!("link{}", i + 1);
-            let run = lab.run_tcp(
-                &netns::addr_b(i + 1),
-                args.flows,
-                duration,
-                &mut |lab, t| {
-                    live.tick(lab, &label, t, args.duration, Some(i));
-                    Ok(())
-                },
-            )?;
-            live.end_run();
-            link.single = Some(run_report(&run));
-        }
-    }
+    links
+}
 
-    let mut bundle = None;
-    if !args.skip_bundle {
-        lab.equalize_max_ms = args.equalize_max;
-        lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
-        let mut failed = false;
-        let fail = args.fail.clone();
-        let run = lab.run_tcp(TUNNEL_B, args.flows, duration, &mut |lab, t| {
-            if let Some(f) = &fail {
-                if !failed && t >= f.at.as_secs_f64() {
-                    lab.fail_link(f.link)?;
-                    failed = true;
-                }
+/// One traffic run over several links, taking `--fail`'s link down at its time.
+fn run_with_fail(
+    lab: &mut Lab,
+    traffic: &Traffic,
+    args: &LabArgs,
+    live: &mut Live,
+    label: &str,
+) -> anyhow::Result<(TcpRun, Option<FailReport>)> {
+    let mut failed = false;
+    let fail = args.fail.clone();
+    let run = lab.run_traffic(traffic, &mut |lab, t| {
+        if let Some(f) = &fail {
+            if !failed && t >= f.at.as_secs_f64() {
+                lab.fail_link(f.link)?;
+                failed = true;
             }
-            lab.check_endpoints()?;
-            live.tick(lab, "bundle", t, args.duration, None);
-            Ok(())
-        })?;
-        live.end_run();
-        let status = lab.client_control().and_then(|p| {
-            braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok()
-        });
-        let r = run_report(&run);
-        bundle = Some(BundleReport {
-            scheduler: args.scheduler.clone().unwrap_or_else(|| "default".into()),
-            tunnel_mtu: mtu,
-            fail: args.fail.as_ref().map(|f| FailReport {
-                link: format!("link{}", f.link),
-                at_s: f.at.as_secs_f64(),
-                longest_gap_ms: r.longest_gap_ms,
-                survived: r.survived,
-            }),
-            run: r,
-            client_status: status,
-            server_status: lab.server_control().and_then(|p| {
-                braid_linux::control::request(&p, &serde_json::json!({"cmd": "status"})).ok()
-            }),
-        });
-    }
-    let mut report = LabReport::new(
-        opts.prefix.clone(),
-        args.duration,
-        args.flows,
-        args.queue_ms,
-        links,
-        bundle,
-    );
-    report.tcp_congestion_control = args.cc.clone();
-    Ok(report)
+        }
+        lab.check_endpoints()?;
+        live.tick(lab, label, t, args.duration, None);
+        Ok(())
+    })?;
+    live.end_run();
+    let fail = args.fail.as_ref().map(|f| FailReport {
+        link: format!("link{}", f.link),
+        at_s: f.at.as_secs_f64(),
+        longest_gap_ms: run.sink.longest_gap_ms,
+        survived: run.survived(),
+    });
+    Ok((run, fail))
+}
+
+/// The bundle: two `braid up` endpoints, then the traffic through the tunnel.
+fn run_bundle(
+    lab: &mut Lab,
+    args: &LabArgs,
+    traffic: &Traffic,
+    live: &mut Live,
+) -> anyhow::Result<BundleReport> {
+    let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
+    lab.equalize_max_ms = args.equalize_max;
+    lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
+    let (run, fail) = run_with_fail(lab, traffic, args, live, "bundle")?;
+    let status = |p: Option<&Path>| {
+        p.and_then(|p| braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok())
+    };
+    Ok(BundleReport {
+        scheduler: args.scheduler.clone().unwrap_or_else(|| "default".into()),
+        tunnel_mtu: mtu,
+        fail,
+        run: run_report(&run),
+        client_status: status(lab.client_control()),
+        server_status: status(lab.server_control().as_deref()),
+    })
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub struct LabReport {
     pub queue_ms: u64,
     /// TCP congestion control of the test hosts.
     pub tcp_congestion_control: String,
+    /// Which way the data went: upload (host A sends) or download (host B sends).
+    pub direction: crate::Direction,
     pub links: Vec<LinkReport>,
     pub nominal_sum_bps: f64,
     /// Sum of the links' goodput alone (when every link was measured).
@@ -39,8 +41,28 @@ pub struct LabReport {
     /// Bundle goodput / (nominal sum x bundle ceiling): the share of what can fit through the
     /// tunnel at this MTU that the bundle delivered.
     pub bundle_of_ceiling: Option<f64>,
-    /// IP bytes the emulator forwarded A->B on all links during the bundle run / nominal sum.
+    /// IP bytes the emulator forwarded in the data direction on all links during the bundle run
+    /// / nominal sum.
     pub bundle_link_utilization: Option<f64>,
+    /// What ran side by side with the bundle over the same links (`--compare`).
+    pub compare: Option<CompareReport>,
+    /// Its goodput / nominal sum.
+    pub compare_of_nominal: Option<f64>,
+    /// Bundle goodput / its goodput: above 1, braid is ahead.
+    pub bundle_vs_compare: Option<f64>,
+    /// The best link alone (its goodput), when every link was measured alone.
+    pub best_single_bps: Option<f64>,
+}
+
+/// A run of another multipath transport over the same links (`--compare`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareReport {
+    /// `mptcp`.
+    pub name: String,
+    pub run: RunReport,
+    /// MPTCP subflows joined (MP_JOIN answered) on top of the first.
+    pub subflows_joined: u64,
+    pub fail: Option<FailReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -133,6 +155,15 @@ impl LabReport {
             flows,
             queue_ms,
             tcp_congestion_control: String::new(),
+            direction: crate::Direction::Upload,
+            compare: None,
+            compare_of_nominal: None,
+            bundle_vs_compare: None,
+            best_single_bps: links
+                .iter()
+                .map(|l| l.single.as_ref().map(|s| s.goodput_bps))
+                .collect::<Option<Vec<f64>>>()
+                .and_then(|v| v.into_iter().reduce(f64::max)),
             bundle_of_nominal: bundle_goodput.map(|g| g / nominal_sum_bps),
             bundle_of_single_sum: bundle_goodput.zip(single_sum_bps).map(|(g, s)| g / s),
             links,
@@ -146,6 +177,21 @@ impl LabReport {
             bundle_ceiling,
             bundle_link_utilization,
         }
+    }
+}
+
+impl LabReport {
+    /// Records the side-by-side run and the ratios that compare it with the bundle.
+    pub fn set_compare(&mut self, compare: Option<CompareReport>) {
+        self.compare_of_nominal = compare
+            .as_ref()
+            .map(|c| c.run.goodput_bps / self.nominal_sum_bps);
+        self.bundle_vs_compare = compare
+            .as_ref()
+            .zip(self.bundle.as_ref())
+            .filter(|(c, _)| c.run.goodput_bps > 0.0)
+            .map(|(c, b)| b.run.goodput_bps / c.run.goodput_bps);
+        self.compare = compare;
     }
 }
 
@@ -199,49 +245,13 @@ pub fn render(r: &LabReport) -> String {
         sum_alone,
         sum_pct
     );
+    if let Some(c) = &r.compare {
+        let detail = format!("{} subflow(s) joined", c.subflows_joined);
+        render_run(&mut out, r, &c.name, &detail, &c.run, c.fail.as_ref());
+    }
     if let Some(b) = &r.bundle {
-        let used = r
-            .bundle_link_utilization
-            .map(|u| format!("{:.1}%", 100.0 * u))
-            .unwrap_or_else(|| "-".into());
-        out += &format!(
-            "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
-            "bundle",
-            format!("{} flow(s), {}", r.flows, b.scheduler),
-            "",
-            format!("{} Mbit/s", mbit(b.run.goodput_bps)),
-            format!("{:.1}%", 100.0 * b.run.goodput_bps / r.nominal_sum_bps),
-            used
-        );
-        if !b.run.link_rates_bps.is_empty() {
-            let per: Vec<String> = b
-                .run
-                .link_rates_bps
-                .iter()
-                .zip(&r.links)
-                .enumerate()
-                .map(|(i, (v, l))| {
-                    let drops = b.run.link_queue_drops.get(i).copied().unwrap_or(0);
-                    format!(
-                        "{} {} ({:.0}%, {drops} queue drops)",
-                        l.name,
-                        mbit(*v),
-                        100.0 * v / l.rate_bps as f64
-                    )
-                })
-                .collect();
-            out += &format!(
-                "  bundle per link on the wire (Mbit/s of IP): {}\n",
-                per.join(", ")
-            );
-        }
-        out += &format!(
-            "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%)\n",
-            r.tcp_congestion_control,
-            b.run.tcp_segments,
-            b.run.tcp_retransmits,
-            100.0 * b.run.tcp_retransmits as f64 / (b.run.tcp_segments.max(1)) as f64
-        );
+        let detail = format!("{} flow(s), {}", r.flows, b.scheduler);
+        render_run(&mut out, r, "bundle", &detail, &b.run, b.fail.as_ref());
         out += &format!(
             "  tunnel MTU {}: TCP payload ceiling {:.1}% of the rates through the tunnel ({:.1}% alone); \
              the bundle reached {:.1}% of that ceiling\n",
@@ -250,30 +260,116 @@ pub fn render(r: &LabReport) -> String {
             100.0 * r.single_ceiling,
             100.0 * r.bundle_of_ceiling.unwrap_or(0.0)
         );
-        if let Some(f) = &b.fail {
-            out += &format!(
-                "  {} failed at {:.1} s: longest stall {:.0} ms, TCP connection {}\n",
-                f.link,
-                f.at_s,
-                f.longest_gap_ms,
-                if f.survived { "survived" } else { "BROKEN" }
-            );
-        } else if !b.run.survived {
-            out += &format!(
-                "  the TCP connection did not finish cleanly: {}\n",
-                b.run.errors.join("; ")
-            );
-        }
         let of_alone = r
             .bundle_of_single_sum
             .map(|v| format!(", {:.0}% of the links alone", 100.0 * v))
             .unwrap_or_default();
+        let compare = match (&r.compare, r.bundle_vs_compare) {
+            (Some(c), Some(x)) => format!(
+                "; {}: {} Mbit/s ({:.0}%): braid {:.2}x {}",
+                c.name,
+                mbit(c.run.goodput_bps),
+                100.0 * c.run.goodput_bps / r.nominal_sum_bps,
+                x,
+                c.name
+            ),
+            _ => String::new(),
+        };
         out += &format!(
-            "bundle: {} Mbit/s of {} ({:.0}%{of_alone})\n",
+            "bundle ({}, {}): {} Mbit/s of {} ({:.0}%{of_alone}){compare}\n",
+            direction_name(r.direction),
+            r.tcp_congestion_control,
             mbit(b.run.goodput_bps),
             mbit(r.nominal_sum_bps),
             100.0 * b.run.goodput_bps / r.nominal_sum_bps
         );
+    } else if let Some(c) = &r.compare {
+        out += &format!(
+            "{} ({}, {}): {} Mbit/s of {} ({:.0}%)\n",
+            c.name,
+            direction_name(r.direction),
+            r.tcp_congestion_control,
+            mbit(c.run.goodput_bps),
+            mbit(r.nominal_sum_bps),
+            100.0 * c.run.goodput_bps / r.nominal_sum_bps
+        );
     }
     out
+}
+
+fn direction_name(d: crate::Direction) -> &'static str {
+    match d {
+        crate::Direction::Upload => "upload",
+        crate::Direction::Download => "download",
+    }
+}
+
+/// The rows of one multi-link run: goodput, each link on the wire, the TCP sender, the failure.
+fn render_run(
+    out: &mut String,
+    r: &LabReport,
+    label: &str,
+    detail: &str,
+    run: &RunReport,
+    fail: Option<&FailReport>,
+) {
+    let used = if run.link_rates_bps.is_empty() {
+        "-".to_string()
+    } else {
+        format!(
+            "{:.1}%",
+            100.0 * run.link_rates_bps.iter().sum::<f64>() / r.nominal_sum_bps
+        )
+    };
+    *out += &format!(
+        "{:<8} {:<22} {:>9} {:>12} {:>8} {:>10}\n",
+        label,
+        detail,
+        "",
+        format!("{} Mbit/s", mbit(run.goodput_bps)),
+        format!("{:.1}%", 100.0 * run.goodput_bps / r.nominal_sum_bps),
+        used
+    );
+    if !run.link_rates_bps.is_empty() {
+        let per: Vec<String> = run
+            .link_rates_bps
+            .iter()
+            .zip(&r.links)
+            .enumerate()
+            .map(|(i, (v, l))| {
+                let drops = run.link_queue_drops.get(i).copied().unwrap_or(0);
+                format!(
+                    "{} {} ({:.0}%, {drops} queue drops)",
+                    l.name,
+                    mbit(*v),
+                    100.0 * v / l.rate_bps as f64
+                )
+            })
+            .collect();
+        *out += &format!(
+            "  {label} per link on the wire (Mbit/s of IP): {}\n",
+            per.join(", ")
+        );
+    }
+    *out += &format!(
+        "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%)\n",
+        r.tcp_congestion_control,
+        run.tcp_segments,
+        run.tcp_retransmits,
+        100.0 * run.tcp_retransmits as f64 / (run.tcp_segments.max(1)) as f64
+    );
+    if let Some(f) = fail {
+        *out += &format!(
+            "  {} failed at {:.1} s: longest stall {:.0} ms, TCP connection {}\n",
+            f.link,
+            f.at_s,
+            f.longest_gap_ms,
+            if f.survived { "survived" } else { "BROKEN" }
+        );
+    } else if !run.survived {
+        *out += &format!(
+            "  the TCP connection did not finish cleanly: {}\n",
+            run.errors.join("; ")
+        );
+    }
 }
