@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# braid against kernel MPTCP, side by side in the same lab run, over the scenarios of issue 10:
+# one TCP flow, CUBIC and BBR, upload and download. Prints a markdown table (and keeps each
+# run's JSON in $OUT).
+#
+#   scripts/bench-vs-mptcp.sh [SECONDS] [SCENARIO...]     (as root; needs mptcpize)
+#   SCENARIOS: default 10-20-50 ratio7 lossy lte   (default: all)
+#   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" scripts/bench-vs-mptcp.sh 20
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-20}
+shift || true
+SCENARIOS=("$@")
+((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte)
+CCS=${CCS:-"cubic bbr"}
+DIRS=${DIRS:-"up down"}
+EXTRA=${EXTRA:-}
+OUT=${OUT:-$(mktemp -d /tmp/braid-vs-mptcp.XXXXXX)}
+mkdir -p "$OUT"
+command -v mptcpize >/dev/null || { apt-get install -y -qq mptcpize >/dev/null; }
+cargo build --release -q
+BRAID=target/release/braid
+
+links() {
+  case $1 in
+    default) echo "--link 1mbit/10ms --link 2mbit/10ms --link 3mbit/10ms" ;;
+    10-20-50) echo "--link 10mbit/5ms --link 20mbit/20ms --link 50mbit/40ms" ;;
+    ratio7) echo "--link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms" ;;
+    lossy) echo "--link 20mbit/10ms --link 20mbit/40ms/1.5%" ;;
+    lte) echo "--link 30mbit/30ms/0%/20ms --link 10mbit/15ms" ;;
+    *) echo "unknown scenario $1" >&2; exit 2 ;;
+  esac
+}
+
+echo "| scenario | cc | direction | best link alone | MPTCP | braid | braid / MPTCP | braid retrans | MPTCP retrans |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for sc in "${SCENARIOS[@]}"; do
+  for cc in $CCS; do
+    for dir in $DIRS; do
+      rev=""; [ "$dir" = down ] && rev="--reverse"
+      f="$OUT/$sc-$cc-$dir.json"
+      # shellcheck disable=SC2046
+      if ! $BRAID lab --quiet --json --duration "$DUR" --cc "$cc" $rev --compare mptcp \
+          $(links "$sc") $EXTRA >"$f" 2>"$f.err"; then
+        echo "| $sc | $cc | $dir | failed: $(head -c 200 "$f.err") |"
+        continue
+      fi
+      python3 - "$f" "$sc" "$cc" "$dir" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+sc, cc, d = sys.argv[2:5]
+n = r["nominal_sum_bps"]
+b = r["bundle"]["run"]; m = r["compare"]["run"]
+best = r.get("best_single_bps") or 0
+pct = lambda x: f"{100*x/n:.1f}%"
+rt = lambda x: f"{100*x['tcp_retransmits']/max(1,x['tcp_segments']):.2f}%"
+print(f"| {sc} | {cc} | {d} | {pct(best)} | {pct(m['goodput_bps'])} | {pct(b['goodput_bps'])} | "
+      f"{r['bundle_vs_compare']:.2f}x | {rt(b)} | {rt(m)} |")
+PY
+    done
+  done
+done
+echo
+echo "(goodput as % of the nominal sum of link rates; $DUR s per run; JSON in $OUT)"
