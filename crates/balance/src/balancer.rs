@@ -32,6 +32,23 @@ pub struct Counters {
     pub bytes_in: AtomicU64,
     /// Bytes backends -> clients (through the balancer).
     pub bytes_out: AtomicU64,
+    /// Proxy: clients refused by a limit (`max_connections_per_source`; a UDP datagram that
+    /// would have opened a session over it).
+    pub rejected: AtomicU64,
+    /// Proxy: clients closed to make room at `max_connections` (TCP: the connection idle the
+    /// longest; UDP: the least recently used session).
+    pub evicted: AtomicU64,
+    /// Proxy (TCP): connections closed after `tcp_idle_timeout_ms` without a byte.
+    pub idle_closed: AtomicU64,
+    /// Proxy (TCP): times accepting paused at `max_connections` with no idle connection to close.
+    pub limit_waits: AtomicU64,
+    /// Proxy (TCP): failed `accept` calls (e.g. EMFILE): the listener backs off and keeps going.
+    pub accept_errors: AtomicU64,
+    /// Connects, binds or sends that failed for a local reason (EMFILE, ENFILE, ENOBUFS, ENOMEM,
+    /// EADDRNOTAVAIL): never counted against a backend.
+    pub local_errors: AtomicU64,
+    /// Active health checks that could not run for a local reason (not counted either way).
+    pub health_local_errors: AtomicU64,
 }
 
 type StatusExtra = (&'static str, Box<dyn Fn() -> Value + Send + Sync>);
@@ -180,7 +197,15 @@ impl Balancer {
                 "connect_failures": c.connect_failures.load(Ordering::Relaxed),
                 "bytes_in": c.bytes_in.load(Ordering::Relaxed),
                 "bytes_out": c.bytes_out.load(Ordering::Relaxed),
+                "rejected": c.rejected.load(Ordering::Relaxed),
+                "evicted": c.evicted.load(Ordering::Relaxed),
+                "idle_closed": c.idle_closed.load(Ordering::Relaxed),
+                "limit_waits": c.limit_waits.load(Ordering::Relaxed),
+                "accept_errors": c.accept_errors.load(Ordering::Relaxed),
+                "local_errors": c.local_errors.load(Ordering::Relaxed),
+                "health_local_errors": c.health_local_errors.load(Ordering::Relaxed),
             },
+            "stopping": self.stopping(),
         });
         if let Some((key, f)) = self
             .extra
@@ -343,6 +368,36 @@ impl Balancer {
             m.inc_by(v.load(Ordering::Relaxed));
             reg.register(name, help, m);
         }
+        // Proxy-mode overload counters (see docs/balance.md, "Limits and overload").
+        for (name, help, v) in [
+            ("rejected", "Clients refused by a per-source limit", &c.rejected),
+            (
+                "evicted",
+                "Idle connections or UDP sessions closed to make room at max_connections",
+                &c.evicted,
+            ),
+            ("idle_closed", "TCP connections closed after the idle timeout", &c.idle_closed),
+            (
+                "limit_waits",
+                "Times accepting paused at max_connections",
+                &c.limit_waits,
+            ),
+            ("accept_errors", "Failed accept calls (e.g. EMFILE)", &c.accept_errors),
+            (
+                "local_errors",
+                "Backend connects or sends that failed for a local reason (not the backend's fault)",
+                &c.local_errors,
+            ),
+            (
+                "health_local_errors",
+                "Health checks that could not run for a local reason",
+                &c.health_local_errors,
+            ),
+        ] {
+            let m: Counter = Counter::default();
+            m.inc_by(v.load(Ordering::Relaxed));
+            reg.register(name, help, m);
+        }
         let tb: Family<L, Counter> = Family::default();
         tb.get_or_create(&vec![("direction".into(), "to_backend".into())])
             .inc_by(c.bytes_in.load(Ordering::Relaxed));
@@ -400,6 +455,22 @@ impl Balancer {
                         .saturating_duration_since(Instant::now())
                         .min(Duration::from_millis(50));
                     match rx.recv_timeout(wait) {
+                        Ok((id, r)) if r.local => {
+                            // Out of descriptors (or buffers, or ports) here: says nothing about
+                            // the backend. Neither a failure nor a success.
+                            inflight.remove(&id);
+                            let n = b
+                                .counters
+                                .health_local_errors
+                                .fetch_add(1, Ordering::Relaxed);
+                            if n.is_power_of_two() || n == 0 {
+                                tracing::warn!(
+                                    "health check could not run ({}): not counted against the backend ({} such so far)",
+                                    r.detail,
+                                    n + 1
+                                );
+                            }
+                        }
                         Ok((id, r)) => {
                             inflight.remove(&id);
                             let now = Instant::now();
@@ -428,26 +499,64 @@ impl Balancer {
         let h = &self.config.health;
         let target = SocketAddr::new(addr.ip(), h.port.unwrap_or(addr.port()));
         let start = Instant::now();
-        let (ok, detail) = match (self.config.protocol, &h.http_path) {
+        let r = match (self.config.protocol, &h.http_path) {
             (_, Some(path)) => http_check(target, path, h.timeout),
             (Protocol::Tcp, None) => match TcpStream::connect_timeout(&target, h.timeout) {
-                Ok(_) => (true, "TCP connect ok".to_string()),
-                Err(e) => (false, format!("connect: {}", short_io_error(&e))),
+                Ok(_) => Ok("TCP connect ok".to_string()),
+                Err(e) => Err(Failure::io("connect", &e)),
             },
             (Protocol::Udp, None) => udp_check(target, h.timeout),
         };
+        let (ok, local, detail) = match r {
+            Ok(d) => (true, false, d),
+            Err(f) => (false, f.local, f.detail),
+        };
         CheckOutcome {
             ok,
+            local,
             detail,
             took: start.elapsed(),
         }
     }
 }
 
+/// A failed check: what went wrong, and whether it was our own fault.
+struct Failure {
+    local: bool,
+    detail: String,
+}
+
+impl Failure {
+    fn io(what: &str, e: &std::io::Error) -> Failure {
+        Failure {
+            local: is_local_error(e),
+            detail: format!("{what}: {}", short_io_error(e)),
+        }
+    }
+    fn backend(detail: String) -> Failure {
+        Failure {
+            local: false,
+            detail,
+        }
+    }
+}
+
+/// Errors that say the balancer itself is short of something (descriptors, buffers, memory,
+/// local ports), not that the peer is unwell: they must never count against a backend.
+pub fn is_local_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
+}
+
 /// The result of one active check.
 #[derive(Debug, Clone)]
 pub struct CheckOutcome {
     pub ok: bool,
+    /// The check could not run for a local reason ([`is_local_error`]): `ok` is false but it
+    /// says nothing about the backend.
+    pub local: bool,
     pub detail: String,
     pub took: Duration,
 }
@@ -463,11 +572,11 @@ pub(crate) fn short_io_error(e: &std::io::Error) -> String {
 }
 
 /// HTTP/1.0 GET `path`; healthy on a 2xx or 3xx status line within `timeout`.
-fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> (bool, String) {
+fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> Result<String, Failure> {
     let deadline = Instant::now() + timeout;
     let mut s = match TcpStream::connect_timeout(&target, timeout) {
         Ok(s) => s,
-        Err(e) => return (false, format!("connect: {}", short_io_error(&e))),
+        Err(e) => return Err(Failure::io("connect", &e)),
     };
     let left = deadline
         .saturating_duration_since(Instant::now())
@@ -480,7 +589,7 @@ fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> (bool, Strin
     };
     let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: braid-health\r\nConnection: close\r\n\r\n");
     if let Err(e) = s.write_all(req.as_bytes()) {
-        return (false, format!("send: {}", short_io_error(&e)));
+        return Err(Failure::io("send", &e));
     }
     let mut buf = [0u8; 256];
     let mut got = 0;
@@ -488,7 +597,7 @@ fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> (bool, Strin
         match s.read(&mut buf[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
-            Err(e) => return (false, format!("HTTP: {}", short_io_error(&e))),
+            Err(e) => return Err(Failure::io("HTTP", &e)),
         }
         if Instant::now() >= deadline {
             break;
@@ -500,16 +609,19 @@ fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> (bool, Strin
         parts.next(),
         parts.next().and_then(|c| c.parse::<u16>().ok()),
     ) {
-        (Some(v), Some(code)) if v.starts_with("HTTP/") => {
-            ((200..400).contains(&code), format!("HTTP {code}"))
+        (Some(v), Some(code)) if v.starts_with("HTTP/") && (200..400).contains(&code) => {
+            Ok(format!("HTTP {code}"))
         }
-        _ => (false, "HTTP: no status line".to_string()),
+        (Some(v), Some(code)) if v.starts_with("HTTP/") => {
+            Err(Failure::backend(format!("HTTP {code}")))
+        }
+        _ => Err(Failure::backend("HTTP: no status line".to_string())),
     }
 }
 
 /// UDP: a probe datagram on a connected socket. An ICMP error (port or host unreachable) makes
 /// the backend fail; a reply or silence counts as alive (UDP services need not answer).
-fn udp_check(target: SocketAddr, timeout: Duration) -> (bool, String) {
+fn udp_check(target: SocketAddr, timeout: Duration) -> Result<String, Failure> {
     let bind: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("addr")
     } else {
@@ -517,23 +629,23 @@ fn udp_check(target: SocketAddr, timeout: Duration) -> (bool, String) {
     };
     let s = match UdpSocket::bind(bind).and_then(|s| s.connect(target).map(|_| s)) {
         Ok(s) => s,
-        Err(e) => return (false, format!("udp: {}", short_io_error(&e))),
+        Err(e) => return Err(Failure::io("udp", &e)),
     };
     let _ = s.set_read_timeout(Some(timeout));
     if let Err(e) = s.send(b"braid-health\n") {
-        return (false, format!("udp send: {}", short_io_error(&e)));
+        return Err(Failure::io("udp send", &e));
     }
     let mut buf = [0u8; 64];
     match s.recv(&mut buf) {
-        Ok(_) => (true, "UDP reply".to_string()),
+        Ok(_) => Ok("UDP reply".to_string()),
         Err(e)
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) =>
         {
-            (true, "UDP no ICMP error".to_string())
+            Ok("UDP no ICMP error".to_string())
         }
-        Err(e) => (false, format!("udp: {}", short_io_error(&e))),
+        Err(e) => Err(Failure::io("udp", &e)),
     }
 }

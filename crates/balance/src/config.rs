@@ -15,6 +15,10 @@
 //! # optional: control = "/run/braid/web.sock", table_size = 65537, connect_timeout_ms = 1000,
 //! #           udp_idle_timeout_ms = 30000, max_flows = 1000000,
 //! #           workers = <one per core>  (proxy mode)
+//! # optional, proxy mode limits (see docs/balance.md, "Limits and overload"):
+//! #           max_connections = <from the open-files limit>, max_connections_per_source = <none>,
+//! #           tcp_idle_timeout_ms = 300000, tcp_keepalive_ms = 60000 (0 = off),
+//! #           evict_idle_after_ms = 10000, drain_timeout_ms = 30000
 //!
 //! [[backend]]
 //! address = "198.18.0.3:8080"    # dsr: the backend's address on the shared segment
@@ -115,6 +119,20 @@ pub struct Config {
     pub max_flows: usize,
     /// Proxy mode (TCP): worker threads (default: one per core).
     pub workers: Option<usize>,
+    /// Proxy mode: TCP connections or UDP sessions at once (`None`: derived from the open-files
+    /// limit at start, see `proxy::fd_budget`).
+    pub max_connections: Option<usize>,
+    /// Proxy mode: TCP connections or UDP sessions at once from one client address.
+    pub max_connections_per_source: Option<u32>,
+    /// Proxy mode (TCP): a connection with no byte in either direction for this long is closed.
+    pub tcp_idle_timeout: Duration,
+    /// Proxy mode (TCP): keepalive probes on both sides after this long idle (`None`: off).
+    pub tcp_keepalive: Option<Duration>,
+    /// Proxy mode (TCP): at `max_connections`, a new client closes the connection idle the
+    /// longest if it has been idle at least this long (otherwise accepting pauses).
+    pub evict_idle_after: Duration,
+    /// Proxy mode: on SIGTERM/SIGINT, how long open connections may take to finish.
+    pub drain_timeout: Duration,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -149,6 +167,12 @@ struct RawBalance {
     udp_idle_timeout_ms: Option<Spanned<u64>>,
     max_flows: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
+    max_connections: Option<Spanned<u64>>,
+    max_connections_per_source: Option<Spanned<u64>>,
+    tcp_idle_timeout_ms: Option<Spanned<u64>>,
+    tcp_keepalive_ms: Option<Spanned<u64>>,
+    evict_idle_after_ms: Option<Spanned<u64>>,
+    drain_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -484,6 +508,37 @@ impl Config {
                 )
             }
         };
+        let count = |v: &Option<Spanned<u64>>, key: &str| -> Result<Option<u64>, ConfigError> {
+            match v {
+                None => Ok(None),
+                Some(s) if (1..=100_000_000).contains(s.get_ref()) => Ok(Some(*s.get_ref())),
+                Some(s) => l.err(
+                    s.span(),
+                    format!("{key} = {}: expected 1 to 100000000", s.get_ref()),
+                ),
+            }
+        };
+        let max_connections = count(&b.max_connections, "max_connections")?.map(|n| n as usize);
+        let max_connections_per_source =
+            count(&b.max_connections_per_source, "max_connections_per_source")?
+                .map(|n| n.min(u64::from(u32::MAX)) as u32);
+        let tcp_idle_timeout = ms(
+            &b.tcp_idle_timeout_ms,
+            "tcp_idle_timeout_ms",
+            300_000,
+            86_400_000,
+        )?;
+        let tcp_keepalive = match &b.tcp_keepalive_ms {
+            Some(s) if *s.get_ref() == 0 => None,
+            v => Some(ms(v, "tcp_keepalive_ms", 60_000, 7_200_000)?),
+        };
+        let evict_idle_after = ms(
+            &b.evict_idle_after_ms,
+            "evict_idle_after_ms",
+            10_000,
+            86_400_000,
+        )?;
+        let drain_timeout = ms(&b.drain_timeout_ms, "drain_timeout_ms", 30_000, 3_600_000)?;
         let mut backends: Vec<BackendConfig> = Vec::new();
         for be in &raw.backend {
             let r = be.get_ref();
@@ -551,6 +606,12 @@ impl Config {
             udp_idle_timeout,
             max_flows,
             workers,
+            max_connections,
+            max_connections_per_source,
+            tcp_idle_timeout,
+            tcp_keepalive,
+            evict_idle_after,
+            drain_timeout,
             backends,
         })
     }
@@ -664,5 +725,31 @@ weight = 3
         assert_eq!(c.health.http_path, None);
         assert_eq!(c.backends[0].weight, 1);
         assert_eq!(c.udp_idle_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_connections, None);
+        assert_eq!(c.max_connections_per_source, None);
+        assert_eq!(c.tcp_idle_timeout, Duration::from_secs(300));
+        assert_eq!(c.tcp_keepalive, Some(Duration::from_secs(60)));
+        assert_eq!(c.evict_idle_after, Duration::from_secs(10));
+        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn proxy_limits() {
+        let with = |extra: &str| GOOD.replace("metrics =", &format!("{extra}\nmetrics ="));
+        let c = Config::parse(
+            &with("max_connections = 5000\nmax_connections_per_source = 50\ntcp_idle_timeout_ms = 2000\ntcp_keepalive_ms = 0\nevict_idle_after_ms = 500\ndrain_timeout_ms = 4000"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.max_connections, Some(5000));
+        assert_eq!(c.max_connections_per_source, Some(50));
+        assert_eq!(c.tcp_idle_timeout, Duration::from_secs(2));
+        assert_eq!(c.tcp_keepalive, None);
+        assert_eq!(c.evict_idle_after, Duration::from_millis(500));
+        assert_eq!(c.drain_timeout, Duration::from_secs(4));
+        let e = err(&with("max_connections = 0"));
+        assert!(e.contains("max_connections") && e.contains("line 9"), "{e}");
+        assert!(err(&with("tcp_idle_timeout_ms = 0")).contains("tcp_idle_timeout_ms"));
+        assert!(err(&with("drain_timeout_ms = -1")).contains("line 9"));
     }
 }

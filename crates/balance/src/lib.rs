@@ -42,11 +42,16 @@ pub enum BackendCmd {
     SetWeight { address: String, weight: u32 },
 }
 
-/// Runs a balancer in the foreground until SIGINT/SIGTERM.
+/// Runs a balancer in the foreground until SIGINT/SIGTERM. Proxy mode then drains: the
+/// listener closes and open connections get up to `drain_timeout_ms` to finish; a second signal
+/// exits at once.
 pub fn run_balance(args: BalanceArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
     let b = Balancer::new(config)?;
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registered first, so it sees the flag as the previous signal left it: the second
+        // signal exits (status 1) without waiting for the drain.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, b.stop.clone())?;
         signal_hook::flag::register(sig, b.stop.clone())?;
     }
     let _control = braid_linux::control::ControlServer::bind(&b.config.control, {
@@ -223,6 +228,19 @@ pub fn render_status(status: &serde_json::Value) -> String {
         human_bytes(u(&t, "bytes_in")),
         human_bytes(u(&t, "bytes_out"))
     ));
+    if let Some(p) = status.get("proxy").filter(|p| p.is_object()) {
+        out.push_str(&format!(
+            "open {} of {} max  evicted {}  rejected {}  idle-closed {}  limit waits {}  accept errors {}  local errors {}\n\n",
+            u(p, "open"),
+            u(p, "max_connections"),
+            u(&t, "evicted"),
+            u(&t, "rejected"),
+            u(&t, "idle_closed"),
+            u(&t, "limit_waits"),
+            u(&t, "accept_errors"),
+            u(&t, "local_errors") + u(&t, "health_local_errors"),
+        ));
+    }
     render_backends(status, out)
 }
 
@@ -375,6 +393,40 @@ mod tests {
             text.lines().any(|l| l.starts_with("198.18.0.3:80")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn local_errors_are_not_the_backends_fault() {
+        use balancer::is_local_error;
+        let e = |n| std::io::Error::from_raw_os_error(n);
+        for n in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EADDRNOTAVAIL,
+        ] {
+            assert!(is_local_error(&e(n)), "{n}");
+        }
+        for n in [
+            libc::ECONNREFUSED,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::ETIMEDOUT,
+        ] {
+            assert!(!is_local_error(&e(n)), "{n}");
+        }
+        assert!(!is_local_error(&std::io::Error::other("x")));
+    }
+
+    #[test]
+    fn fd_budget_leaves_a_reserve() {
+        use proxy::fd_budget;
+        assert_eq!(fd_budget(256, Protocol::Tcp), 90);
+        assert_eq!(fd_budget(256, Protocol::Udp), 180);
+        assert_eq!(fd_budget(20_000, Protocol::Tcp), 9468);
+        assert_eq!(fd_budget(10, Protocol::Tcp), 1);
+        assert_eq!(fd_budget(u64::MAX, Protocol::Udp), 3_799_936);
     }
 
     #[test]

@@ -38,7 +38,7 @@ BIG = b"x" * (1 << 20)
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
-        body = BIG if self.path.startswith("/big") else (name + "\n").encode()
+        body = BIG * int(self.path[5:] or 1) if self.path.startswith("/big") else (name + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Backend", name)
@@ -65,6 +65,10 @@ S((host, port), H).serve_forever()
 /// `load HOST PORT SECONDS`: one keep-alive connection (prints `KA name` at once, then asks on it
 /// every 50 ms) while new-connection requests run back to back; prints a JSON summary.
 /// `udp HOST PORT SOCKETS DATAGRAMS`: per socket, the backends that answered (JSON).
+/// `hold HOST PORT N SECONDS`: opens N TCP connections, sends nothing, prints `HELD k`, holds them.
+/// `sweep HOST PORT N [SRC]`: one UDP datagram from each of N new sockets (N source ports).
+/// `slow HOST PORT MIB RATE`: GET /big/MIB read at RATE MiB/s; prints `STARTED`, then the body
+/// length received (JSON).
 const CLIENT_PY: &str = r#"
 import sys, json, time, socket, threading, http.client
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -139,6 +143,56 @@ elif mode == "udp":
                 seen.append("FAIL:%s" % e)
         out.append(seen)
     print(json.dumps(out))
+elif mode == "hold":
+    n, secs = int(sys.argv[4]), float(sys.argv[5])
+    socks = []
+    for i in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(3)
+        try:
+            s.connect((host, port))
+            socks.append(s)
+        except Exception:
+            s.close()
+    print("HELD %d" % len(socks), flush=True)
+    time.sleep(secs)
+elif mode == "sweep":
+    n = int(sys.argv[4])
+    src = sys.argv[5] if len(sys.argv) > 5 else ""
+    for i in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if src:
+            s.bind((src, 0))
+        s.sendto(b"sweep", (host, port))
+        s.close()
+    print("SENT %d" % n, flush=True)
+elif mode == "slow":
+    mib, rate = int(sys.argv[4]), float(sys.argv[5])
+    want = mib << 20
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.settimeout(10)
+    s.connect((host, port))
+    s.sendall(b"GET /big/%d HTTP/1.1\r\nHost: x\r\n\r\n" % mib)
+    head, body, started = b"", 0, False
+    try:
+        while body < want:
+            d = s.recv(65536)
+            if not d:
+                break
+            if not started:
+                print("STARTED", flush=True)
+                started = True
+            if b"\r\n\r\n" not in head:
+                head += d
+                if b"\r\n\r\n" in head:
+                    body = len(head.split(b"\r\n\r\n", 1)[1])
+            else:
+                body += len(d)
+            time.sleep(len(d) / (rate * 1048576))
+    except Exception as e:
+        print("ERROR %s" % e, file=sys.stderr)
+    print(json.dumps({"body": body}), flush=True)
 "#;
 
 fn run(cmd: &mut Command) -> Output {
@@ -327,6 +381,16 @@ impl Lab {
     /// Writes the config and starts `braid balance` in the balancer namespace; waits until every
     /// configured backend has passed a health check.
     fn start_balancer(&mut self, extra: &str, backends: &[(usize, u32)]) {
+        self.start_balancer_nofile(extra, backends, None)
+    }
+
+    /// [`Lab::start_balancer`] with the open-files limit (soft and hard) set to `nofile`.
+    fn start_balancer_nofile(
+        &mut self,
+        extra: &str,
+        backends: &[(usize, u32)],
+        nofile: Option<u32>,
+    ) {
         let mut cfg = format!(
             "[balance]\nname = \"{}\"\nlisten = \"{LISTEN}\"\ncontrol = \"{}\"\nmetrics = \"127.0.0.1:9151\"\n{extra}\n",
             self.tag,
@@ -341,8 +405,14 @@ impl Lab {
         let path = self.dir.join("balance.toml");
         std::fs::write(&path, cfg).unwrap();
         let log = std::fs::File::create(self.dir.join("balance.log")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns("b"), BRAID, "balance"])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns("b")]);
+        if let Some(n) = nofile {
+            // prlimit execs the command: the PID we get is still the balancer's.
+            cmd.arg("prlimit").arg(format!("--nofile={n}:{n}"));
+        }
+        let child = cmd
+            .args([BRAID, "balance"])
             .arg(&path)
             .stdout(Stdio::null())
             .stderr(log)
@@ -385,6 +455,43 @@ impl Lab {
             !std::path::Path::new(&self.ctl()).exists(),
             "control socket left behind"
         );
+    }
+
+    fn balancer_pid(&self) -> u32 {
+        self.children
+            .iter()
+            .find(|(n, _)| n == "balancer")
+            .map(|(_, c)| c.id())
+            .expect("balancer running")
+    }
+
+    /// Waits up to `limit` for the balancer to exit; its exit status, or None if still running.
+    fn wait_balancer(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            for (n, c) in self.children.iter_mut() {
+                if n == "balancer" {
+                    if let Some(st) = c.try_wait().unwrap() {
+                        return Some(st);
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts a client mode that prints one line when it is ready (e.g. `hold`) and waits for
+    /// that line; the client is killed with the lab (or by `kill(name)`).
+    fn start_client(&mut self, name: &str, args: &[&str]) -> (BufReader<ChildStdout>, String) {
+        let mut child = self.client(args).stdout(Stdio::piped()).spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        self.children.push((name.to_string(), child));
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        (out, line.trim().to_string())
     }
 
     fn balancer_log(&self) -> String {
@@ -861,4 +968,211 @@ fn config_errors_are_one_line() {
         assert!(!err.contains("panicked"), "{err}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every backend is up and none was ever blamed for a failed connect.
+fn assert_backends_unharmed(st: &Value) {
+    for b in st["backends"].as_array().unwrap() {
+        assert_eq!(b["state"], "up", "{st}");
+        assert_eq!(b["passive_failures"], 0, "{st}");
+    }
+}
+
+fn all_served(picks: &[(String, String)]) -> bool {
+    picks.iter().all(|(_, b)| NAMES.contains(&b.as_str()))
+}
+
+#[test]
+fn proxy_fd_exhaustion_is_not_the_backends_fault() {
+    // 256 descriptors and a max_connections far above what they allow: the balancer really runs
+    // out (EMFILE on accept, on backend connects and in health checks). None of it may count
+    // against the backends, and clients are served again as soon as the flood ends.
+    let mut lab = Lab::new("fd");
+    lab.start_balancer_nofile(
+        "algorithm = \"round-robin\"\nmax_connections = 5000\nhealth = { interval_ms = 100, timeout_ms = 500, fall = 2, rise = 2 }",
+        &[(0, 1), (1, 1), (2, 1)],
+        Some(256),
+    );
+    let (_out, held) = lab.start_client("hold", &["hold", "198.18.10.2", "8080", "400", "30"]);
+    assert!(held.starts_with("HELD"), "{held}");
+    // Let the health checker run a good number of times while descriptors are short. The
+    // control socket needs a descriptor too: ask until one is free for it.
+    std::thread::sleep(Duration::from_millis(1500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(st) = lab.try_status() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no status during the flood");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_backends_unharmed(&st);
+    let t = &st["totals"];
+    assert!(
+        t["local_errors"].as_u64().unwrap() + t["accept_errors"].as_u64().unwrap() > 0,
+        "descriptors never ran out: {st}"
+    );
+    assert_eq!(t["connect_failures"], 0, "{st}");
+    // The flood ends: new clients are served at once.
+    lab.kill("hold");
+    std::thread::sleep(Duration::from_millis(300));
+    let picks = lab.seq(6, &[""]);
+    assert!(all_served(&picks), "{picks:?}\n{}", lab.balancer_log());
+    assert_backends_unharmed(&lab.status());
+}
+
+#[test]
+fn proxy_connection_limit_and_idle_timeout() {
+    // 256 descriptors: max_connections defaults to 90. 150 idle connections fill it; a new
+    // client closes the connection idle the longest and is served; idle ones time out.
+    let mut lab = Lab::new("lim");
+    lab.start_balancer_nofile(
+        "algorithm = \"round-robin\"\nevict_idle_after_ms = 1000\ntcp_idle_timeout_ms = 4000\nhealth = { interval_ms = 100, timeout_ms = 500, fall = 2, rise = 2 }",
+        &[(0, 1), (1, 1), (2, 1)],
+        Some(256),
+    );
+    let (_out, held) = lab.start_client("hold", &["hold", "198.18.10.2", "8080", "150", "30"]);
+    assert_eq!(held, "HELD 150");
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = lab.status();
+    assert_eq!(st["proxy"]["max_connections"], 90, "{st}");
+    assert!(st["proxy"]["open"].as_u64().unwrap() <= 91, "{st}");
+    assert!(st["totals"]["limit_waits"].as_u64().unwrap() >= 1, "{st}");
+    let t0 = Instant::now();
+    let picks = lab.seq(4, &[""]);
+    assert!(all_served(&picks), "{picks:?}\n{}", lab.balancer_log());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let st = lab.status();
+    assert!(st["totals"]["evicted"].as_u64().unwrap() >= 4, "{st}");
+    assert_eq!(st["totals"]["local_errors"], 0, "{st}");
+    assert_backends_unharmed(&st);
+    // Nothing moves on the held connections the evictions left (all 150 were accepted, about 60
+    // closed to make room): they are closed after 4 s idle.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let st = lab.status();
+        let t = &st["totals"];
+        if st["proxy"]["open"] == 0 {
+            assert_eq!(t["accepted"], 154, "{st}");
+            assert_eq!(
+                t["idle_closed"].as_u64().unwrap() + t["evicted"].as_u64().unwrap(),
+                150,
+                "{st}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "idle connections never closed: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn proxy_udp_source_port_sweep() {
+    // 256 descriptors: at most 180 UDP sessions. One host sweeps 2000 source ports; the least
+    // recently used sessions are evicted, so other clients are still served.
+    let mut lab = Lab::new("sweep");
+    let health = "health = { interval_ms = 200, timeout_ms = 1000, fall = 2, rise = 2 }";
+    lab.start_balancer_nofile(
+        &format!("protocol = \"udp\"\nalgorithm = \"round-robin\"\n{health}"),
+        &[(0, 1), (1, 1), (2, 1)],
+        Some(256),
+    );
+    let sweep = |lab: &Lab, src: &str| {
+        let out = run(&mut lab.client(&["sweep", "198.18.10.2", "8080", "2000", src]));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Wait until the balancer has seen them all (or dropped what it refused).
+        std::thread::sleep(Duration::from_millis(800));
+    };
+    let served = |lab: &Lab| {
+        let out = run(&mut lab.client(&["udp", "198.18.10.2", "8080", "6", "3"]));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let socks: Vec<Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            socks.iter().flatten().all(|b| NAMES.contains(&b.as_str())),
+            "{socks:?}\n{}",
+            lab.balancer_log()
+        );
+    };
+    sweep(&lab, "198.18.10.21");
+    served(&lab);
+    let st = lab.status();
+    assert_eq!(st["proxy"]["max_connections"], 180, "{st}");
+    assert!(st["proxy"]["open"].as_u64().unwrap() <= 180, "{st}");
+    assert!(st["totals"]["evicted"].as_u64().unwrap() >= 1800, "{st}");
+    assert_eq!(st["totals"]["local_errors"], 0, "{st}");
+    assert_backends_unharmed(&st);
+    lab.kill("balancer");
+
+    // With a per-source limit the sweeping host only churns its own 50 sessions.
+    lab.start_balancer_nofile(
+        &format!("protocol = \"udp\"\nalgorithm = \"round-robin\"\nmax_connections_per_source = 50\n{health}"),
+        &[(0, 1), (1, 1), (2, 1)],
+        Some(256),
+    );
+    sweep(&lab, "198.18.10.21");
+    served(&lab);
+    let st = lab.status();
+    assert_eq!(st["proxy"]["open"], 50 + 6, "{st}");
+    assert!(st["totals"]["rejected"].as_u64().unwrap() >= 1900, "{st}");
+    assert_eq!(st["totals"]["evicted"], 0, "{st}");
+    assert_backends_unharmed(&st);
+}
+
+#[test]
+fn proxy_sigterm_drains_open_connections() {
+    let mut lab = Lab::new("drain");
+    lab.start_balancer(
+        "algorithm = \"round-robin\"\ndrain_timeout_ms = 20000\nhealth = { interval_ms = 200, timeout_ms = 1000, fall = 2, rise = 2 }",
+        &[(0, 1), (1, 1), (2, 1)],
+    );
+    // 24 MiB read at 8 MiB/s: about 3 s, far more than the socket buffers on the way hold.
+    let (mut out, started) = lab.start_client("slow", &["slow", "198.18.10.2", "8080", "24", "8"]);
+    assert_eq!(started, "STARTED");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = lab.balancer_pid();
+    let t0 = Instant::now();
+    must(&["kill", "-TERM", &pid.to_string()]);
+    // The listener closes at once: new clients are refused while the transfer goes on.
+    std::thread::sleep(Duration::from_millis(300));
+    let picks = lab.seq(1, &[""]);
+    assert!(picks[0].1.starts_with("FAIL"), "{picks:?}");
+    assert!(
+        lab.wait_balancer(Duration::ZERO).is_none(),
+        "exited before the transfer ended"
+    );
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let r: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    assert_eq!(
+        r["body"],
+        24 << 20,
+        "transfer cut: {r}\n{}",
+        lab.balancer_log()
+    );
+    // Then it exits by itself, cleanly, well before the drain timeout.
+    let st = lab
+        .wait_balancer(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("still running after the drain: {}", lab.balancer_log()));
+    assert!(st.success(), "{st:?}: {}", lab.balancer_log());
+    assert!(t0.elapsed() < Duration::from_secs(15));
+    assert!(
+        lab.balancer_log().contains("draining 1 open connection"),
+        "{}",
+        lab.balancer_log()
+    );
+    assert!(
+        !std::path::Path::new(&lab.ctl()).exists(),
+        "control socket left behind"
+    );
 }

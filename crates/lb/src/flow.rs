@@ -70,9 +70,9 @@ struct Entry<V> {
 }
 
 /// Flow table: key -> value (usually a [`crate::backend::BackendId`]), forgotten after `idle`
-/// without traffic, holding at most `capacity` entries (when full, the entry queued for expiry the
-/// longest ago, roughly the least recently refreshed, is evicted). All operations are O(1)
-/// amortised: a queue of expiry candidates is checked lazily and refreshed entries are re-queued.
+/// without traffic, holding at most `capacity` entries (when full, the least recently used entry is
+/// evicted). All operations are O(1) amortised: a queue of expiry candidates is checked lazily and
+/// entries refreshed since they were queued are re-queued at their last use.
 pub struct FlowTable<V, K = FlowKey> {
     map: HashMap<K, Entry<V>>,
     queue: VecDeque<(K, Instant)>,
@@ -112,21 +112,30 @@ impl<V: Clone, K: Eq + Hash + Clone> FlowTable<V, K> {
         self.map.get(key).map(|e| &e.value)
     }
 
-    /// Inserts or replaces a flow. Expires idle flows first; evicts one if still full.
-    pub fn insert(&mut self, key: K, value: V, now: Instant) {
+    /// Inserts or replaces a flow. Expires idle flows first; if still full, evicts the least
+    /// recently used flow. Returns every flow this removed (expired or evicted, in that order) so
+    /// that the caller can release what they hold (a backend slot, a socket).
+    pub fn insert(&mut self, key: K, value: V, now: Instant) -> Vec<(K, V)> {
         if let Some(e) = self.map.get_mut(&key) {
             e.value = value;
             e.last_seen = now;
-            return;
+            return Vec::new();
         }
-        self.expire(now);
+        let mut gone = self.expire(now);
         while self.map.len() >= self.capacity {
-            let Some((k, _)) = self.queue.pop_front() else {
+            let Some((k, queued)) = self.queue.pop_front() else {
                 break;
             };
-            if self.map.remove(&k).is_some() {
-                self.evicted += 1;
+            let Some(e) = self.map.get(&k) else { continue };
+            if e.last_seen > queued {
+                // Used since it was queued: not the least recently used; queue it at its last use.
+                let at = e.last_seen;
+                self.queue.push_back((k, at));
+                continue;
             }
+            let e = self.map.remove(&k).expect("present");
+            self.evicted += 1;
+            gone.push((k, e.value));
         }
         self.map.insert(
             key.clone(),
@@ -136,6 +145,7 @@ impl<V: Clone, K: Eq + Hash + Clone> FlowTable<V, K> {
             },
         );
         self.queue.push_back((key, now));
+        gone
     }
 
     /// Removes a flow (e.g. TCP FIN/RST seen, or its UDP session closed), returning its value.
@@ -275,6 +285,26 @@ mod tests {
         assert_eq!(t.len(), 3);
         assert_eq!(t.evicted(), 7);
         assert!(t.peek(&key(9)).is_some() && t.peek(&key(0)).is_none());
+    }
+
+    #[test]
+    fn eviction_spares_a_flow_in_use() {
+        // One client keeps talking while another sweeps source ports through a full table: the
+        // sweep evicts its own stale flows, never the one in use, and every eviction is returned.
+        let t0 = Instant::now();
+        let mut t: FlowTable<u64> = FlowTable::new(Duration::from_secs(60), 4);
+        assert!(t.insert(key(1), 1, t0).is_empty());
+        let mut evicted = Vec::new();
+        for p in 100..200u16 {
+            let now = t0 + Duration::from_millis(u64::from(p));
+            assert_eq!(t.get(&key(1), now), Some(1));
+            evicted.extend(t.insert(key(p), u64::from(p), now));
+            assert!(t.len() <= 4);
+        }
+        assert_eq!(t.peek(&key(1)), Some(&1), "the flow in use was evicted");
+        assert_eq!(evicted.len(), 97);
+        assert!(evicted.iter().all(|(k, v)| *k != key(1) && *v >= 100));
+        assert_eq!(t.evicted(), 97);
     }
 
     proptest::proptest! {

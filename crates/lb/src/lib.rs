@@ -7,6 +7,7 @@
 //! - [`health`]: fall/rise state machine ([`health::HealthMachine`]).
 //! - [`backend`]: the backend table ([`backend::BackendTable`]) combining the above.
 //! - [`flow`]: 5-tuples ([`flow::FlowKey`], its hash) and the bounded flow table ([`flow::FlowTable`]).
+//! - [`limit`]: admission limits of a proxy listener ([`limit::ConnLimiter`]).
 #![deny(unsafe_code)]
 
 pub mod algo;
@@ -15,10 +16,12 @@ pub mod dsr;
 pub mod flow;
 pub mod hash;
 pub mod health;
+pub mod limit;
 pub mod maglev;
 
 pub use algo::{Algorithm, PickKey, Selector};
 pub use backend::{AdminState, Backend, BackendId, BackendState, BackendTable, TableError};
 pub use flow::{FlowKey, FlowTable};
 pub use health::{CheckKind, Health, HealthMachine, HealthParams};
+pub use limit::{ConnLimiter, Refused};
 pub use maglev::{Maglev, DEFAULT_TABLE_SIZE};

@@ -116,7 +116,11 @@ impl ControlServer {
                     if stop2.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
-                    let Ok(conn) = conn else { continue };
+                    let Ok(conn) = conn else {
+                        // EMFILE and friends: the client waits in the backlog; do not spin.
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        continue;
+                    };
                     let handler = handler.clone();
                     let _ = std::thread::Builder::new()
                         .name("braid-control-conn".into())
