@@ -212,13 +212,18 @@ impl Net {
     /// Starts a server and an `n`-link client and waits until every link is UP on both sides.
     fn start_pair(&mut self, n: usize) {
         let s = self.server_config("metrics = \"127.0.0.1:9150\"");
+        let c = self.client_config(n, &self.key.clone(), "");
+        self.start_pair_with(n, &s, &c);
+    }
+
+    /// As [`Net::start_pair`], with the given configuration files.
+    fn start_pair_with(&mut self, n: usize, s: &Path, c: &Path) {
         let server = self.server.clone();
-        self.up("server", &server, &s);
+        self.up("server", &server, s);
         wait_for(Duration::from_secs(5), || self.status("s.sock"))
             .expect("server control socket never answered");
-        let c = self.client_config(n, &self.key.clone(), "");
         let client = self.client.clone();
-        self.up("client", &client, &c);
+        self.up("client", &client, c);
         let ok = wait_for(Duration::from_secs(8), || {
             let c = self.status("c.sock")?;
             let s = self.status("s.sock")?;
@@ -255,24 +260,7 @@ impl Net {
     }
 
     fn ping(&self, count: u32) -> bool {
-        let o = run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.client,
-                "ping",
-                "-c",
-                &count.to_string(),
-                "-i",
-                "0.1",
-                "-W",
-                "2",
-                "-q",
-                "198.19.0.1",
-            ],
-        );
-        o.status.success()
+        ping_from(&self.client, "198.19.0.1", count)
     }
 
     /// Stops the process `label` with SIGTERM and returns its exit status.
@@ -303,6 +291,31 @@ impl Drop for Net {
         let _ = run("ip", &["netns", "del", &self.client]);
         let _ = run("ip", &["netns", "del", &self.server]);
     }
+}
+
+/// `count` pings from namespace `ns` to `addr` (IPv4 or IPv6: `ping -4` or `-6` by its form),
+/// 100 ms apart, at most 2 s for the last answer; whether any was answered.
+fn ping_from(ns: &str, addr: &str, count: u32) -> bool {
+    let family = if addr.contains(':') { "-6" } else { "-4" };
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "ping",
+            family,
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.1",
+            "-W",
+            "2",
+            "-q",
+            addr,
+        ],
+    );
+    o.status.success()
 }
 
 fn links(status: &Value) -> Vec<Value> {
@@ -508,6 +521,94 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
     let o = run("ip", &["-n", &net.client, "link", "show", "braid0"]);
     assert!(!o.status.success(), "TUN device braid0 left behind");
     assert!(!net.log("client").contains("panicked"));
+}
+
+/// Dual stack: both ends get an IPv4 and an IPv6 tunnel address (the server as a TOML array, the
+/// client as a wg-quick style comma list), in namespaces where new devices start with IPv6 off
+/// (as the lab's do). braid turns IPv6 on for its own TUN only, and ping -4 and ping -6 cross
+/// the tunnel both ways; `braid status` shows both addresses.
+#[test]
+fn dual_stack_pings_ipv4_and_ipv6() {
+    let mut net = Net::new("d", 2);
+    for ns in [&net.client, &net.server] {
+        for kv in [
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ] {
+            ip(&["netns", "exec", ns, "sysctl", "-qw", kv]);
+        }
+    }
+    let s = std::fs::read_to_string(net.server_config(""))
+        .unwrap()
+        .replace(
+            "address = \"198.19.0.1/30\"",
+            "address = [\"198.19.0.1/30\", \"2001:2:0:1::1/64\"]",
+        );
+    let s = net.write("s.toml", &s);
+    let c = std::fs::read_to_string(net.client_config(2, &net.key, ""))
+        .unwrap()
+        .replace(
+            "address = \"198.19.0.2/30\"",
+            "address = \"198.19.0.2/30, 2001:2:0:1::2/64\"",
+        );
+    let c = net.write("c.toml", &c);
+    net.start_pair_with(2, &s, &c);
+
+    let (client, server) = (net.client.clone(), net.server.clone());
+    for (from, to) in [
+        (&client, "198.19.0.1"),
+        (&client, "2001:2:0:1::1"),
+        (&server, "198.19.0.2"),
+        (&server, "2001:2:0:1::2"),
+    ] {
+        assert!(
+            ping_from(from, to, 3),
+            "ping {from} -> {to} through the tunnel failed; {}\nclient: {}\nserver: {}",
+            net.why(),
+            net.log("client"),
+            net.log("server")
+        );
+    }
+
+    // IPv6 was turned on for braid0 alone.
+    for (ns, veth) in [(&client, "c1"), (&server, "s1")] {
+        let disabled = |dev: &str| {
+            let o = run(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    ns,
+                    "cat",
+                    &format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"),
+                ],
+            );
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        };
+        assert_eq!(disabled("braid0"), "0", "{ns}: IPv6 is off on braid0");
+        for other in ["default", "all", veth] {
+            assert_eq!(disabled(other), "1", "{ns}: braid changed {other}");
+        }
+    }
+
+    let st = net.status("c.sock").unwrap();
+    assert_eq!(
+        st["addresses"],
+        serde_json::json!(["198.19.0.2/30", "2001:2:0:1::2/64"]),
+        "{st}"
+    );
+    assert!(
+        st["tun_rx_packets"].as_u64().unwrap() >= 6,
+        "pings did not go through braid: {st}"
+    );
+    let o = net.braid("s.sock", &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.contains("198.19.0.1/30, 2001:2:0:1::1/64")),
+        "{text}"
+    );
 }
 
 /// One veth goes down in the middle of a TCP transfer: the connection survives, the link shows
@@ -851,6 +952,15 @@ fn error_malformed_config() {
         (
             good.replace("mtu = 1400", "mtu = 1400 1400"),
             vec!["c.toml:6:"],
+        ),
+        (
+            good.replace("198.19.0.2/30", "198.19.0.2/30, 2001:2:0:1::2/64")
+                .replace("mtu = 1400", "mtu = 1200"),
+            vec!["c.toml:6:", "mtu 1200 is below 1280", "2001:2:0:1::2/64"],
+        ),
+        (
+            good.replace("\"198.19.0.2/30\"", "[\"198.19.0.2/30\", 5]"),
+            vec!["c.toml:5:", "address: 5 is not a string"],
         ),
     ];
     for (text, want) in cases {

@@ -48,8 +48,12 @@ impl Pair {
         Self::with_keys(links, KEY, KEY)
     }
     fn with_keys(links: u16, ck: [u8; 32], sk: [u8; 32]) -> Self {
+        Self::with_config(links, Config::new(Role::Client, ck), sk)
+    }
+    fn with_config(links: u16, client_cfg: Config, sk: [u8; 32]) -> Self {
         let base = Instant::now();
-        let mut client = endpoint(Role::Client, ck, 1, base);
+        let mut client =
+            Endpoint::new(client_cfg, base, Box::new(ChaCha8Rng::seed_from_u64(1))).unwrap();
         for id in 1..=links {
             client
                 .add_link(
@@ -159,6 +163,23 @@ fn ip_packet(id: u8) -> Vec<u8> {
     p
 }
 
+/// An IPv6 UDP packet 2001:2::1 -> 2001:2::2, source port `port`, marked `id`.
+fn ipv6_packet(port: u16, id: u8) -> Vec<u8> {
+    let mut p = vec![0u8; 80];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&40u16.to_be_bytes());
+    p[6] = 17;
+    p[7] = 64;
+    let src: std::net::Ipv6Addr = "2001:2::1".parse().unwrap();
+    let dst: std::net::Ipv6Addr = "2001:2::2".parse().unwrap();
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p[40..42].copy_from_slice(&port.to_be_bytes());
+    p[42..44].copy_from_slice(&5001u16.to_be_bytes());
+    p[48] = id;
+    p
+}
+
 #[test]
 fn handshake_brings_session_and_links_up() {
     let mut p = Pair::new(3);
@@ -191,6 +212,60 @@ fn data_flows_both_ways_in_order() {
     assert_eq!(ids, (0..50).collect::<Vec<u8>>());
     let ids: Vec<u8> = p.delivered_to_client.iter().map(|b| b[20]).collect();
     assert_eq!(ids, (100..150).collect::<Vec<u8>>());
+}
+
+/// The tunnel carries IP packets of either version: IPv4 and IPv6 interleaved arrive unchanged
+/// and in order, both ways.
+#[test]
+fn ipv4_and_ipv6_inner_packets_cross_unchanged() {
+    let mut p = Pair::new(3);
+    p.run_for(Duration::from_secs(1));
+    let mut sent_up = Vec::new();
+    let mut sent_down = Vec::new();
+    for i in 0..40u8 {
+        let up = if i % 2 == 0 {
+            ip_packet(i)
+        } else {
+            ipv6_packet(4000, i)
+        };
+        let down = if i % 3 == 0 {
+            ipv6_packet(5000, i)
+        } else {
+            ip_packet(i)
+        };
+        p.client.send_packet(p.now, &up);
+        p.server.send_packet(p.now, &down);
+        sent_up.push(up);
+        sent_down.push(down);
+    }
+    p.exchange();
+    p.run_for(Duration::from_millis(100));
+    assert_eq!(p.delivered_to_server, sent_up);
+    assert_eq!(p.delivered_to_client, sent_down);
+}
+
+/// `flow-hash` reads IPv6 headers: each IPv6 flow (addresses, next header, ports) stays on one
+/// link, and different source ports spread over the links.
+#[test]
+fn flow_hash_keeps_each_ipv6_flow_on_one_link() {
+    let mut cfg = Config::new(Role::Client, KEY);
+    cfg.scheduler = "flow-hash".into();
+    let mut p = Pair::with_config(4, cfg, KEY);
+    p.run_for(Duration::from_secs(1));
+    let mut used = std::collections::BTreeSet::new();
+    for port in 40000..40032u16 {
+        let before = p.captured.len();
+        for i in 0..5 {
+            p.client.send_packet(p.now, &ipv6_packet(port, i));
+        }
+        p.exchange();
+        let links: std::collections::BTreeSet<u16> =
+            p.captured[before..].iter().map(|(l, _)| *l).collect();
+        assert_eq!(links.len(), 1, "flow from port {port} used links {links:?}");
+        used.extend(links);
+    }
+    assert!(used.len() >= 3, "32 flows used only links {used:?}");
+    assert_eq!(p.delivered_to_server.len(), 32 * 5);
 }
 
 #[test]

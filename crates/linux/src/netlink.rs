@@ -1,5 +1,6 @@
 //! Interface configuration through rtnetlink (the `rtnetlink` crate), not by running `ip`:
-//! address with prefix (IPv4 or IPv6), MTU, UP, and deletion.
+//! addresses with prefix (IPv4 and/or IPv6), MTU, UP, and deletion. The one setting netlink cannot
+//! change, a device's `disable_ipv6`, is written to its sysctl file under /proc.
 //!
 //! `rtnetlink` is async (tokio); each call here runs on a small current-thread runtime made for
 //! it, so the rest of braid stays a plain poll loop.
@@ -7,6 +8,7 @@
 use std::net::IpAddr;
 
 use futures::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressFlag};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
@@ -20,6 +22,14 @@ pub enum NetlinkError {
         what: &'static str,
         source: Box<rtnetlink::Error>,
     },
+    #[error("interface {name}: {path}: {source}")]
+    Sysctl {
+        name: String,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("interface {0}: cannot add an IPv6 address: IPv6 is not available in this kernel (booted with ipv6.disable=1?)")]
+    NoIpv6(String),
 }
 
 fn run<F: std::future::Future<Output = Result<T, NetlinkError>>, T>(
@@ -95,8 +105,14 @@ pub fn link_info(name: &str) -> Result<LinkInfo, NetlinkError> {
     })
 }
 
-/// Sets `name`'s MTU, adds `addr/prefix` (replacing the same address if present) and brings it up.
-pub fn configure(name: &str, addr: IpAddr, prefix: u8, mtu: u32) -> Result<(), NetlinkError> {
+/// Sets `name`'s MTU, adds every `(address, prefix)` of `addrs` (replacing the same address if
+/// present) and brings it up. With an IPv6 address, IPv6 is first turned on for this device alone
+/// (see [`enable_ipv6`]), and the IPv6 addresses skip duplicate address detection (`nodad`): the
+/// tunnel's far end is the only neighbour, and DAD would hold the address back for a second.
+pub fn configure(name: &str, addrs: &[(IpAddr, u8)], mtu: u32) -> Result<(), NetlinkError> {
+    if addrs.iter().any(|(a, _)| a.is_ipv6()) {
+        enable_ipv6(name)?;
+    }
     run(|h| async move {
         let idx = index_of(&h, name).await?;
         let req = |what, source| NetlinkError::Request {
@@ -110,12 +126,15 @@ pub fn configure(name: &str, addr: IpAddr, prefix: u8, mtu: u32) -> Result<(), N
             .execute()
             .await
             .map_err(|e| req("set MTU", e))?;
-        h.address()
-            .add(idx, addr, prefix)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| req("add address", e))?;
+        for &(addr, prefix) in addrs {
+            let mut add = h.address().add(idx, addr, prefix).replace();
+            if addr.is_ipv6() {
+                add.message_mut()
+                    .attributes
+                    .push(AddressAttribute::Flags(vec![AddressFlag::Nodad]));
+            }
+            add.execute().await.map_err(|e| req("add address", e))?;
+        }
         h.link()
             .set(idx)
             .up()
@@ -123,6 +142,71 @@ pub fn configure(name: &str, addr: IpAddr, prefix: u8, mtu: u32) -> Result<(), N
             .await
             .map_err(|e| req("set up", e))?;
         Ok(())
+    })
+}
+
+/// Turns IPv6 on for the device `name` if its `disable_ipv6` sysctl is set (as a namespace's
+/// `net.ipv6.conf.default.disable_ipv6=1` leaves every new device); returns whether it changed
+/// anything. Only this device's setting is touched, and it goes away with the device.
+pub fn enable_ipv6(name: &str) -> Result<bool, NetlinkError> {
+    if !crate::tun::valid_ifname(name) {
+        return Err(NetlinkError::NoSuchInterface(name.to_string()));
+    }
+    if !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+        return Err(NetlinkError::NoIpv6(name.to_string()));
+    }
+    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+    let err = |source| NetlinkError::Sysctl {
+        name: name.to_string(),
+        path: path.clone(),
+        source,
+    };
+    let now = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(NetlinkError::NoSuchInterface(name.to_string()))
+        }
+        Err(e) => return Err(err(e)),
+    };
+    if now.trim() == "0" {
+        return Ok(false);
+    }
+    std::fs::write(&path, "0").map_err(err)?;
+    Ok(true)
+}
+
+/// The addresses of interface `name` (IPv4 and IPv6, link-local ones included) with prefixes.
+pub fn addresses(name: &str) -> Result<Vec<(IpAddr, u8)>, NetlinkError> {
+    run(|h| async move {
+        let idx = index_of(&h, name).await?;
+        let mut dump = h.address().get().set_link_index_filter(idx).execute();
+        let mut out = Vec::new();
+        loop {
+            match dump.try_next().await {
+                Ok(Some(msg)) => {
+                    // IFA_LOCAL is the device's own address (IFA_ADDRESS may be the peer's on
+                    // point-to-point links); IPv6 messages carry only IFA_ADDRESS.
+                    let get = |want_local: bool| {
+                        msg.attributes.iter().find_map(|a| match a {
+                            AddressAttribute::Local(ip) if want_local => Some(*ip),
+                            AddressAttribute::Address(ip) if !want_local => Some(*ip),
+                            _ => None,
+                        })
+                    };
+                    if let Some(ip) = get(true).or_else(|| get(false)) {
+                        out.push((ip, msg.header.prefix_len));
+                    }
+                }
+                Ok(None) => return Ok(out),
+                Err(source) => {
+                    return Err(NetlinkError::Request {
+                        name: name.to_string(),
+                        what: "list addresses",
+                        source: Box::new(source),
+                    })
+                }
+            }
+        }
     })
 }
 
@@ -170,7 +254,8 @@ mod tests {
     use super::*;
 
     /// In a private network namespace (this thread only): create a TUN, configure it through
-    /// netlink, see it up with its MTU, delete it. Skipped without CAP_SYS_ADMIN.
+    /// netlink with an IPv4 and an IPv6 address, see it up with its MTU and both addresses, delete
+    /// it. Skipped without CAP_SYS_ADMIN.
     #[test]
     fn tun_configure_delete_in_private_netns() {
         std::thread::spawn(|| {
@@ -178,10 +263,22 @@ mod tests {
                 eprintln!("skipped: cannot unshare a network namespace (not root)");
                 return;
             }
+            // As the lab's namespaces do: new devices start with IPv6 off.
+            let default = "/proc/sys/net/ipv6/conf/default/disable_ipv6";
+            std::fs::write(default, "1").unwrap();
             let tun = crate::tun::Tun::open("braidt0").unwrap();
-            configure("braidt0", "198.18.99.1".parse().unwrap(), 30, 1380).unwrap();
+            let v4: (IpAddr, u8) = ("198.18.99.1".parse().unwrap(), 30);
+            let v6: (IpAddr, u8) = ("2001:2:0:99::1".parse().unwrap(), 64);
+            configure("braidt0", &[v4, v6], 1380).unwrap();
             let info = link_info("braidt0").unwrap();
             assert_eq!((info.mtu, info.up), (Some(1380), true));
+            let have = addresses("braidt0").unwrap();
+            assert!(have.contains(&v4) && have.contains(&v6), "{have:?}");
+            let dis = std::fs::read_to_string("/proc/sys/net/ipv6/conf/braidt0/disable_ipv6");
+            assert_eq!(dis.unwrap().trim(), "0");
+            // Configuring again (same addresses) replaces rather than fails; IPv6 stays on.
+            configure("braidt0", &[v4, v6], 1380).unwrap();
+            assert!(!enable_ipv6("braidt0").unwrap());
             assert_eq!(if_index("braidt0").unwrap(), info.index);
             drop(tun);
             assert!(matches!(
@@ -189,7 +286,7 @@ mod tests {
                 Err(NetlinkError::NoSuchInterface(_))
             ));
             assert!(matches!(
-                configure("nosuch0", "198.18.99.1".parse().unwrap(), 30, 1400),
+                configure("nosuch0", &[v4], 1400),
                 Err(NetlinkError::NoSuchInterface(_))
             ));
             delete("nosuch0").unwrap();

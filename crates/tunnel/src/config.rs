@@ -6,7 +6,8 @@
 //! name = "braid0"              # TUN device name
 //! role = "client"              # or "server"
 //! key = "base64..."            # or key_file = "/etc/braid/key"
-//! address = "198.19.0.2/30"    # tunnel address (IPv4 or IPv6) with prefix
+//! address = "198.19.0.2/30"    # tunnel address (IPv4 or IPv6) with prefix; dual stack:
+//!                              # ["198.19.0.2/30", "2001:2:0:1::2/64"] or "a/p, b/p"
 //! mtu = 1400
 //! listen = "0.0.0.0:5050"      # server: where links arrive
 //! scheduler = "adaptive"
@@ -59,7 +60,8 @@ struct BundleRepr {
     role: Spanned<String>,
     key: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
-    address: Spanned<String>,
+    /// A string ("IP/PREFIX", or several separated by commas as in wg-quick) or an array of them.
+    address: Spanned<toml::Value>,
     mtu: Option<Spanned<u32>>,
     listen: Option<Spanned<String>>,
     scheduler: Option<Spanned<String>>,
@@ -101,8 +103,8 @@ pub struct Config {
     pub name: String,
     pub role: Role,
     pub psk: [u8; 32],
-    pub address: IpAddr,
-    pub prefix: u8,
+    /// The TUN device's addresses, in the order written (at least one; IPv4 and IPv6 mixed).
+    pub addresses: Vec<TunAddress>,
     pub mtu: u32,
     pub listen: Option<SocketAddr>,
     pub scheduler: String,
@@ -117,6 +119,19 @@ pub struct Config {
     pub connect_timeout: Option<Duration>,
     pub txqueuelen: u32,
     pub links: Vec<LinkSpec>,
+}
+
+/// One address of the TUN device with its prefix length, shown as `198.19.0.2/30`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunAddress {
+    pub ip: IpAddr,
+    pub prefix: u8,
+}
+
+impl std::fmt::Display for TunAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.ip, self.prefix)
+    }
 }
 
 /// One uplink of a client.
@@ -181,6 +196,41 @@ pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
     Ok((ip, prefix))
 }
 
+/// Parses `[bundle] address`: a string with one "IP/PREFIX" or several separated by commas
+/// (wg-quick's `Address = 10.0.0.2/24, fd00::2/64`), or an array of such strings. Any number of
+/// IPv4 and IPv6 addresses, each IP once.
+pub fn parse_addresses(v: &toml::Value) -> Result<Vec<TunAddress>, String> {
+    const WANT: &str =
+        "a string (\"198.19.0.2/30\") or an array of them ([\"198.19.0.2/30\", \"2001:2:0:1::2/64\"])";
+    let texts: Vec<&str> = match v {
+        toml::Value::String(s) => vec![s.as_str()],
+        toml::Value::Array(a) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .ok_or_else(|| format!("{x} is not a string; expected {WANT}"))
+            })
+            .collect::<Result<_, _>>()?,
+        other => return Err(format!("{other} is not {WANT}")),
+    };
+    let mut out: Vec<TunAddress> = Vec::new();
+    for part in texts.iter().flat_map(|t| t.split(',')) {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!("empty entry in {v}; expected {WANT}"));
+        }
+        let (ip, prefix) = parse_cidr(part)?;
+        if out.iter().any(|a| a.ip == ip) {
+            return Err(format!("{ip} is listed twice"));
+        }
+        out.push(TunAddress { ip, prefix });
+    }
+    if out.is_empty() {
+        return Err(format!("no address given; expected {WANT}"));
+    }
+    Ok(out)
+}
+
 /// Decodes a base64 32-byte key.
 pub fn decode_key(s: &str) -> Result<[u8; 32], String> {
     use base64::Engine;
@@ -239,6 +289,12 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 impl Config {
+    /// The TUN device's addresses as one line: `198.19.0.2/30, 2001:2:0:1::2/64`.
+    pub fn addresses_text(&self) -> String {
+        let all: Vec<String> = self.addresses.iter().map(|a| a.to_string()).collect();
+        all.join(", ")
+    }
+
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -287,8 +343,9 @@ impl Config {
             }
             (None, None) => return Err(cx.whole("[bundle] needs key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)")),
         };
-        let (address, prefix) = parse_cidr(b.address.get_ref())
+        let addresses = parse_addresses(b.address.get_ref())
             .map_err(|m| cx.at(&b.address, format_args!("address: {m}")))?;
+        let ipv6 = addresses.iter().find(|a| a.ip.is_ipv6());
         let mtu = match &b.mtu {
             Some(m) if !(576..=65535).contains(m.get_ref()) => {
                 return Err(cx.at(
@@ -296,8 +353,15 @@ impl Config {
                     format_args!("mtu {} out of range 576..65535", m.get_ref()),
                 ))
             }
-            Some(m) if address.is_ipv6() && *m.get_ref() < 1280 => {
-                return Err(cx.at(m, "mtu below 1280 cannot carry an IPv6 tunnel address"))
+            Some(m) if *m.get_ref() < 1280 && ipv6.is_some() => {
+                return Err(cx.at(
+                    m,
+                    format_args!(
+                        "mtu {} is below 1280, the least IPv6 allows, and address has {} (raise mtu or drop the IPv6 address)",
+                        m.get_ref(),
+                        ipv6.map(|a| a.to_string()).unwrap_or_default()
+                    ),
+                ))
             }
             Some(m) => *m.get_ref(),
             None => DEFAULT_MTU,
@@ -482,8 +546,7 @@ impl Config {
             name,
             role,
             psk,
-            address,
-            prefix,
+            addresses,
             mtu,
             listen,
             scheduler,
@@ -527,9 +590,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.role, Role::Client);
         assert_eq!(c.psk[31], 31);
+        assert_eq!(c.addresses.len(), 1);
         assert_eq!(
-            (c.address, c.prefix, c.mtu),
-            ("198.19.0.2".parse().unwrap(), 30, 1400)
+            (c.addresses[0].to_string(), c.mtu),
+            ("198.19.0.2/30".to_string(), 1400)
         );
         assert_eq!(c.scheduler, "weighted");
         assert_eq!(c.control, PathBuf::from("/run/braid/braid0.sock"));
@@ -562,9 +626,91 @@ mod tests {
         let t = format!("[bundle]\nname = \"b1\"\nrole = \"server\"\nkey = \"{KEY}\"\naddress = \"fd00::1/64\"\nlisten = \"[::]:5050\"\ncontrol = \"/tmp/x.sock\"\n");
         let c = parse(&t).unwrap();
         assert_eq!(c.role, Role::Server);
-        assert_eq!(c.prefix, 64);
+        assert_eq!(
+            c.addresses,
+            [TunAddress {
+                ip: "fd00::1".parse().unwrap(),
+                prefix: 64
+            }]
+        );
         assert_eq!(c.listen, Some("[::]:5050".parse().unwrap()));
         assert_eq!(c.mtu, DEFAULT_MTU);
+    }
+
+    /// `address` as an array, as a wg-quick style comma list, or both; every address kept in order.
+    #[test]
+    fn dual_stack_addresses() {
+        let want = ["198.19.0.2/30", "2001:2:0:1::2/64"];
+        for form in [
+            r#"["198.19.0.2/30", "2001:2:0:1::2/64"]"#,
+            r#""198.19.0.2/30, 2001:2:0:1::2/64""#,
+            r#""198.19.0.2/30,2001:2:0:1::2/64""#,
+            r#"[ "198.19.0.2/30", " 2001:2:0:1::2/64 " ]"#,
+        ] {
+            let t = client("", LINKS).replace(r#""198.19.0.2/30""#, form);
+            let c = parse(&t).unwrap_or_else(|e| panic!("{form}: {e}"));
+            let got: Vec<String> = c.addresses.iter().map(|a| a.to_string()).collect();
+            assert_eq!(got, want, "{form}");
+        }
+        // Several of one family, as wg-quick allows.
+        let t = client("", LINKS).replace(
+            r#""198.19.0.2/30""#,
+            r#"["198.19.0.2/30", "198.19.1.2/24", "2001:2::2/64", "2001:2:0:1::2/64"]"#,
+        );
+        assert_eq!(parse(&t).unwrap().addresses.len(), 4);
+    }
+
+    #[test]
+    fn address_errors_point_at_address() {
+        let cases = [
+            (r#"[]"#, "no address given"),
+            (r#""""#, "empty entry"),
+            (r#""198.19.0.2/30,""#, "empty entry"),
+            (r#"["198.19.0.2/30", 7]"#, "7 is not a string"),
+            (r#"42"#, "42 is not a string"),
+            (r#"["198.19.0.2/30", "2001:2::1"]"#, "not ADDRESS/PREFIX"),
+            (r#""198.19.0.2/30, 2001:2::1/129""#, "prefix length"),
+            (
+                r#""198.19.0.2/30, 198.19.0.2/24""#,
+                "198.19.0.2 is listed twice",
+            ),
+        ];
+        for (form, want) in cases {
+            let t = client("", LINKS).replace(r#""198.19.0.2/30""#, form);
+            let e = parse(&t).unwrap_err();
+            assert!(
+                e.starts_with("/etc/braid/t.toml:5:")
+                    && e.contains("address: ")
+                    && e.contains(want),
+                "{form}: want {want:?} in {e:?}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    /// IPv6 needs an MTU of at least 1280: a lower `mtu` with any IPv6 address is refused, and
+    /// says why; IPv4 alone may go lower.
+    #[test]
+    fn ipv6_needs_mtu_1280() {
+        let dual = client("", LINKS).replace(
+            r#""198.19.0.2/30""#,
+            r#"["198.19.0.2/30", "2001:2:0:1::2/64"]"#,
+        );
+        let e = parse(&dual.replace("mtu = 1400", "mtu = 1200")).unwrap_err();
+        assert!(
+            e.starts_with("/etc/braid/t.toml:6:")
+                && e.contains("mtu 1200 is below 1280")
+                && e.contains("2001:2:0:1::2/64"),
+            "{e}"
+        );
+        assert_eq!(
+            parse(&dual.replace("mtu = 1400", "mtu = 1280"))
+                .unwrap()
+                .mtu,
+            1280
+        );
+        let v4 = client("", LINKS).replace("mtu = 1400", "mtu = 1200");
+        assert_eq!(parse(&v4).unwrap().mtu, 1200);
     }
 
     #[test]

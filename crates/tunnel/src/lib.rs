@@ -84,12 +84,11 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
         None => None,
     };
     tracing::info!(
-        "braid {} up as {:?}: TUN {} {}/{} mtu {}, scheduler {}, {} link(s), control {}{}",
+        "braid {} up as {:?}: TUN {} {} mtu {}, scheduler {}, {} link(s), control {}{}",
         env!("CARGO_PKG_VERSION"),
         cfg.role,
         cfg.name,
-        cfg.address,
-        cfg.prefix,
+        cfg.addresses_text(),
         cfg.mtu,
         cfg.scheduler,
         cfg.links.len(),

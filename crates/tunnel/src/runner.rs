@@ -240,7 +240,8 @@ impl Runner {
             }
         }
         let tun = Tun::open(&cfg.name)?;
-        braid_linux::netlink::configure(&cfg.name, cfg.address, cfg.prefix, cfg.mtu)
+        let addrs: Vec<_> = cfg.addresses.iter().map(|a| (a.ip, a.prefix)).collect();
+        braid_linux::netlink::configure(&cfg.name, &addrs, cfg.mtu)
             .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
         braid_linux::netlink::set_txqueuelen(&cfg.name, cfg.txqueuelen)
             .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
@@ -551,10 +552,9 @@ impl Runner {
                 Event::SessionUp { session } => {
                     self.session_seen = true;
                     tracing::info!(
-                        "session {session:08x} up: tunnel {} ({}/{}) is ready",
+                        "session {session:08x} up: tunnel {} ({}) is ready",
                         self.cfg.name,
-                        self.cfg.address,
-                        self.cfg.prefix
+                        self.cfg.addresses_text()
                     );
                 }
                 Event::SessionClosed => tracing::warn!("session closed by the peer (or replaced)"),
@@ -837,10 +837,10 @@ impl Runner {
         if let Some(o) = v.as_object_mut() {
             o.insert("kind".into(), json!("tunnel"));
             o.insert("name".into(), json!(self.cfg.name));
-            o.insert(
-                "address".into(),
-                json!(format!("{}/{}", self.cfg.address, self.cfg.prefix)),
-            );
+            // "address": all of them in one line (what `braid status` prints); "addresses": a list.
+            o.insert("address".into(), json!(self.cfg.addresses_text()));
+            let all: Vec<String> = self.cfg.addresses.iter().map(|a| a.to_string()).collect();
+            o.insert("addresses".into(), json!(all));
             o.insert("mtu".into(), json!(self.cfg.mtu));
             o.insert(
                 "listen".into(),
