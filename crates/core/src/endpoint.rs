@@ -54,8 +54,8 @@ pub struct Config {
     pub rehandshake_after: Duration,
     /// Server: forget a learned link that has been silent for this long.
     pub forget_link_after: Duration,
-    /// Delay equalisation: hold each received bulk-size packet ([`EQUALIZE_MIN_LEN`] bytes or
-    /// more) until the slowest live link's base one-way delay has passed since it was sent,
+    /// Delay equalisation: hold each received packet that [`equalized`] names (every TCP
+    /// segment but a pure ACK, other packets of [`EQUALIZE_MIN_LEN`] bytes or more) until the slowest live link's base one-way delay has passed since it was sent,
     /// adding at most this much (`ZERO`: off). The inner
     /// TCP then sees one steady RTT whatever links the scheduler uses (see [`Endpoint`]'s
     /// receive path).
@@ -208,6 +208,16 @@ const REORDER_MARGIN: Duration = Duration::from_millis(3);
 /// slowest link's one-way delay plus the fastest's (acks take the fastest link), steady from
 /// the first packet to the last.
 pub const EQUALIZE_MIN_LEN: usize = 256;
+
+/// Whether delay equalisation holds this inner packet: every TCP segment but a pure ACK (see
+/// [`crate::inner::is_pure_tcp_ack`]), and other packets of [`EQUALIZE_MIN_LEN`] bytes or more.
+pub fn equalized(packet: &[u8]) -> bool {
+    if crate::inner::is_tcp(packet) {
+        !crate::inner::is_pure_tcp_ack(packet)
+    } else {
+        packet.len() >= EQUALIZE_MIN_LEN
+    }
+}
 /// Default bound of delay equalisation ([`Config::equalize_max`]).
 pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
 
@@ -316,7 +326,10 @@ impl Endpoint {
         now: Instant,
         rng: Box<dyn rand_core::RngCore + Send>,
     ) -> Result<Self, EndpointError> {
-        let sched = crate::sched::by_name(&config.scheduler)?;
+        let mut sched = crate::sched::by_name(&config.scheduler)?;
+        // Both ends run braid's default equalisation unless told otherwise; the peer's own
+        // setting is not on the wire, so ours stands for it.
+        sched.set_equalization(config.equalize_max, EQUALIZE_MIN_LEN + WIRE_OVERHEAD);
         let hs_key = crypto::handshake_key(&config.psk, config.cipher);
         let reorder = ReorderBuffer::new(config.reorder.clone());
         let mut ep = Endpoint {
@@ -770,7 +783,7 @@ impl Endpoint {
                 } else {
                     // Equalised delivery: hold until `send_ts + target` in our clock.
                     let release = match self.equalize_rel {
-                        Some(target) if d.payload.len() >= EQUALIZE_MIN_LEN => {
+                        Some(target) if equalized(d.payload) => {
                             let rel = local_ts.wrapping_sub(d.common.ts);
                             let early = target.wrapping_sub(rel) as i32;
                             let early = Duration::from_micros(early.max(0) as u64);

@@ -8,6 +8,7 @@
 //! - [`wire`]: every byte on the wire, as checked views and validated `Repr`s (see `docs/protocol.md`).
 //! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the anti-replay window.
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
+//! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
@@ -22,6 +23,7 @@ pub mod crypto;
 pub mod endpoint;
 pub mod fuzzing;
 pub mod health;
+pub mod inner;
 pub mod reorder;
 pub mod replay;
 pub mod sched;

@@ -135,6 +135,10 @@ pub trait Scheduler: Send {
     fn link_rate_bps(&self, _link: LinkId) -> Option<f64> {
         None
     }
+    /// The peer holds every received packet of at least `min_len` bytes (as `pick` counts them)
+    /// until the slowest link within `max` of the fastest would have brought it: such packets
+    /// reach the peer's TUN no sooner on a faster link. Zero `max` turns this off.
+    fn set_equalization(&mut self, _max: Duration, _min_len: usize) {}
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -547,6 +551,8 @@ fn sane(x: f64) -> f64 {
 #[derive(Debug, Default)]
 pub struct Adaptive {
     table: LinkTable<AdaptiveLink>,
+    /// The peer's delay equalisation: bound, and the smallest packet it holds.
+    equalize: Option<(Duration, usize)>,
 }
 
 impl Adaptive {
@@ -558,6 +564,27 @@ impl Adaptive {
     pub fn backlog_bytes(&self, link: LinkId) -> Option<f64> {
         self.table.get(link).map(|l| l.backlog)
     }
+    /// The earliest the peer delivers a packet of `len` bytes whatever the link (its delay
+    /// equalisation target, in our one-way-delay estimates), in seconds; 0 when it does not hold
+    /// such packets.
+    fn delivery_floor(&self, len: usize, links: &[LinkView]) -> f64 {
+        let Some((max, min_len)) = self.equalize else {
+            return 0.0;
+        };
+        if len < min_len || links.len() < 2 {
+            return 0.0;
+        }
+        let up = || links.iter().filter(|v| v.state == LinkState::Up);
+        let Some(lo) = up().map(|v| v.owd).min() else {
+            return 0.0;
+        };
+        up().map(|v| v.owd)
+            .filter(|&o| o - lo <= max)
+            .max()
+            .unwrap_or(lo)
+            .as_secs_f64()
+    }
+
     /// These links were offered more than their assumed rates let us place on them.
     fn mark_demand<'a>(&mut self, links: impl Iterator<Item = &'a LinkView>) {
         for v in links {
@@ -581,6 +608,7 @@ impl Scheduler for Adaptive {
         out: &mut Vec<LinkId>,
     ) {
         self.table.prune(now);
+        let floor = self.delivery_floor(len, links);
         let mut best: Option<(usize, f64, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
@@ -592,11 +620,15 @@ impl Scheduler for Adaptive {
             st.adjust(now, v);
             limit = limit.max(v.srtt.unwrap_or(Duration::ZERO));
             let queue = st.queue_time(len, v);
-            let mut arrival = queue + v.owd.as_secs_f64();
+            // When the peer equalises, a packet is delivered no sooner than `floor` whichever
+            // link brings it; among the links that make it by then, the least queued (relative
+            // to its rate) wins: the bundle then fills its links in proportion to their rates,
+            // as one link of their summed rate would, instead of queueing on the fastest ones.
+            let mut arrival = (queue + v.owd.as_secs_f64()).max(floor);
             if v.state == LinkState::Degraded {
                 arrival += DEGRADED_PENALTY.as_secs_f64();
             }
-            if best.is_none_or(|(_, a, _)| arrival < a) {
+            if best.is_none_or(|(_, a, q)| arrival < a || (arrival == a && queue < q)) {
                 best = Some((i, arrival, queue));
             }
         }
@@ -629,6 +661,9 @@ impl Scheduler for Adaptive {
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.rate_bps(link)
+    }
+    fn set_equalization(&mut self, max: Duration, min_len: usize) {
+        self.equalize = (!max.is_zero()).then_some((max, min_len));
     }
 }
 

@@ -1,0 +1,120 @@
+//! What the endpoint needs to know of the IP packets it carries (the "inner" packets), read
+//! through bounds-checked views: never a panic on a short or odd packet.
+
+/// IP protocol number of TCP.
+const TCP: u8 = 6;
+/// TCP flags.
+const SYN: u8 = 0x02;
+const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
+
+/// The transport of an IP packet: protocol number and the bytes after the IP header(s), when the
+/// packet is the first (or only) fragment. IPv6 extension headers are not walked: a packet with
+/// any is treated as "other".
+fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
+    match packet.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(packet.first()? & 0x0f) * 4;
+            let frag = u16::from_be_bytes([*packet.get(6)?, *packet.get(7)?]) & 0x1fff;
+            let total = usize::from(u16::from_be_bytes([*packet.get(2)?, *packet.get(3)?]));
+            if ihl < 20 || frag != 0 || total < ihl || total > packet.len() {
+                return None;
+            }
+            Some((*packet.get(9)?, packet.get(ihl..total)?))
+        }
+        6 => {
+            let payload = usize::from(u16::from_be_bytes([*packet.get(4)?, *packet.get(5)?]));
+            Some((*packet.get(6)?, packet.get(40..40 + payload)?))
+        }
+        _ => None,
+    }
+}
+
+/// A TCP segment that carries nothing but an acknowledgement: no payload, no SYN, FIN or RST.
+///
+/// Delay equalisation lets these through at once: an acknowledgement is what the sender's clock
+/// runs on, and it is never itself timed by the peer (no RTT sample measures its trip alone).
+/// Every other TCP segment, the handshake included, is equalised: a SYN or SYN-ACK that beat the
+/// data's path would hand the TCP sender a minimum RTT that its data never sees, and BBR sizes
+/// its window from that minimum (and CUBIC's HyStart leaves slow start on the difference).
+pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
+    let Some((TCP, seg)) = transport(packet) else {
+        return false;
+    };
+    let (Some(&off), Some(&flags)) = (seg.get(12), seg.get(13)) else {
+        return false;
+    };
+    let data_offset = usize::from(off >> 4) * 4;
+    data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0
+}
+
+/// Whether the packet is TCP (first fragment, IPv4 or IPv6 without extension headers).
+pub fn is_tcp(packet: &[u8]) -> bool {
+    matches!(transport(packet), Some((TCP, _)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4_tcp(flags: u8, payload: usize) -> Vec<u8> {
+        let total = 20 + 20 + payload;
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[9] = TCP;
+        p[20 + 12] = 5 << 4;
+        p[20 + 13] = flags;
+        p
+    }
+
+    fn v6_tcp(flags: u8, payload: usize) -> Vec<u8> {
+        let mut p = vec![0u8; 40 + 32 + payload];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&((32 + payload) as u16).to_be_bytes());
+        p[6] = TCP;
+        p[40 + 12] = 8 << 4; // 32-byte header: timestamps
+        p[40 + 13] = flags;
+        p
+    }
+
+    #[test]
+    fn pure_acks_and_the_rest() {
+        const ACK: u8 = 0x10;
+        assert!(is_pure_tcp_ack(&v4_tcp(ACK, 0)));
+        assert!(is_pure_tcp_ack(&v6_tcp(ACK, 0)));
+        assert!(!is_pure_tcp_ack(&v4_tcp(ACK, 1)));
+        assert!(!is_pure_tcp_ack(&v6_tcp(ACK | 0x08, 100)));
+        for f in [SYN, SYN | ACK, FIN | ACK, RST] {
+            assert!(!is_pure_tcp_ack(&v4_tcp(f, 0)), "{f:#x}");
+            assert!(!is_pure_tcp_ack(&v6_tcp(f, 0)), "{f:#x}");
+        }
+        assert!(is_tcp(&v4_tcp(SYN, 0)));
+        // Padding after the IPv4 total length does not count as payload.
+        let mut padded = v4_tcp(ACK, 0);
+        padded.extend_from_slice(&[0; 6]);
+        assert!(is_pure_tcp_ack(&padded));
+        // UDP is never a TCP ACK.
+        let mut udp = v4_tcp(ACK, 0);
+        udp[9] = 17;
+        assert!(!is_pure_tcp_ack(&udp) && !is_tcp(&udp));
+    }
+
+    #[test]
+    fn never_panics_on_odd_packets() {
+        for len in 0..80 {
+            for first in [0x00, 0x45, 0x4f, 0x41, 0x60, 0xff] {
+                let mut p = vec![0xffu8; len];
+                if let Some(b) = p.first_mut() {
+                    *b = first;
+                }
+                let _ = is_pure_tcp_ack(&p);
+                let _ = is_tcp(&p);
+            }
+        }
+        // A later IPv4 fragment is not parsed as TCP.
+        let mut frag = v4_tcp(0x10, 0);
+        frag[7] = 1;
+        assert!(!is_tcp(&frag));
+    }
+}
