@@ -11,6 +11,8 @@
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
+//! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
+//!   and the lab's emulator.
 //! - [`sim`]: a network simulator in virtual time that drives two endpoints against each other.
 //!
 //! Crate choices: `ring` for AEAD and HKDF (audited, constant-time, assembly fast paths for
@@ -22,6 +24,7 @@ pub mod crypto;
 pub mod endpoint;
 pub mod fuzzing;
 pub mod health;
+pub mod netem;
 pub mod reorder;
 pub mod replay;
 pub mod sched;
