@@ -315,7 +315,10 @@ fn lab_refuses_without_root() {
 const ALLOWED_CC: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
 fn allowed_cc() -> String {
-    std::fs::read_to_string(ALLOWED_CC).unwrap().trim().to_string()
+    std::fs::read_to_string(ALLOWED_CC)
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// A stock kernel lets a namespace other than the first select only the algorithms in
@@ -325,8 +328,8 @@ fn allowed_cc() -> String {
 fn lab_runs_a_congestion_control_the_kernel_does_not_allow_and_restores_the_list() {
     require_root();
     let cc = "cubic";
-    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-        .unwrap();
+    let available =
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap();
     if !available.split_whitespace().any(|a| a == cc) {
         // Load it the way the lab does (autoload by socket option) so the test can go on.
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
@@ -349,7 +352,15 @@ fn lab_runs_a_congestion_control_the_kernel_does_not_allow_and_restores_the_list
     }
     let out = braid(
         &[
-            "lab", "--json", "--quiet", "--link", "5mbit/5ms", "--duration", "3", "--cc", cc,
+            "lab",
+            "--json",
+            "--quiet",
+            "--link",
+            "5mbit/5ms",
+            "--duration",
+            "3",
+            "--cc",
+            cc,
         ],
         Duration::from_secs(60),
     );

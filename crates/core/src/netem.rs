@@ -81,7 +81,9 @@ impl LinkModel {
     /// Bytes waiting to be serialized at `now`.
     pub fn backlog(&self, now: Instant) -> u64 {
         match self.wire_free_at {
-            Some(t) if t > now => ((t - now).as_secs_f64() * self.params.rate_bps as f64 / 8.0) as u64,
+            Some(t) if t > now => {
+                ((t - now).as_secs_f64() * self.params.rate_bps as f64 / 8.0) as u64
+            }
             _ => 0,
         }
     }

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use braid_core::netem::{queue_limit_bytes, LinkModel, LinkParams, Verdict};
 use crate::spec::LinkSpec;
+use braid_core::netem::{queue_limit_bytes, LinkModel, LinkParams, Verdict};
 
 /// Ethernet header length: the rate counts the bytes after it (the IP packet).
 const ETH_HLEN: usize = 14;
@@ -244,10 +244,7 @@ impl Direction {
                     spare.push(buf);
                     continue;
                 }
-                match self
-                    .link
-                    .on_frame(now, buf.len().saturating_sub(ETH_HLEN))
-                {
+                match self.link.on_frame(now, buf.len().saturating_sub(ETH_HLEN)) {
                     Verdict::Deliver(at) => queue.push_back((at, buf)),
                     Verdict::Lost => {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);

@@ -11,26 +11,29 @@
 //! headers included ([`WIRE_OVERHEAD`] per tunnelled packet). "Offered load = sum of the link
 //! rates" means the stream, once wrapped, exactly fills the links.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rand_chacha::rand_core::{RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use crate::netem::{queue_limit_bytes, LinkParams, DEFAULT_QUEUE_MS};
 
-use crate::endpoint::{Config, Endpoint, Event, LinkConfig, Role};
-use crate::health::LinkState;
-use crate::LinkId;
+pub mod cc;
+mod net;
+pub mod tcp;
 
 pub use crate::endpoint::{IP_UDP_OVERHEAD, WIRE_OVERHEAD};
+pub use cc::CcKind;
+pub use net::{drive, Bundle, BundleOptions, DirCounters, DirectPath, Path, Side, Traffic};
+pub use tcp::{
+    best_single_link, run_tcp, run_tcp_single, tcp_scenarios, with_best_single_link, Direction,
+    TcpReport, TcpScenario,
+};
 
 /// One simulated link (both directions alike).
 #[derive(Debug, Clone)]
 pub struct LinkSpec {
     pub rate_bps: u64,
     pub delay: Duration,
-    /// Extra random delay, uniform in `[0, jitter]`; a link never reorders its own packets.
+    /// Random deviation of the delay, uniform in `[-jitter, +jitter]`; a link never reorders its
+    /// own packets.
     pub jitter: Duration,
     /// Random loss probability (0..1).
     pub loss: f64,
@@ -41,16 +44,25 @@ pub struct LinkSpec {
 }
 
 impl LinkSpec {
-    /// A link of `rate_bps` and `delay` with a queue of 100 ms at its rate (at least two
-    /// full-size packets).
+    /// A link of `rate_bps` and `delay` with the lab's default queue: 100 ms at its rate, at
+    /// least [`crate::netem::MIN_QUEUE_BYTES`].
     pub fn new(rate_bps: u64, delay: Duration) -> Self {
         LinkSpec {
             rate_bps,
             delay,
             jitter: Duration::ZERO,
             loss: 0.0,
-            queue_bytes: ((rate_bps / 8) as usize / 10).max(3000),
+            queue_bytes: queue_limit_bytes(rate_bps, DEFAULT_QUEUE_MS) as usize,
             configure_bandwidth: false,
+        }
+    }
+    /// The link model's view of this link.
+    pub fn params(&self) -> LinkParams {
+        LinkParams {
+            rate_bps: self.rate_bps,
+            delay: self.delay,
+            jitter: self.jitter,
+            loss: self.loss,
         }
     }
     pub fn loss(mut self, loss: f64) -> Self {
@@ -145,6 +157,26 @@ impl Scenario {
         self.equalize_max = Some(d);
         self
     }
+    pub fn sum_rate_bps(&self) -> f64 {
+        self.links.iter().map(|l| l.rate_bps as f64).sum()
+    }
+    /// Packets per second of the stream: `load` times what fills the links once wrapped.
+    fn offered_pps(&self) -> f64 {
+        self.sum_rate_bps() * self.load / ((self.packet_size + WIRE_OVERHEAD) as f64 * 8.0)
+    }
+    /// Offered rate in IP-packet bits per second.
+    fn offered_bps(&self) -> f64 {
+        self.offered_pps() * self.packet_size as f64 * 8.0
+    }
+    fn bundle_options(&self) -> BundleOptions {
+        BundleOptions {
+            scheduler: self.scheduler.clone(),
+            seed: self.seed,
+            probe_interval: self.probe_interval,
+            equalize_max: self.equalize_max,
+            warmup: self.warmup,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -233,53 +265,6 @@ impl Report {
     pub const TABLE_HEADER: &'static str = "| scenario | scheduler | sum Mbit/s | delivered Mbit/s | of offered | wire use | share % per link | reorder wait p50/p99 ms | added latency p50/p99 ms | lost | dup | failover |\n|---|---|---|---|---|---|---|---|---|---|---|---|";
 }
 
-/// One direction of one link: a serialization clock and a queue limit.
-#[derive(Debug, Clone, Copy, Default)]
-struct Pipe {
-    busy_until: Duration,
-    last_arrival: Duration,
-}
-
-#[derive(Debug)]
-enum Ev {
-    /// A datagram reaches the endpoint at the other end of `link`.
-    Arrive {
-        link: usize,
-        to_server: bool,
-        payload: Vec<u8>,
-    },
-    Link(LinkEvent),
-}
-
-struct Queued {
-    at: Duration,
-    order: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.order) == (o.at, o.order)
-    }
-}
-impl Eq for Queued {}
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Queued {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.order).cmp(&(o.at, o.order))
-    }
-}
-
-fn client_addr(i: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, (i + 1) as u8, 1)), 40000)
-}
-
-const SERVER_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)), 5050);
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -288,371 +273,181 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The open-loop stream: IP packets from the client's TUN at a constant rate, each carrying its
+/// id and send time, and what the server's TUN made of them.
+struct Stream {
+    packet: Vec<u8>,
+    gap: Duration,
+    warmup: Duration,
+    min_delay: Duration,
+    next_send: Duration,
+    next_id: u64,
+    sent_measured: u64,
+    first_measured_id: Option<u64>,
+    seen: Vec<bool>,
+    delivered: u64,
+    duplicates: u64,
+    out_of_order: u64,
+    highest: Option<u64>,
+    /// Added latency of each measured delivery, ms.
+    added: Vec<f64>,
+    last_delivery: Option<Duration>,
+    longest_stall: Duration,
+}
+
+impl Stream {
+    fn new(sc: &Scenario) -> Self {
+        // A plausible IPv4 header (one UDP flow), then id and send time.
+        let mut packet = vec![0u8; sc.packet_size.max(36)];
+        packet[0] = 0x45;
+        packet[9] = 17;
+        packet[12..16].copy_from_slice(&[198, 19, 0, 2]);
+        packet[16..20].copy_from_slice(&[198, 19, 0, 1]);
+        Stream {
+            packet,
+            gap: Duration::from_secs_f64(1.0 / sc.offered_pps()),
+            warmup: sc.warmup,
+            min_delay: sc.links.iter().map(|l| l.delay).min().unwrap_or_default(),
+            next_send: Duration::from_millis(500),
+            next_id: 0,
+            sent_measured: 0,
+            first_measured_id: None,
+            seen: Vec::new(),
+            delivered: 0,
+            duplicates: 0,
+            out_of_order: 0,
+            highest: None,
+            added: Vec::new(),
+            last_delivery: None,
+            longest_stall: Duration::ZERO,
+        }
+    }
+
+    /// Marks `id` delivered; false if it was already.
+    fn first_delivery(&mut self, id: u64) -> bool {
+        let idx = id as usize;
+        if self.seen.len() <= idx {
+            self.seen.resize(idx + 1, false);
+        }
+        !std::mem::replace(&mut self.seen[idx], true)
+    }
+
+    /// Packets still in flight at the end are not lost: `(counted, delivered of those)` over
+    /// the packets sent early enough to have arrived.
+    fn counted(&self, sc: &Scenario) -> (u64, u64) {
+        let max_delay = sc
+            .links
+            .iter()
+            .map(|l| l.delay + l.jitter)
+            .max()
+            .unwrap_or_default();
+        let tail = Duration::from_millis(600) + max_delay * 2;
+        let tail_packets = (tail.as_secs_f64() * sc.offered_pps()) as u64;
+        let counted = self.sent_measured.saturating_sub(tail_packets);
+        let first = self.first_measured_id.unwrap_or(0);
+        let delivered = (first..first + counted)
+            .filter(|&i| self.seen.get(i as usize).copied().unwrap_or(false))
+            .count() as u64;
+        (counted, delivered)
+    }
+
+    fn report(mut self, sc: &Scenario, bundle: &Bundle, end: Duration) -> Report {
+        let (counted, delivered_counted) = self.counted(sc);
+        let server = bundle.endpoint(Side::Server);
+        let stats = server.stats(bundle.instant(end));
+        if std::env::var_os("BRAID_SIM_DEBUG").is_some() {
+            let client = bundle.endpoint(Side::Client).stats(bundle.instant(end));
+            eprintln!("client: {client:#?}\nserver: {stats:#?}");
+        }
+        self.added.sort_by(|a, b| a.total_cmp(b));
+        let measured_window = sc.duration.saturating_sub(sc.warmup).as_secs_f64();
+        let sum_rate = sc.sum_rate_bps();
+        let delivered_bps = self.delivered as f64 * sc.packet_size as f64 * 8.0 / measured_window;
+        let wire_size = sc.packet_size + WIRE_OVERHEAD;
+        Report {
+            name: sc.name.clone(),
+            scheduler: sc.scheduler.clone(),
+            sum_rate_bps: sum_rate,
+            offered_bps: sc.offered_bps(),
+            delivered_bps,
+            delivered_ratio: delivered_bps / sc.offered_bps(),
+            wire_utilisation: self.delivered as f64 * wire_size as f64 * 8.0
+                / measured_window
+                / sum_rate,
+            sent: counted,
+            delivered: delivered_counted,
+            lost: counted.saturating_sub(delivered_counted),
+            duplicates: self.duplicates,
+            out_of_order: self.out_of_order,
+            reorder_max_depth: stats.reorder.max_depth,
+            reorder_wait_p50_ms: server.reorder_wait_percentile(50.0).as_secs_f64() * 1e3,
+            reorder_wait_p99_ms: server.reorder_wait_percentile(99.0).as_secs_f64() * 1e3,
+            added_latency_p50_ms: percentile(&self.added, 50.0),
+            added_latency_p99_ms: percentile(&self.added, 99.0),
+            longest_stall_ms: self.longest_stall.as_secs_f64() * 1e3,
+            links: bundle.link_reports(Side::Client),
+        }
+    }
+}
+
+impl Traffic for Stream {
+    fn next_wakeup(&self) -> Option<Duration> {
+        Some(self.next_send)
+    }
+
+    fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
+        if self.next_send > now {
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.packet[20..28].copy_from_slice(&id.to_be_bytes());
+        self.packet[28..36].copy_from_slice(&(now.as_nanos() as u64).to_be_bytes());
+        if now >= self.warmup {
+            self.sent_measured += 1;
+            self.first_measured_id.get_or_insert(id);
+        }
+        path.send(now, Side::Client, &self.packet);
+        self.next_send += self.gap;
+    }
+
+    fn on_deliver<P: Path>(&mut self, now: Duration, to: Side, p: &[u8], _path: &mut P) {
+        if to != Side::Server || p.len() < 36 {
+            return;
+        }
+        let id = u64::from_be_bytes(p[20..28].try_into().expect("8 bytes"));
+        let sent_ns = u64::from_be_bytes(p[28..36].try_into().expect("8 bytes"));
+        if !self.first_delivery(id) {
+            self.duplicates += 1;
+        } else if self.first_measured_id.is_some_and(|f| id >= f) {
+            self.delivered += 1;
+            let lat = now
+                .saturating_sub(Duration::from_nanos(sent_ns))
+                .saturating_sub(self.min_delay);
+            self.added.push(lat.as_secs_f64() * 1e3);
+        }
+        if self.highest.is_some_and(|h| id < h) {
+            self.out_of_order += 1;
+        }
+        self.highest = Some(self.highest.map_or(id, |h| h.max(id)));
+        if now >= self.warmup {
+            if let Some(l) = self.last_delivery {
+                self.longest_stall = self.longest_stall.max(now - l);
+            }
+        }
+        self.last_delivery = Some(now);
+    }
+}
+
 /// Runs a scenario to the end and reports.
 pub fn run(sc: &Scenario) -> Report {
-    let base = Instant::now();
-    let mut rng = ChaCha8Rng::seed_from_u64(sc.seed);
-    let psk = [7u8; 32];
-    let mut ccfg = Config::new(Role::Client, psk);
-    ccfg.scheduler = sc.scheduler.clone();
-    let mut scfg = Config::new(Role::Server, psk);
-    scfg.scheduler = sc.scheduler.clone();
-    if let Some(e) = sc.equalize_max {
-        ccfg.equalize_max = e;
-        scfg.equalize_max = e;
-    }
-    if let Some(p) = sc.probe_interval {
-        ccfg.health.probe_interval = p;
-        scfg.health.probe_interval = p;
-        ccfg.health.down_after = ccfg.health.down_after.max(p * 3);
-        scfg.health.down_after = scfg.health.down_after.max(p * 3);
-    }
-    let mut client = Endpoint::new(
-        ccfg,
-        base,
-        Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0xc1)),
-    )
-    .expect("scheduler");
-    let mut server = Endpoint::new(
-        scfg,
-        base,
-        Box::new(ChaCha8Rng::seed_from_u64(sc.seed ^ 0x5e)),
-    )
-    .expect("scheduler");
-    for (i, l) in sc.links.iter().enumerate() {
-        let cfg = LinkConfig {
-            name: format!("link{}", i + 1),
-            bandwidth_bps: l.configure_bandwidth.then_some(l.rate_bps),
-            priority: 0,
-        };
-        client.add_link(base, (i + 1) as LinkId, cfg).expect("link");
-    }
-
-    let n = sc.links.len();
-    let sum_rate: f64 = sc.links.iter().map(|l| l.rate_bps as f64).sum();
-    let wire_size = sc.packet_size + WIRE_OVERHEAD;
-    let offered_pps = sum_rate * sc.load / (wire_size as f64 * 8.0);
-    let offered_bps = offered_pps * sc.packet_size as f64 * 8.0;
-    let gap = Duration::from_secs_f64(1.0 / offered_pps);
-    let min_delay = sc.links.iter().map(|l| l.delay).min().unwrap_or_default();
-
-    let mut up = [Pipe::default(); 64].to_vec();
-    let mut down = [Pipe::default(); 64].to_vec();
-    up.truncate(n);
-    down.truncate(n);
-    let mut dark = vec![false; n];
-    let mut dark_since: Vec<Option<Duration>> = vec![None; n];
-    let mut reports: Vec<LinkReport> = vec![LinkReport::default(); n];
-    let mut last_use: Vec<Option<Duration>> = vec![None; n];
-
-    let mut heap: BinaryHeap<Reverse<Queued>> = BinaryHeap::new();
-    let mut order = 0u64;
+    let mut bundle = Bundle::new(&sc.links, &sc.bundle_options());
     for &(at, e) in &sc.events {
-        order += 1;
-        heap.push(Reverse(Queued {
-            at,
-            order,
-            ev: Ev::Link(e),
-        }));
+        bundle.schedule(at, e);
     }
-
-    // Stream state. Each packet: a plausible IPv4 header (one flow), then id and send time.
-    let mut next_send = Duration::from_millis(500);
-    let mut next_id: u64 = 0;
-    let mut sent_measured = 0u64;
-    let mut first_measured_id: Option<u64> = None;
-    let mut seen = vec![false; 0];
-    let mut delivered = 0u64;
-    let mut duplicates = 0u64;
-    let mut out_of_order = 0u64;
-    let mut highest: Option<u64> = None;
-    let mut added: Vec<f64> = Vec::new();
-    let mut last_delivery: Option<Duration> = None;
-    let mut longest_stall = Duration::ZERO;
-    let mut packet = vec![0u8; sc.packet_size.max(36)];
-    packet[0] = 0x45;
-    packet[9] = 17;
-    packet[12..16].copy_from_slice(&[198, 19, 0, 2]);
-    packet[16..20].copy_from_slice(&[198, 19, 0, 1]);
-
-    let end = sc.duration;
-    let mut now = Duration::ZERO;
-    let unif = |rng: &mut ChaCha8Rng| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    let trace = std::env::var_os("BRAID_SIM_TRACE").is_some();
-    let mut next_trace = Duration::ZERO;
-    let mut warm = false;
-
-    loop {
-        // Next thing to happen.
-        let mut t = next_send;
-        if let Some(Reverse(q)) = heap.peek() {
-            t = t.min(q.at);
-        }
-        for ep in [&client, &server] {
-            if let Some(to) = ep.poll_timeout() {
-                t = t.min(to.saturating_duration_since(base));
-            }
-        }
-        if t > end {
-            break;
-        }
-        now = t.max(now);
-        let inst = base + now;
-
-        if trace && now >= next_trace {
-            next_trace += Duration::from_millis(250);
-            let st = client.stats(inst);
-            let mut line = format!("t={:6.2}", now.as_secs_f64());
-            for (i, l) in st.links.iter().enumerate() {
-                let q = up[i].busy_until.saturating_sub(now);
-                line += &format!(
-                    " | {} {:?} sched {:6.2} dlv {:6.2} qd {:5.1}ms realq {:5.1}ms",
-                    l.name,
-                    l.state,
-                    l.sched_rate_bps.unwrap_or(0.0) / 1e6,
-                    l.delivery_rate_bps / 1e6,
-                    l.qdelay_us as f64 / 1e3,
-                    q.as_secs_f64() * 1e3
-                );
-            }
-            eprintln!("{line}");
-        }
-        if !warm && now >= sc.warmup {
-            warm = true;
-            server.clear_reorder_waits();
-        }
-        if next_send <= now {
-            let id = next_id;
-            next_id += 1;
-            packet[20..28].copy_from_slice(&id.to_be_bytes());
-            packet[28..36].copy_from_slice(&(now.as_nanos() as u64).to_be_bytes());
-            if now >= sc.warmup {
-                sent_measured += 1;
-                first_measured_id.get_or_insert(id);
-            }
-            client.send_packet(inst, &packet);
-            next_send += gap;
-        }
-        while heap.peek().is_some_and(|Reverse(q)| q.at <= now) {
-            let Reverse(q) = heap.pop().expect("peeked");
-            match q.ev {
-                Ev::Arrive {
-                    link,
-                    to_server,
-                    mut payload,
-                } => {
-                    if to_server {
-                        server.handle_datagram(inst, None, client_addr(link), &mut payload);
-                        server.recycle(payload);
-                    } else {
-                        client.handle_datagram(
-                            inst,
-                            Some((link + 1) as LinkId),
-                            SERVER_ADDR,
-                            &mut payload,
-                        );
-                        client.recycle(payload);
-                    }
-                }
-                Ev::Link(LinkEvent::Dark(i)) if i < n => {
-                    dark[i] = true;
-                    dark_since[i] = Some(now);
-                }
-                Ev::Link(LinkEvent::Light(i)) if i < n => dark[i] = false,
-                Ev::Link(_) => {}
-            }
-        }
-        for ep in [&mut client, &mut server] {
-            if ep.poll_timeout().is_some_and(|to| to <= inst) {
-                ep.handle_timeout(inst);
-            }
-        }
-
-        // Datagrams onto the links.
-        for (is_client, ep) in [(true, &mut client), (false, &mut server)] {
-            while let Some(tx) = ep.poll_transmit() {
-                let link = if is_client {
-                    (tx.link as usize).wrapping_sub(1)
-                } else {
-                    match tx.dst.and_then(|d| (0..n).find(|&i| client_addr(i) == d)) {
-                        Some(i) => i,
-                        None => {
-                            ep.recycle(tx.payload);
-                            continue;
-                        }
-                    }
-                };
-                if link >= n {
-                    ep.recycle(tx.payload);
-                    continue;
-                }
-                let spec = &sc.links[link];
-                let is_data = tx.payload.get(1) == Some(&(crate::wire::PacketType::Data as u8));
-                if is_client && is_data {
-                    if now >= sc.warmup {
-                        reports[link].sent_packets += 1;
-                    }
-                    last_use[link] = Some(now);
-                }
-                let pipe = if is_client {
-                    &mut up[link]
-                } else {
-                    &mut down[link]
-                };
-                if dark[link] {
-                    ep.recycle(tx.payload);
-                    continue;
-                }
-                if spec.loss > 0.0 && unif(&mut rng) < spec.loss {
-                    if is_client && is_data && now >= sc.warmup {
-                        reports[link].random_losses += 1;
-                    }
-                    ep.recycle(tx.payload);
-                    continue;
-                }
-                let bytes = tx.payload.len() + IP_UDP_OVERHEAD;
-                let backlog = pipe.busy_until.saturating_sub(now);
-                let queued = backlog.as_secs_f64() * spec.rate_bps as f64 / 8.0;
-                if queued + bytes as f64 > spec.queue_bytes as f64 {
-                    if is_client && is_data && now >= sc.warmup {
-                        reports[link].queue_drops += 1;
-                    }
-                    ep.recycle(tx.payload);
-                    continue;
-                }
-                let ser = Duration::from_secs_f64(bytes as f64 * 8.0 / spec.rate_bps as f64);
-                pipe.busy_until = pipe.busy_until.max(now) + ser;
-                let jitter = if spec.jitter.is_zero() {
-                    Duration::ZERO
-                } else {
-                    spec.jitter.mul_f64(unif(&mut rng))
-                };
-                let arrive = (pipe.busy_until + spec.delay + jitter).max(pipe.last_arrival);
-                pipe.last_arrival = arrive;
-                order += 1;
-                heap.push(Reverse(Queued {
-                    at: arrive,
-                    order,
-                    ev: Ev::Arrive {
-                        link,
-                        to_server: is_client,
-                        payload: tx.payload,
-                    },
-                }));
-            }
-        }
-
-        // Deliveries at the server's "TUN".
-        while let Some(p) = server.poll_deliver(inst) {
-            if p.len() >= 36 {
-                let id = u64::from_be_bytes(p[20..28].try_into().expect("8 bytes"));
-                let sent_ns = u64::from_be_bytes(p[28..36].try_into().expect("8 bytes"));
-                let idx = id as usize;
-                if seen.len() <= idx {
-                    seen.resize(idx + 1, false);
-                }
-                if seen[idx] {
-                    duplicates += 1;
-                } else {
-                    seen[idx] = true;
-                    if first_measured_id.is_some_and(|f| id >= f) {
-                        delivered += 1;
-                        let lat = now
-                            .saturating_sub(Duration::from_nanos(sent_ns))
-                            .saturating_sub(min_delay);
-                        added.push(lat.as_secs_f64() * 1e3);
-                    }
-                }
-                if highest.is_some_and(|h| id < h) {
-                    out_of_order += 1;
-                }
-                highest = Some(highest.map_or(id, |h| h.max(id)));
-                if now >= sc.warmup {
-                    if let Some(l) = last_delivery {
-                        longest_stall = longest_stall.max(now - l);
-                    }
-                }
-                last_delivery = Some(now);
-            }
-            server.recycle(p);
-        }
-        while let Some(ev) = client.poll_event() {
-            if let Event::LinkState {
-                link,
-                state: LinkState::Down,
-            } = ev
-            {
-                let i = (link as usize).wrapping_sub(1);
-                if let Some(since) = dark_since.get(i).copied().flatten() {
-                    if reports[i].detected_down_after_ms.is_none() {
-                        reports[i].detected_down_after_ms = Some((now - since).as_secs_f64() * 1e3);
-                    }
-                }
-            }
-        }
-        while server.poll_event().is_some() {}
-        while client.poll_deliver(inst).is_some() {}
-    }
-
-    // Packets still in flight at the end are not lost: count only those sent early enough.
-    let measured_window = end.saturating_sub(sc.warmup).as_secs_f64();
-    let max_delay = sc
-        .links
-        .iter()
-        .map(|l| l.delay + l.jitter)
-        .max()
-        .unwrap_or_default();
-    let tail = Duration::from_millis(600) + max_delay * 2;
-    let tail_packets = (tail.as_secs_f64() * offered_pps) as u64;
-    let counted = sent_measured.saturating_sub(tail_packets);
-    let first = first_measured_id.unwrap_or(0);
-    let delivered_counted = (first..first + counted)
-        .filter(|&i| seen.get(i as usize).copied().unwrap_or(false))
-        .count() as u64;
-    let lost = counted.saturating_sub(delivered_counted);
-
-    let stats = server.stats(base + now);
-    if std::env::var_os("BRAID_SIM_DEBUG").is_some() {
-        eprintln!(
-            "client: {:#?}\nserver: {:#?}",
-            client.stats(base + now),
-            stats
-        );
-    }
-    added.sort_by(|a, b| a.total_cmp(b));
-    let total_sent: u64 = reports.iter().map(|r| r.sent_packets).sum();
-    for (i, r) in reports.iter_mut().enumerate() {
-        r.share = if total_sent > 0 {
-            r.sent_packets as f64 / total_sent as f64
-        } else {
-            0.0
-        };
-        if let (Some(since), Some(last)) = (dark_since[i], last_use[i]) {
-            r.avoided_after_ms = Some(last.saturating_sub(since).as_secs_f64() * 1e3);
-        }
-    }
-    let delivered_bps = delivered as f64 * sc.packet_size as f64 * 8.0 / measured_window;
-    Report {
-        name: sc.name.clone(),
-        scheduler: sc.scheduler.clone(),
-        sum_rate_bps: sum_rate,
-        offered_bps,
-        delivered_bps,
-        delivered_ratio: delivered_bps / offered_bps,
-        wire_utilisation: delivered as f64 * wire_size as f64 * 8.0 / measured_window / sum_rate,
-        sent: counted,
-        delivered: delivered_counted,
-        lost,
-        duplicates,
-        out_of_order,
-        reorder_max_depth: stats.reorder.max_depth,
-        reorder_wait_p50_ms: server.reorder_wait_percentile(50.0).as_secs_f64() * 1e3,
-        reorder_wait_p99_ms: server.reorder_wait_percentile(99.0).as_secs_f64() * 1e3,
-        added_latency_p50_ms: percentile(&added, 50.0),
-        added_latency_p99_ms: percentile(&added, 99.0),
-        longest_stall_ms: longest_stall.as_secs_f64() * 1e3,
-        links: reports,
-    }
+    let mut stream = Stream::new(sc);
+    let end = drive(&mut bundle, &mut stream, sc.duration);
+    stream.report(sc, &bundle, end)
 }
 
 /// The scenarios of issue 2, as run by the table in BENCHMARKS.md and by the scenario tests.
