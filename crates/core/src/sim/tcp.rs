@@ -317,6 +317,11 @@ impl Sender {
         }
         self.in_flight += 1;
         self.tsorted.push_back((seq, now));
+        if seq == self.snd_una && seg.retransmitted {
+            // As Linux: retransmitting the head restarts the timer, or a recovery longer than
+            // one RTO would end in a spurious timeout.
+            self.rto_at = Some(now + self.rto);
+        }
         self.rto_at.get_or_insert(now + self.rto);
         self.packet[layout::SEQ..layout::SEQ + 8].copy_from_slice(&seq.to_be_bytes());
         path.send(now, self.side, &self.packet);
