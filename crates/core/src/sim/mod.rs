@@ -1,11 +1,18 @@
 //! A deterministic network simulator: virtual time, seeded randomness, N links between two
-//! [`Endpoint`]s, each direction of each link with a rate, a drop-tail bottleneck queue, a
-//! one-way delay, jitter and loss (smoltcp's `tests/netsim.rs` and quinn's `Pair` in spirit).
+//! [`crate::Endpoint`]s (smoltcp's `tests/netsim.rs` and quinn's `Pair` in spirit). Each
+//! direction of each link is a [`crate::netem::LinkModel`], the model the lab's emulator uses:
+//! rate, drop-tail queue, one-way delay, jitter in [-J, +J] (FIFO), loss.
 //!
-//! A scenario pushes one ordered stream of IP-sized packets from the client's "TUN" to the
-//! server's at a constant offered rate and reports what the scheduler and reorder buffer made of
-//! it: delivered rate against the sum of the link rates, reorder wait, added latency, loss,
-//! duplicates, and how fast a link that goes dark is detected and avoided.
+//! Parts: [`net`] holds the paths ([`Bundle`]: two endpoints over the links; [`DirectPath`]: one
+//! bare link) and [`drive`], the loop that steps a path and a [`Traffic`] source through time.
+//! Two sources run on them:
+//! - [`run`]: one ordered stream of IP-sized packets from the client's "TUN" to the server's at a
+//!   constant offered rate (open loop), reporting what the scheduler and reorder buffer made of
+//!   it: delivered rate against the sum of the link rates, reorder wait, added latency, loss,
+//!   duplicates, and how fast a link that goes dark is detected and avoided;
+//! - [`run_tcp`] ([`tcp`]): one closed-loop bulk TCP flow (CUBIC-like or BBR-like, [`cc`]),
+//!   upload or download, reporting goodput against the sum of the link rates and against the
+//!   best single link alone ([`best_single_link`]).
 //!
 //! Link rates count every byte braid puts on the wire for a packet, the outer IPv4 and UDP
 //! headers included ([`WIRE_OVERHEAD`] per tunnelled packet). "Offered load = sum of the link
@@ -16,7 +23,7 @@ use std::time::Duration;
 use crate::netem::{queue_limit_bytes, LinkParams, DEFAULT_QUEUE_MS};
 
 pub mod cc;
-mod net;
+pub mod net;
 pub mod tcp;
 
 pub use crate::endpoint::{IP_UDP_OVERHEAD, WIRE_OVERHEAD};
