@@ -177,8 +177,8 @@ pub fn set_hosts_cc(namespaces: &[String], cc: &str) -> anyhow::Result<()> {
     check_name(cc)?;
     ensure_available(cc)?;
     let lock = lock_path();
-    let _lock =
-        sysctl::FileLock::acquire(&lock).with_context(|| format!("locking {}", lock.display()))?;
+    let _lock = sysctl::FileLock::acquire(&lock)
+        .with_context(|| format!("locking {}", lock.display()))?;
     let _allowed = AllowedGuard::ensure(cc)?;
     for ns in namespaces {
         sysctl::write_in_netns(ns, DEFAULT, cc).map_err(|e| {
