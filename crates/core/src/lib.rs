@@ -12,6 +12,8 @@
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
+//! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
+//!   and the lab's emulator.
 //! - [`sim`]: a network simulator in virtual time that drives two endpoints against each other.
 //!
 //! Crate choices: `ring` for AEAD and HKDF (audited, constant-time, assembly fast paths for
@@ -24,6 +26,7 @@ pub mod endpoint;
 pub mod fuzzing;
 pub mod health;
 pub mod inner;
+pub mod netem;
 pub mod reorder;
 pub mod replay;
 pub mod sched;

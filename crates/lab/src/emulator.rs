@@ -3,8 +3,8 @@
 //!
 //! Link i is a pair of veths in that namespace, `ea<i>` (towards host A) and `eb<i>` (towards host B).
 //! An `AF_PACKET` raw socket on each (promiscuous, own transmissions ignored) receives every Ethernet
-//! frame; one thread per direction passes the frames through a [`Shaper`] (rate, drop-tail queue,
-//! delay, jitter, loss) and sends them out of the other veth when they are due. It is an L2 wire:
+//! frame; one thread per direction passes the frames through a [`LinkModel`] (braid-core's link
+//! model, the one the simulator uses: rate, drop-tail queue, delay, jitter, loss) and sends them out of the other veth when they are due. It is an L2 wire:
 //! ARP and everything else cross it unchanged.
 //!
 //! Timing: the thread sleeps in `ppoll` with a nanosecond timeout until the next frame is due or a
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::shaper::{queue_limit_bytes, Shaper, Verdict};
 use crate::spec::LinkSpec;
+use braid_core::netem::{queue_limit_bytes, LinkModel, LinkParams, Verdict};
 
 /// Ethernet header length: the rate counts the bytes after it (the IP packet).
 const ETH_HLEN: usize = 14;
@@ -180,7 +180,7 @@ const EARLY: Duration = Duration::from_micros(20);
 struct Direction {
     rx: Arc<OwnedFd>,
     tx: Arc<OwnedFd>,
-    shaper: Shaper,
+    link: LinkModel,
     counters: Arc<Counters>,
     failed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -244,10 +244,7 @@ impl Direction {
                     spare.push(buf);
                     continue;
                 }
-                match self
-                    .shaper
-                    .on_frame(now, buf.len().saturating_sub(ETH_HLEN))
-                {
+                match self.link.on_frame(now, buf.len().saturating_sub(ETH_HLEN)) {
                     Verdict::Deliver(at) => queue.push_back((at, buf)),
                     Verdict::Lost => {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
@@ -283,8 +280,13 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
             let dir = Direction {
                 rx,
                 tx,
-                shaper: Shaper::new(
-                    spec,
+                link: LinkModel::new(
+                    LinkParams {
+                        rate_bps: spec.rate_bps,
+                        delay: spec.delay,
+                        jitter: spec.jitter,
+                        loss: spec.loss,
+                    },
                     limit,
                     seed.wrapping_mul(1_000_003)
                         .wrapping_add((2 * i + d) as u64),

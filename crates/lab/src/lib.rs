@@ -4,7 +4,8 @@
 //! - [`hostcheck`]: the tools and the TCP congestion control the lab needs from the machine.
 //! - [`spec`]: link specifications (`RATE[/DELAY[/LOSS%[/JITTER]]]`).
 //! - [`netns`]: namespaces, veths and the processes the lab runs inside them (all cleaned up by Drop).
-//! - [`shaper`] + [`emulator`]: the link emulator (braid's own forwarding engine; no netem here).
+//! - [`emulator`]: the link emulator (braid's own forwarding engine through braid-core's
+//!   [`braid_core::netem`] link model, the simulator's; no kernel netem here).
 //! - [`traffic`]: TCP sink and source.
 //! - [`report`]: the figures, the table and the JSON.
 //! - [`Lab`]: the whole set-up as a value, used by `braid lab` and by the end-to-end tests.
@@ -13,7 +14,6 @@ pub mod emulator;
 pub mod hostcheck;
 pub mod netns;
 pub mod report;
-pub mod shaper;
 pub mod spec;
 pub mod traffic;
 
@@ -166,7 +166,7 @@ pub struct LabArgs {
     #[arg(long)]
     pub skip_bundle: bool,
     /// Queue of each emulated link, in milliseconds of its rate (at least 15 KB: ten full frames).
-    #[arg(long, value_name = "MS", default_value_t = shaper::DEFAULT_QUEUE_MS)]
+    #[arg(long, value_name = "MS", default_value_t = braid_core::netem::DEFAULT_QUEUE_MS)]
     pub queue_ms: u64,
     /// MTU of the tunnel (default: the largest that fits a 1500-byte uplink).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_TUNNEL_MTU as i64))]
@@ -208,7 +208,7 @@ pub enum LabInternal {
     Emulate {
         #[arg(long = "link", value_parser = parse_link_spec)]
         links: Vec<LinkSpec>,
-        #[arg(long, default_value_t = shaper::DEFAULT_QUEUE_MS)]
+        #[arg(long, default_value_t = braid_core::netem::DEFAULT_QUEUE_MS)]
         queue_ms: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -323,7 +323,7 @@ impl LabOptions {
         LabOptions {
             exe,
             prefix: format!("bl{}", std::process::id()),
-            queue_ms: shaper::DEFAULT_QUEUE_MS,
+            queue_ms: braid_core::netem::DEFAULT_QUEUE_MS,
             seed: 1,
             cc: "cubic".to_string(),
         }
@@ -1310,7 +1310,7 @@ fn ping_links(lab: &Lab, specs: &[LinkSpec], queue_ms: u64) -> Vec<LinkReport> {
             delay_ms: s.delay.as_secs_f64() * 1e3,
             loss_pct: s.loss * 100.0,
             jitter_ms: s.jitter.as_secs_f64() * 1e3,
-            queue_bytes: shaper::queue_limit_bytes(s.rate_bps, queue_ms),
+            queue_bytes: braid_core::netem::queue_limit_bytes(s.rate_bps, queue_ms),
             ping_rtt_ms: p.filter(|p| p.received > 0).map(|p| p.avg_ms),
             single: None,
         });

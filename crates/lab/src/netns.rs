@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  bl<pid>a (host A)            bl<pid>e (emulator)             bl<pid>b (host B)
-//!  a<i> 198.18.<i>.1/24 ==veth== ea<i>  [shaper]  eb<i> ==veth== b<i> 198.18.<i>.2/24
+//!  a<i> 198.18.<i>.1/24 ==veth== ea<i>  [link model]  eb<i> ==veth== b<i> 198.18.<i>.2/24
 //! ```
 
 use std::io::{BufRead, BufReader, Read};

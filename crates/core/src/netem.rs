@@ -1,4 +1,6 @@
-//! The link model of the emulator, one direction of one link, as pure logic (time comes in).
+//! The link model, one direction of one link, as pure logic (time comes in). The simulator
+//! ([`crate::sim`]) and the lab's emulator (`braid-lab`, which forwards real frames through it)
+//! both use it, so that both measure the same link.
 //!
 //! A frame of `len` IP bytes arriving at `now`:
 //! 1. is lost with probability `loss` (seeded RNG), before it takes any capacity;
@@ -13,10 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-use crate::spec::LinkSpec;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Default queue: this many milliseconds of the link's rate...
 pub const DEFAULT_QUEUE_MS: u64 = 100;
@@ -29,9 +29,22 @@ pub fn queue_limit_bytes(rate_bps: u64, queue_ms: u64) -> u64 {
     (rate_bps.saturating_mul(queue_ms) / 8000).max(MIN_QUEUE_BYTES)
 }
 
+/// What a link is: rate, one-way delay, jitter and loss (the same both ways).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkParams {
+    /// Bits per second of IP bytes.
+    pub rate_bps: u64,
+    /// One-way delay.
+    pub delay: Duration,
+    /// Maximum random deviation of the delay (uniform in [-jitter, +jitter]).
+    pub jitter: Duration,
+    /// Loss probability per frame, in [0, 1).
+    pub loss: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Send the frame at this instant.
+    /// The frame reaches the far end at this instant.
     Deliver(Instant),
     /// Random loss.
     Lost,
@@ -39,43 +52,50 @@ pub enum Verdict {
     QueueFull,
 }
 
-#[derive(Debug)]
-pub struct Shaper {
-    rate_bps: f64,
-    delay: Duration,
-    jitter: Duration,
-    loss: f64,
+/// One direction of one link.
+#[derive(Debug, Clone)]
+pub struct LinkModel {
+    params: LinkParams,
     queue_limit: u64,
     wire_free_at: Option<Instant>,
     last_delivery: Option<Instant>,
-    rng: StdRng,
+    rng: ChaCha8Rng,
 }
 
-impl Shaper {
-    pub fn new(spec: &LinkSpec, queue_limit: u64, seed: u64) -> Self {
-        Shaper {
-            rate_bps: spec.rate_bps as f64,
-            delay: spec.delay,
-            jitter: spec.jitter,
-            loss: spec.loss,
+impl LinkModel {
+    /// A link direction with a drop-tail queue of `queue_limit` bytes and its own seeded RNG.
+    pub fn new(params: LinkParams, queue_limit: u64, seed: u64) -> Self {
+        LinkModel {
+            params,
             queue_limit,
             wire_free_at: None,
             last_delivery: None,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha8Rng::seed_from_u64(seed),
         }
+    }
+
+    pub fn params(&self) -> &LinkParams {
+        &self.params
     }
 
     /// Bytes waiting to be serialized at `now`.
     pub fn backlog(&self, now: Instant) -> u64 {
         match self.wire_free_at {
-            Some(t) if t > now => ((t - now).as_secs_f64() * self.rate_bps / 8.0) as u64,
+            Some(t) if t > now => {
+                ((t - now).as_secs_f64() * self.params.rate_bps as f64 / 8.0) as u64
+            }
             _ => 0,
         }
     }
 
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// Decides the fate of a frame of `len` IP bytes arriving at `now`.
     pub fn on_frame(&mut self, now: Instant, len: usize) -> Verdict {
-        if self.loss > 0.0 && self.rng.gen::<f64>() < self.loss {
+        if self.params.loss > 0.0 && self.unit() < self.params.loss {
             return Verdict::Lost;
         }
         if self.backlog(now) + len as u64 > self.queue_limit {
@@ -85,12 +105,13 @@ impl Shaper {
             Some(t) if t > now => t,
             _ => now,
         };
-        let wire_done = start + Duration::from_secs_f64(len as f64 * 8.0 / self.rate_bps);
+        let wire = Duration::from_secs_f64(len as f64 * 8.0 / self.params.rate_bps as f64);
+        let wire_done = start + wire;
         self.wire_free_at = Some(wire_done);
-        let mut at = wire_done + self.delay;
-        if !self.jitter.is_zero() {
-            let j = self.jitter.as_secs_f64();
-            let off = self.rng.gen_range(-j..=j);
+        let mut at = wire_done + self.params.delay;
+        if !self.params.jitter.is_zero() {
+            let j = self.params.jitter.as_secs_f64();
+            let off = (2.0 * self.unit() - 1.0) * j;
             at = if off >= 0.0 {
                 at + Duration::from_secs_f64(off)
             } else {
@@ -111,14 +132,19 @@ impl Shaper {
 mod tests {
     use super::*;
 
-    fn spec(rate: u64, delay_ms: u64) -> LinkSpec {
-        LinkSpec::new(rate, Duration::from_millis(delay_ms))
+    fn params(rate_bps: u64, delay_ms: u64) -> LinkParams {
+        LinkParams {
+            rate_bps,
+            delay: Duration::from_millis(delay_ms),
+            jitter: Duration::ZERO,
+            loss: 0.0,
+        }
     }
 
     #[test]
     fn serializes_at_rate_then_delays() {
         let t0 = Instant::now();
-        let mut s = Shaper::new(&spec(1_000_000, 10), 1_000_000, 1);
+        let mut s = LinkModel::new(params(1_000_000, 10), 1_000_000, 1);
         // 1250 bytes at 1 Mbit/s = 10 ms on the wire.
         assert_eq!(
             s.on_frame(t0, 1250),
@@ -141,7 +167,7 @@ mod tests {
     #[test]
     fn long_run_rate_is_exact() {
         let t0 = Instant::now();
-        let mut s = Shaper::new(&spec(10_000_000, 0), u64::MAX, 1);
+        let mut s = LinkModel::new(params(10_000_000, 0), u64::MAX, 1);
         let mut last = t0;
         for _ in 0..10_000 {
             if let Verdict::Deliver(at) = s.on_frame(t0, 1500) {
@@ -156,7 +182,7 @@ mod tests {
     #[test]
     fn drop_tail_at_queue_limit() {
         let t0 = Instant::now();
-        let mut s = Shaper::new(&spec(1_000_000, 0), 3000, 1);
+        let mut s = LinkModel::new(params(1_000_000, 0), 3000, 1);
         assert!(matches!(s.on_frame(t0, 1500), Verdict::Deliver(_)));
         assert!(matches!(s.on_frame(t0, 1500), Verdict::Deliver(_)));
         assert_eq!(s.on_frame(t0, 1500), Verdict::QueueFull);
@@ -169,11 +195,11 @@ mod tests {
     #[test]
     fn loss_rate_matches_and_jitter_keeps_fifo() {
         let t0 = Instant::now();
-        let mut sp = spec(100_000_000, 20);
+        let mut sp = params(100_000_000, 20);
         sp.loss = 0.1;
         sp.jitter = Duration::from_millis(5);
         // Dense frames: loss near 10%, never reordered.
-        let mut s = Shaper::new(&sp, u64::MAX, 7);
+        let mut s = LinkModel::new(sp, u64::MAX, 7);
         let mut lost = 0;
         let mut prev = t0;
         for i in 0..20_000u32 {
@@ -190,7 +216,7 @@ mod tests {
         assert!((1800..2200).contains(&lost), "{lost}");
         // Sparse frames (10 ms apart, more than the jitter range): delays spread over 20 +- 5 ms.
         sp.loss = 0.0;
-        let mut s = Shaper::new(&sp, u64::MAX, 7);
+        let mut s = LinkModel::new(sp, u64::MAX, 7);
         let (mut min, mut max, mut sum) = (Duration::MAX, Duration::ZERO, 0.0);
         for i in 0..2000u32 {
             let now = t0 + Duration::from_millis(u64::from(i) * 10);

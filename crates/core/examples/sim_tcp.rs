@@ -1,0 +1,192 @@
+//! Prints the simulator's TCP table (issue 10): one bulk TCP flow (CUBIC-like or BBR-like) over
+//! each scenario's bundle, upload and download, against the best single link alone.
+//!
+//! `cargo run --release -p braid-core --example sim_tcp -- [OPTIONS]`
+//!
+//! Options (each selects; repeat `--scheduler` to compare):
+//! - `--scenario N` (from 1, see `--list`) or `--scenario TEXT` (every name containing TEXT)
+//! - `--cc cubic|bbr`, `--dir upload|download`
+//! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
+//! - `--duration SECS`, `--warmup SECS`, `--seed N`
+//! - `--no-single`: skip the single-link baseline runs (faster)
+//! - `--list`: the scenarios and their links
+//! - `--json`: one JSON report per line instead of the table
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use braid_core::sim::{self, CcKind, Direction, TcpReport, TcpScenario};
+
+#[derive(Default)]
+struct Opts {
+    scenario: Option<String>,
+    cc: Option<CcKind>,
+    dir: Option<Direction>,
+    schedulers: Vec<String>,
+    duration: Option<Duration>,
+    warmup: Option<Duration>,
+    seed: Option<u64>,
+    single: bool,
+    list: bool,
+    json: bool,
+}
+
+fn secs(v: &str) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("not a positive number of seconds: {v:?}"))
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        single: true,
+        ..Opts::default()
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--scenario" => o.scenario = Some(value()?.clone()),
+            "--cc" => {
+                let v = value()?;
+                o.cc = Some(CcKind::parse(v).ok_or_else(|| format!("--cc: {v:?}: cubic or bbr"))?);
+            }
+            "--dir" => {
+                let v = value()?;
+                o.dir = Some(
+                    Direction::parse(v)
+                        .ok_or_else(|| format!("--dir: {v:?}: upload or download"))?,
+                );
+            }
+            "--scheduler" => {
+                let v = value()?;
+                if !braid_core::sched::NAMES.contains(&v.as_str()) {
+                    return Err(format!(
+                        "--scheduler: {v:?}: one of {}",
+                        braid_core::sched::NAMES.join(", ")
+                    ));
+                }
+                o.schedulers.push(v.clone());
+            }
+            "--duration" => o.duration = Some(secs(value()?)?),
+            "--warmup" => o.warmup = Some(secs(value()?)?),
+            "--seed" => {
+                let v = value()?;
+                o.seed = Some(v.parse().map_err(|_| format!("--seed: {v:?}"))?);
+            }
+            "--no-single" => o.single = false,
+            "--list" => o.list = true,
+            "--json" => o.json = true,
+            "-h" | "--help" => return Err(String::new()),
+            _ => return Err(format!("unknown argument {a:?}")),
+        }
+    }
+    if let (Some(d), Some(w)) = (o.duration, o.warmup) {
+        if w >= d {
+            return Err("--warmup must be shorter than --duration".to_string());
+        }
+    }
+    Ok(o)
+}
+
+fn selected(o: &Opts) -> Result<Vec<TcpScenario>, String> {
+    let all = sim::tcp_scenarios();
+    let Some(want) = &o.scenario else {
+        return Ok(all);
+    };
+    if let Ok(n) = want.parse::<usize>() {
+        return all
+            .get(n.wrapping_sub(1))
+            .cloned()
+            .map(|s| vec![s])
+            .ok_or_else(|| format!("--scenario {n}: there are {} (from 1)", all.len()));
+    }
+    let picked: Vec<_> = all
+        .into_iter()
+        .filter(|s| s.name.contains(want.as_str()))
+        .collect();
+    if picked.is_empty() {
+        return Err(format!(
+            "--scenario {want:?}: no scenario name contains it (see --list)"
+        ));
+    }
+    Ok(picked)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("sim_tcp: {e}");
+            }
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--no-single] [--list] [--json]");
+            return ExitCode::from(2);
+        }
+    };
+    let scenarios = match selected(&o) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sim_tcp: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if o.list {
+        for (i, s) in sim::tcp_scenarios().iter().enumerate() {
+            println!("{}: {}: {:?}", i + 1, s.name, s.links);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let schedulers = if o.schedulers.is_empty() {
+        vec!["adaptive".to_string()]
+    } else {
+        o.schedulers.clone()
+    };
+    if !o.json {
+        println!("{}", TcpReport::TABLE_HEADER);
+    }
+    for base in scenarios {
+        for cc in CcKind::ALL
+            .into_iter()
+            .filter(|c| o.cc.is_none_or(|w| w == *c))
+        {
+            let mut sc = base.clone().cc(cc);
+            if let Some(d) = o.duration {
+                sc = sc.duration(d);
+            }
+            if let Some(w) = o.warmup {
+                sc = sc.warmup(w);
+            }
+            if let Some(s) = o.seed {
+                sc = sc.seed(s);
+            }
+            if sc.warmup >= sc.duration {
+                eprintln!(
+                    "sim_tcp: the warm-up ({:?}) must be shorter than the run ({:?})",
+                    sc.warmup, sc.duration
+                );
+                return ExitCode::from(2);
+            }
+            // A lone link is alike both ways: one baseline per cc.
+            let single = o.single.then(|| sim::best_single_link(&sc));
+            for dir in Direction::ALL
+                .into_iter()
+                .filter(|d| o.dir.is_none_or(|w| w == *d))
+            {
+                for s in &schedulers {
+                    let mut r = sim::run_tcp(&sc.clone().direction(dir).scheduler(s));
+                    r.best_single = single.clone();
+                    if o.json {
+                        println!("{}", serde_json::to_string(&r).expect("report serializes"));
+                    } else {
+                        println!("{}", r.table_row());
+                    }
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,1015 @@
+//! A closed-loop TCP flow in the simulator: a bulk sender on one end's "TUN" and a receiver on
+//! the other, data one way and ACKs the other, over a [`Path`] (the bundle, or one bare link for
+//! the single-link baseline). Virtual time, seeded; no real TCP headers, since braid reads only
+//! the IP header of what it carries (for the flow hash and the size: packets of
+//! [`crate::endpoint::EQUALIZE_MIN_LEN`] bytes or more are held by delay equalisation, so data
+//! segments are and ACKs are not, as with a real TCP).
+//!
+//! The model, close to Linux:
+//! - data segments carry [`MSS`] bytes of payload in [`DATA_LEN`]-byte IP packets; ACKs are
+//!   [`ACK_LEN`] bytes plus 8 per SACK block (at most 3, the block holding the newest arrival
+//!   first, as RFC 2018 asks);
+//! - the receiver ACKs every second segment, at once when something is out of order or
+//!   duplicated, else after a 40 ms delayed-ACK timer;
+//! - the sender detects loss with RACK (RFC 8985): a segment is lost when one sent after it has
+//!   been delivered and `rack_rtt + reo_wnd` has passed since it was sent; `reo_wnd` is
+//!   `min_rtt / 4` once reordering has been seen, zero before that in recovery or once 3
+//!   segments are SACKed above the hole (the DupThresh rule); and with a retransmission timer
+//!   (RFC 6298, minimum 200 ms as Linux) that marks everything in flight lost;
+//! - delivery-rate samples per ACK as draft-cheng-iccrg-delivery-rate-estimation;
+//! - congestion control from [`super::cc`]: CUBIC (window-limited, unpaced, as Linux without
+//!   the fq qdisc) or BBR v1 (paced).
+//!
+//! Goodput is what the receiving application gets: unique payload bytes delivered in order,
+//! from the end of the warm-up to the end of the run.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use super::cc::{Ack, CcKind, CongestionControl, RateSample};
+use super::net::{drive, Bundle, BundleOptions, DirectPath, Path, Side, Traffic};
+use super::{LinkReport, LinkSpec};
+
+/// Payload bytes per segment (1500-byte packets with IPv4 and TCP headers and timestamps).
+pub const MSS: usize = 1448;
+/// IP length of a data segment.
+pub const DATA_LEN: usize = 1500;
+/// IP length of an ACK without SACK blocks (IPv4 + TCP with timestamps).
+pub const ACK_LEN: usize = 52;
+const SACK_BLOCK_LEN: usize = 8;
+const MAX_SACK_BLOCKS: usize = 3;
+const DELAYED_ACK: Duration = Duration::from_millis(40);
+const MIN_RTO: Duration = Duration::from_millis(200);
+const INIT_RTO: Duration = Duration::from_secs(1);
+const MAX_RTO: Duration = Duration::from_secs(60);
+/// Segments SACKed above a hole that make it lost at once (before reordering is seen).
+const DUP_THRESH: u64 = 3;
+
+/// Packet layout (after a 20-byte IPv4 header and 4 bytes of ports): kind, then for data the
+/// segment number, for an ACK the cumulative ACK (next expected segment), the block count and
+/// the SACK blocks as `u32` offsets from it.
+mod layout {
+    pub const KIND: usize = 24;
+    pub const SEQ: usize = 25;
+    pub const NBLOCKS: usize = 33;
+    pub const BLOCKS: usize = super::ACK_LEN;
+    pub const DATA: u8 = 1;
+    pub const ACK: u8 = 2;
+}
+
+/// Which way the data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Direction {
+    /// Client to server.
+    Upload,
+    /// Server to client.
+    Download,
+}
+
+impl Direction {
+    pub const ALL: [Direction; 2] = [Direction::Upload, Direction::Download];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Direction> {
+        Direction::ALL.into_iter().find(|d| d.name() == s)
+    }
+    fn data_from(self) -> Side {
+        match self {
+            Direction::Upload => Side::Client,
+            Direction::Download => Side::Server,
+        }
+    }
+}
+
+/// An IPv4 header for one TCP flow (198.19.0.1 port 40001 <-> 198.19.0.2 port 5001).
+fn ip_header(buf: &mut [u8], from: Side) {
+    let (a, b) = ([198, 19, 0, 1], [198, 19, 0, 2]);
+    let (src, dst, sport, dport) = match from {
+        Side::Client => (a, b, 40001u16, 5001u16),
+        Side::Server => (b, a, 5001, 40001),
+    };
+    buf[0] = 0x45;
+    let len = buf.len() as u16;
+    buf[2..4].copy_from_slice(&len.to_be_bytes());
+    buf[8] = 64;
+    buf[9] = 6;
+    buf[12..16].copy_from_slice(&src);
+    buf[16..20].copy_from_slice(&dst);
+    buf[20..22].copy_from_slice(&sport.to_be_bytes());
+    buf[22..24].copy_from_slice(&dport.to_be_bytes());
+}
+
+fn read_u64(p: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(p.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn read_u32(p: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// An ACK's content: cumulative ACK and SACK blocks `[start, end)`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct AckInfo {
+    cum: u64,
+    blocks: Vec<(u64, u64)>,
+}
+
+impl AckInfo {
+    fn parse(p: &[u8]) -> Option<AckInfo> {
+        let cum = read_u64(p, layout::SEQ)?;
+        let n = (*p.get(layout::NBLOCKS)? as usize).min(MAX_SACK_BLOCKS);
+        let blocks = (0..n)
+            .map(|i| {
+                let at = layout::BLOCKS + i * SACK_BLOCK_LEN;
+                let s = read_u32(p, at)?;
+                let e = read_u32(p, at + 4)?;
+                Some((cum + u64::from(s), cum + u64::from(e)))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(AckInfo { cum, blocks })
+    }
+
+    fn emit(&self, from: Side) -> Vec<u8> {
+        let mut p = vec![0u8; ACK_LEN + self.blocks.len() * SACK_BLOCK_LEN];
+        ip_header(&mut p, from);
+        p[layout::KIND] = layout::ACK;
+        p[layout::SEQ..layout::SEQ + 8].copy_from_slice(&self.cum.to_be_bytes());
+        p[layout::NBLOCKS] = self.blocks.len() as u8;
+        for (i, &(s, e)) in self.blocks.iter().enumerate() {
+            let at = layout::BLOCKS + i * SACK_BLOCK_LEN;
+            p[at..at + 4].copy_from_slice(&((s - self.cum) as u32).to_be_bytes());
+            p[at + 4..at + 8].copy_from_slice(&((e - self.cum) as u32).to_be_bytes());
+        }
+        p
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    InFlight,
+    Lost,
+    Delivered,
+}
+
+/// What the sender remembers of one segment's latest transmission.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    sent: Duration,
+    /// Connection delivery state when it was sent (for rate samples).
+    delivered: u64,
+    delivered_time: Duration,
+    first_sent_time: Duration,
+    retransmitted: bool,
+    fate: Fate,
+}
+
+/// Loss recovery the sender is in, until `snd_una` reaches the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// Fast recovery after RACK found a loss.
+    Fast(u64),
+    /// After a retransmission timeout.
+    Timeout(u64),
+}
+
+/// The in-progress rate sample of one ACK.
+#[derive(Debug, Clone, Copy)]
+struct RateProbe {
+    prior_delivered: u64,
+    send_elapsed: Duration,
+    ack_elapsed: Duration,
+}
+
+/// The bulk sender: always has data, limited by the congestion window and the pacing rate.
+struct Sender {
+    side: Side,
+    warmup: Duration,
+    cc: Box<dyn CongestionControl>,
+    segs: Vec<Segment>,
+    snd_una: u64,
+    in_flight: u64,
+    /// Delivered segments at or above `snd_una`.
+    sacked_out: u64,
+    /// Marked lost, not yet retransmitted.
+    lost: BTreeSet<u64>,
+    /// (segment, send time) in transmission order; stale entries are skipped.
+    tsorted: VecDeque<(u64, Duration)>,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    min_rtt: Option<Duration>,
+    rto: Duration,
+    rto_at: Option<Duration>,
+    rack_xmit: Option<(Duration, u64)>,
+    rack_rtt: Duration,
+    rack_timer: Option<Duration>,
+    reordering_seen: bool,
+    /// One past the highest segment delivered.
+    fack: u64,
+    delivered: u64,
+    delivered_time: Duration,
+    first_sent_time: Duration,
+    recovery: Option<Recovery>,
+    next_send: Duration,
+    retransmits: u64,
+    rtos: u64,
+    packet: Vec<u8>,
+}
+
+impl Sender {
+    fn new(side: Side, cc: Box<dyn CongestionControl>, start: Duration, warmup: Duration) -> Self {
+        let mut packet = vec![0u8; DATA_LEN];
+        ip_header(&mut packet, side);
+        packet[layout::KIND] = layout::DATA;
+        Sender {
+            side,
+            warmup,
+            cc,
+            segs: Vec::new(),
+            snd_una: 0,
+            in_flight: 0,
+            sacked_out: 0,
+            lost: BTreeSet::new(),
+            tsorted: VecDeque::new(),
+            srtt: None,
+            rttvar: Duration::ZERO,
+            min_rtt: None,
+            rto: INIT_RTO,
+            rto_at: None,
+            rack_xmit: None,
+            rack_rtt: Duration::ZERO,
+            rack_timer: None,
+            reordering_seen: false,
+            fack: 0,
+            delivered: 0,
+            delivered_time: Duration::ZERO,
+            first_sent_time: Duration::ZERO,
+            recovery: None,
+            next_send: start,
+            retransmits: 0,
+            rtos: 0,
+            packet,
+        }
+    }
+
+    fn snd_nxt(&self) -> u64 {
+        self.segs.len() as u64
+    }
+
+    fn can_send(&self) -> bool {
+        self.in_flight < self.cc.cwnd()
+    }
+
+    fn next_wakeup(&self) -> Option<Duration> {
+        let send = self.can_send().then_some(self.next_send);
+        [self.rto_at, self.rack_timer, send]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
+        if self.rto_at.is_some_and(|t| t <= now) {
+            self.on_rto(now);
+        }
+        if self.rack_timer.is_some_and(|t| t <= now) {
+            let lost = self.detect_loss(now);
+            self.enter_recovery(now, lost);
+        }
+        self.send(now, path);
+    }
+
+    /// Sends what the window and the pacing rate allow: retransmissions first.
+    fn send<P: Path>(&mut self, now: Duration, path: &mut P) {
+        while now >= self.next_send && self.can_send() {
+            let seq = self.lost.pop_first().unwrap_or(self.snd_nxt());
+            self.transmit(now, seq, path);
+            if let Some(rate) = self.cc.pacing_rate() {
+                self.next_send = self.next_send.max(now) + Duration::from_secs_f64(1.0 / rate);
+            }
+        }
+    }
+
+    fn transmit<P: Path>(&mut self, now: Duration, seq: u64, path: &mut P) {
+        if self.in_flight == 0 {
+            self.first_sent_time = now;
+            self.delivered_time = now;
+        }
+        let seg = Segment {
+            sent: now,
+            delivered: self.delivered,
+            delivered_time: self.delivered_time,
+            first_sent_time: self.first_sent_time,
+            retransmitted: seq < self.snd_nxt(),
+            fate: Fate::InFlight,
+        };
+        if seg.retransmitted {
+            self.segs[seq as usize] = seg;
+            if now >= self.warmup {
+                self.retransmits += 1;
+            }
+        } else {
+            self.segs.push(seg);
+        }
+        self.in_flight += 1;
+        self.tsorted.push_back((seq, now));
+        if seq == self.snd_una && seg.retransmitted {
+            // As Linux: retransmitting the head restarts the timer, or a recovery longer than
+            // one RTO would end in a spurious timeout.
+            self.rto_at = Some(now + self.rto);
+        }
+        self.rto_at.get_or_insert(now + self.rto);
+        self.packet[layout::SEQ..layout::SEQ + 8].copy_from_slice(&seq.to_be_bytes());
+        path.send(now, self.side, &self.packet);
+    }
+
+    fn on_ack<P: Path>(&mut self, now: Duration, ack: &AckInfo, path: &mut P) {
+        let prior_in_flight = self.in_flight;
+        let cum = ack.cum.min(self.snd_nxt());
+        let mut acked = 0;
+        let mut probe: Option<RateProbe> = None;
+        let mut rtt: Option<(Duration, Duration)> = None;
+        let ranges = std::iter::once((self.snd_una, cum)).chain(ack.blocks.iter().copied());
+        for (s, e) in ranges.collect::<Vec<_>>() {
+            for seq in s.max(self.snd_una)..e.min(self.snd_nxt()) {
+                if self.deliver(now, seq, &mut probe, &mut rtt) {
+                    acked += 1;
+                }
+            }
+        }
+        if cum > self.snd_una {
+            self.sacked_out -= cum - self.snd_una;
+            self.snd_una = cum;
+            self.rto_at = (self.in_flight > 0).then_some(now + self.rto);
+        }
+        let rtt = rtt.map(|(_, r)| r);
+        if let Some(r) = rtt {
+            self.update_rtt(r);
+        }
+        let lost = self.detect_loss(now);
+        self.update_recovery(now, lost);
+        let sample = Ack {
+            acked,
+            lost,
+            rtt,
+            prior_in_flight,
+            in_flight: self.in_flight,
+            delivered: self.delivered,
+            rate: probe.and_then(|p| self.rate_sample(p)),
+            in_recovery: matches!(self.recovery, Some(Recovery::Fast(_))),
+        };
+        self.cc.on_ack(now, &sample);
+        self.send(now, path);
+    }
+
+    /// Marks `seq` delivered (true if it was not already) and folds it into the rate sample,
+    /// the RTT sample (the newest segment sent once) and RACK's state.
+    fn deliver(
+        &mut self,
+        now: Duration,
+        seq: u64,
+        probe: &mut Option<RateProbe>,
+        rtt: &mut Option<(Duration, Duration)>,
+    ) -> bool {
+        let seg = self.segs[seq as usize];
+        match seg.fate {
+            Fate::Delivered => return false,
+            Fate::InFlight => self.in_flight -= 1,
+            Fate::Lost => {
+                self.lost.remove(&seq);
+            }
+        }
+        self.segs[seq as usize].fate = Fate::Delivered;
+        self.sacked_out += 1;
+        self.delivered += 1;
+        self.delivered_time = now;
+        if probe.is_none_or(|p| seg.delivered >= p.prior_delivered) {
+            *probe = Some(RateProbe {
+                prior_delivered: seg.delivered,
+                send_elapsed: seg.sent.saturating_sub(seg.first_sent_time),
+                ack_elapsed: now.saturating_sub(seg.delivered_time),
+            });
+            self.first_sent_time = seg.sent;
+        }
+        let seg_rtt = now.saturating_sub(seg.sent);
+        if !seg.retransmitted {
+            if rtt.is_none_or(|(sent, _)| seg.sent > sent) {
+                *rtt = Some((seg.sent, seg_rtt));
+            }
+            if seq < self.fack {
+                self.reordering_seen = true;
+            }
+        }
+        let ambiguous = seg.retransmitted && self.min_rtt.is_some_and(|m| seg_rtt < m);
+        if !ambiguous && self.rack_xmit.is_none_or(|x| (seg.sent, seq) > x) {
+            self.rack_xmit = Some((seg.sent, seq));
+            self.rack_rtt = seg_rtt;
+        }
+        self.fack = self.fack.max(seq + 1);
+        true
+    }
+
+    fn rate_sample(&self, p: RateProbe) -> Option<RateSample> {
+        let interval = p.send_elapsed.max(p.ack_elapsed);
+        if interval.is_zero() || self.min_rtt.is_some_and(|m| interval < m) {
+            return None;
+        }
+        Some(RateSample {
+            delivered: self.delivered - p.prior_delivered,
+            interval,
+            prior_delivered: p.prior_delivered,
+        })
+    }
+
+    /// RFC 6298.
+    fn update_rtt(&mut self, r: Duration) {
+        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(r);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + r) / 8);
+            }
+        }
+        let srtt = self.srtt.unwrap_or(r);
+        self.rto = (srtt + self.rttvar * 4).clamp(MIN_RTO, MAX_RTO);
+    }
+
+    fn reo_wnd(&self) -> Duration {
+        if !self.reordering_seen && (self.recovery.is_some() || self.sacked_out >= DUP_THRESH) {
+            return Duration::ZERO;
+        }
+        let quarter = self.min_rtt.unwrap_or_default() / 4;
+        quarter.min(self.srtt.unwrap_or(quarter))
+    }
+
+    /// RACK: marks lost every segment sent before the newest delivered one whose time is up;
+    /// arms the timer for the next one. Returns how many were marked.
+    fn detect_loss(&mut self, now: Duration) -> u64 {
+        self.rack_timer = None;
+        let Some(newest) = self.rack_xmit else {
+            return 0;
+        };
+        let reo_wnd = self.reo_wnd();
+        let mut lost = 0;
+        while let Some(&(seq, sent)) = self.tsorted.front() {
+            let seg = &mut self.segs[seq as usize];
+            if seg.fate != Fate::InFlight || seg.sent != sent {
+                self.tsorted.pop_front();
+                continue;
+            }
+            if (sent, seq) >= newest {
+                break;
+            }
+            let deadline = sent + self.rack_rtt + reo_wnd;
+            if deadline > now {
+                self.rack_timer = Some(deadline);
+                break;
+            }
+            seg.fate = Fate::Lost;
+            self.in_flight -= 1;
+            self.lost.insert(seq);
+            self.tsorted.pop_front();
+            lost += 1;
+        }
+        lost
+    }
+
+    fn update_recovery(&mut self, now: Duration, lost: u64) {
+        if let Some(Recovery::Fast(point) | Recovery::Timeout(point)) = self.recovery {
+            if self.snd_una >= point {
+                self.recovery = None;
+                self.cc.on_recovery_end(now);
+            }
+        }
+        self.enter_recovery(now, lost);
+    }
+
+    fn enter_recovery(&mut self, now: Duration, lost: u64) {
+        if lost > 0 && self.recovery.is_none() {
+            self.recovery = Some(Recovery::Fast(self.snd_nxt()));
+            self.cc.on_recovery_start(now, self.in_flight);
+        }
+    }
+
+    /// RFC 6298 5.4-5.6: everything in flight is lost; back off.
+    fn on_rto(&mut self, now: Duration) {
+        if now >= self.warmup {
+            self.rtos += 1;
+        }
+        for seq in self.snd_una..self.snd_nxt() {
+            let seg = &mut self.segs[seq as usize];
+            if seg.fate == Fate::InFlight {
+                seg.fate = Fate::Lost;
+                self.lost.insert(seq);
+            }
+        }
+        self.in_flight = 0;
+        self.tsorted.clear();
+        self.rack_timer = None;
+        self.recovery = Some(Recovery::Timeout(self.snd_nxt()));
+        self.cc.on_rto(now);
+        self.rto = (self.rto * 2).min(MAX_RTO);
+        self.rto_at = None;
+        self.next_send = self.next_send.min(now);
+    }
+}
+
+/// The receiver: in-order delivery to the application, SACK generation, and the measurements.
+struct Receiver {
+    side: Side,
+    rcv_nxt: u64,
+    /// Out-of-order ranges `[start, end)` above `rcv_nxt`.
+    ooo: BTreeMap<u64, u64>,
+    newest: u64,
+    unacked: u32,
+    delack_at: Option<Duration>,
+    warmup: Duration,
+    /// Segments delivered to the application after the warm-up.
+    measured: u64,
+    last_delivery: Option<Duration>,
+    longest_stall: Duration,
+}
+
+impl Receiver {
+    fn new(side: Side, warmup: Duration) -> Self {
+        Receiver {
+            side,
+            rcv_nxt: 0,
+            ooo: BTreeMap::new(),
+            newest: 0,
+            unacked: 0,
+            delack_at: None,
+            warmup,
+            measured: 0,
+            last_delivery: None,
+            longest_stall: Duration::ZERO,
+        }
+    }
+
+    fn next_wakeup(&self) -> Option<Duration> {
+        self.delack_at
+    }
+
+    fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
+        if self.delack_at.is_some_and(|t| t <= now) {
+            self.send_ack(now, path);
+        }
+    }
+
+    fn holds(&self, seq: u64) -> bool {
+        seq < self.rcv_nxt
+            || self
+                .ooo
+                .range(..=seq)
+                .next_back()
+                .is_some_and(|(_, &e)| seq < e)
+    }
+
+    fn on_data<P: Path>(&mut self, now: Duration, seq: u64, path: &mut P) {
+        let duplicate = self.holds(seq);
+        let in_order = seq == self.rcv_nxt;
+        let had_holes = !self.ooo.is_empty();
+        if in_order {
+            self.rcv_nxt += 1;
+            while let Some(e) = self.ooo.remove(&self.rcv_nxt) {
+                self.rcv_nxt = e;
+            }
+            self.delivered_to_app(now, self.rcv_nxt - seq);
+        } else if !duplicate {
+            self.insert_ooo(seq);
+        }
+        self.newest = seq;
+        self.unacked += 1;
+        if duplicate || !in_order || had_holes || self.unacked >= 2 {
+            self.send_ack(now, path);
+        } else {
+            self.delack_at.get_or_insert(now + DELAYED_ACK);
+        }
+    }
+
+    fn insert_ooo(&mut self, seq: u64) {
+        let mut start = seq;
+        let mut end = seq + 1;
+        if let Some((&s, &e)) = self.ooo.range(..seq).next_back() {
+            if e == seq {
+                start = s;
+            }
+        }
+        if let Some(e) = self.ooo.remove(&end) {
+            end = e;
+        }
+        self.ooo.insert(start, end);
+    }
+
+    fn delivered_to_app(&mut self, now: Duration, segments: u64) {
+        if now >= self.warmup {
+            self.measured += segments;
+            let since = self.last_delivery.unwrap_or(self.warmup).max(self.warmup);
+            self.longest_stall = self.longest_stall.max(now - since);
+        }
+        self.last_delivery = Some(now);
+    }
+
+    fn send_ack<P: Path>(&mut self, now: Duration, path: &mut P) {
+        let mut blocks: Vec<(u64, u64)> = Vec::with_capacity(MAX_SACK_BLOCKS);
+        let newest = self
+            .ooo
+            .range(..=self.newest)
+            .next_back()
+            .filter(|(_, &e)| self.newest < e)
+            .map(|(&s, &e)| (s, e));
+        blocks.extend(newest);
+        for (&s, &e) in self.ooo.iter().rev() {
+            if blocks.len() == MAX_SACK_BLOCKS {
+                break;
+            }
+            if Some((s, e)) != newest {
+                blocks.push((s, e));
+            }
+        }
+        let ack = AckInfo {
+            cum: self.rcv_nxt,
+            blocks,
+        };
+        self.unacked = 0;
+        self.delack_at = None;
+        path.send(now, self.side, &ack.emit(self.side));
+    }
+}
+
+/// One bulk TCP flow between the two TUNs.
+struct TcpFlow {
+    sender: Sender,
+    receiver: Receiver,
+}
+
+impl Traffic for TcpFlow {
+    fn next_wakeup(&self) -> Option<Duration> {
+        [self.sender.next_wakeup(), self.receiver.next_wakeup()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
+        self.receiver.on_timer(now, path);
+        self.sender.on_timer(now, path);
+    }
+
+    fn on_deliver<P: Path>(&mut self, now: Duration, to: Side, p: &[u8], path: &mut P) {
+        match p.get(layout::KIND) {
+            Some(&layout::DATA) if to == self.receiver.side => {
+                if let Some(seq) = read_u64(p, layout::SEQ) {
+                    self.receiver.on_data(now, seq, path);
+                }
+            }
+            Some(&layout::ACK) if to == self.sender.side => {
+                if let Some(ack) = AckInfo::parse(p) {
+                    self.sender.on_ack(now, &ack, path);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A TCP scenario: one bulk flow over the bundle of `links`.
+#[derive(Debug, Clone)]
+pub struct TcpScenario {
+    pub name: String,
+    pub links: Vec<LinkSpec>,
+    pub cc: CcKind,
+    pub direction: Direction,
+    pub scheduler: String,
+    pub duration: Duration,
+    /// Goodput and counters from here on (slow start, learning before).
+    pub warmup: Duration,
+    /// The flow starts here (the bundle's handshake is done by then).
+    pub start: Duration,
+    pub seed: u64,
+    /// Bound of delay equalisation at both ends (default
+    /// [`crate::endpoint::DEFAULT_EQUALIZE_MAX`]; zero turns it off).
+    pub equalize_max: Option<Duration>,
+}
+
+impl TcpScenario {
+    pub fn new(name: &str, links: Vec<LinkSpec>) -> Self {
+        TcpScenario {
+            name: name.to_string(),
+            links,
+            cc: CcKind::Cubic,
+            direction: Direction::Upload,
+            scheduler: "adaptive".to_string(),
+            duration: Duration::from_secs(20),
+            warmup: Duration::from_secs(5),
+            start: Duration::from_secs(1),
+            seed: 1,
+            equalize_max: None,
+        }
+    }
+    pub fn cc(mut self, cc: CcKind) -> Self {
+        self.cc = cc;
+        self
+    }
+    pub fn direction(mut self, d: Direction) -> Self {
+        self.direction = d;
+        self
+    }
+    pub fn scheduler(mut self, s: &str) -> Self {
+        self.scheduler = s.to_string();
+        self
+    }
+    pub fn duration(mut self, d: Duration) -> Self {
+        self.duration = d;
+        self
+    }
+    pub fn warmup(mut self, d: Duration) -> Self {
+        self.warmup = d;
+        self
+    }
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+    pub fn equalize_max(mut self, d: Duration) -> Self {
+        self.equalize_max = Some(d);
+        self
+    }
+    pub fn sum_rate_bps(&self) -> f64 {
+        self.links.iter().map(|l| l.rate_bps as f64).sum()
+    }
+
+    fn flow(&self) -> TcpFlow {
+        let from = self.direction.data_from();
+        TcpFlow {
+            sender: Sender::new(from, self.cc.build(self.seed), self.start, self.warmup),
+            receiver: Receiver::new(from.other(), self.warmup),
+        }
+    }
+
+    fn report(&self, flow: &TcpFlow, links: Vec<LinkReport>) -> TcpReport {
+        let window = self.duration.saturating_sub(self.warmup);
+        let r = &flow.receiver;
+        let tail = r
+            .last_delivery
+            .map_or(window, |l| self.duration.saturating_sub(l.max(self.warmup)));
+        let goodput_bps = r.measured as f64 * MSS as f64 * 8.0 / window.as_secs_f64();
+        TcpReport {
+            name: self.name.clone(),
+            cc: self.cc,
+            direction: self.direction,
+            scheduler: self.scheduler.clone(),
+            sum_rate_bps: self.sum_rate_bps(),
+            goodput_bps,
+            of_sum: goodput_bps / self.sum_rate_bps(),
+            best_single: None,
+            retransmits: flow.sender.retransmits,
+            rtos: flow.sender.rtos,
+            longest_stall_ms: r.longest_stall.max(tail).as_secs_f64() * 1e3,
+            links,
+        }
+    }
+}
+
+/// The best a flow does over one link alone, without braid.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SingleLink {
+    /// Index in the scenario's links.
+    pub link: usize,
+    pub goodput_bps: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TcpReport {
+    pub name: String,
+    pub cc: CcKind,
+    pub direction: Direction,
+    /// `direct` for a run over one bare link.
+    pub scheduler: String,
+    /// Sum of the nominal link rates (IP bits per second).
+    pub sum_rate_bps: f64,
+    /// Payload bits per second delivered in order to the receiving application.
+    pub goodput_bps: f64,
+    /// `goodput_bps / sum_rate_bps`.
+    pub of_sum: f64,
+    /// Filled in by [`with_best_single_link`].
+    pub best_single: Option<SingleLink>,
+    /// Segments sent again after the warm-up.
+    pub retransmits: u64,
+    /// Retransmission timeouts after the warm-up.
+    pub rtos: u64,
+    /// Longest time after the warm-up with nothing delivered to the receiving application.
+    pub longest_stall_ms: f64,
+    /// Per link, in the data's direction: share of the data packets, drops.
+    pub links: Vec<LinkReport>,
+}
+
+impl TcpReport {
+    /// Goodput over the best single link's, if known.
+    pub fn vs_best_single(&self) -> Option<f64> {
+        self.best_single
+            .as_ref()
+            .map(|b| self.goodput_bps / b.goodput_bps)
+    }
+
+    pub const TABLE_HEADER: &'static str = "| scenario | cc | direction | scheduler | sum Mbit/s | goodput Mbit/s | of sum | best single link Mbit/s | vs best single | retransmits | RTOs | longest stall ms | share % per link |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+
+    pub fn table_row(&self) -> String {
+        let shares = self
+            .links
+            .iter()
+            .map(|l| format!("{:.0}", l.share * 100.0))
+            .collect::<Vec<_>>()
+            .join("/");
+        let (best, vs) = match (&self.best_single, self.vs_best_single()) {
+            (Some(b), Some(v)) => (
+                format!("{:.2} (link {})", b.goodput_bps / 1e6, b.link + 1),
+                format!("{:.0}%", v * 100.0),
+            ),
+            _ => ("-".to_string(), "-".to_string()),
+        };
+        format!(
+            "| {} | {} | {} | {} | {:.1} | {:.2} | {:.1}% | {} | {} | {} | {} | {:.0} | {} |",
+            self.name,
+            self.cc.name(),
+            self.direction.name(),
+            self.scheduler,
+            self.sum_rate_bps / 1e6,
+            self.goodput_bps / 1e6,
+            self.of_sum * 100.0,
+            best,
+            vs,
+            self.retransmits,
+            self.rtos,
+            self.longest_stall_ms,
+            shares,
+        )
+    }
+}
+
+/// Runs the flow over the bundle of the scenario's links.
+pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
+    let opts = BundleOptions {
+        scheduler: sc.scheduler.clone(),
+        seed: sc.seed,
+        probe_interval: None,
+        equalize_max: sc.equalize_max,
+        warmup: sc.warmup,
+    };
+    let mut bundle = Bundle::new(&sc.links, &opts);
+    let mut flow = sc.flow();
+    drive(&mut bundle, &mut flow, sc.duration);
+    let links = bundle.link_reports(sc.direction.data_from());
+    sc.report(&flow, links)
+}
+
+/// Runs the same flow over link `link` of the scenario alone, without braid.
+pub fn run_tcp_single(sc: &TcpScenario, link: usize) -> TcpReport {
+    let mut path = DirectPath::new(&sc.links[link], sc.seed);
+    let mut flow = sc.flow();
+    drive(&mut path, &mut flow, sc.duration);
+    let mut single = sc.clone();
+    single.links = vec![sc.links[link].clone()];
+    single.scheduler = "direct".to_string();
+    single.report(
+        &flow,
+        vec![LinkReport {
+            share: 1.0,
+            ..LinkReport::default()
+        }],
+    )
+}
+
+/// The best of [`run_tcp_single`] over each of the scenario's links.
+pub fn best_single_link(sc: &TcpScenario) -> SingleLink {
+    (0..sc.links.len())
+        .map(|i| SingleLink {
+            link: i,
+            goodput_bps: run_tcp_single(sc, i).goodput_bps,
+        })
+        .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
+        .expect("a scenario has links")
+}
+
+/// [`run_tcp`], with the best single link measured alongside.
+pub fn with_best_single_link(sc: &TcpScenario) -> TcpReport {
+    let mut r = run_tcp(sc);
+    r.best_single = Some(best_single_link(sc));
+    r
+}
+
+/// The link sets of issue 10 (each run with either congestion control, either way).
+pub fn tcp_scenarios() -> Vec<TcpScenario> {
+    let ms = Duration::from_millis;
+    vec![
+        TcpScenario::new(
+            "1+2+3 Mbit/s, 10 ms",
+            vec![
+                LinkSpec::new(1_000_000, ms(10)),
+                LinkSpec::new(2_000_000, ms(10)),
+                LinkSpec::new(3_000_000, ms(10)),
+            ],
+        ),
+        TcpScenario::new(
+            "10/20/50 Mbit/s, 5/20/40 ms",
+            vec![
+                LinkSpec::new(10_000_000, ms(5)),
+                LinkSpec::new(20_000_000, ms(20)),
+                LinkSpec::new(50_000_000, ms(40)),
+            ],
+        ),
+        TcpScenario::new(
+            "50/20/7 Mbit/s, 10/60/150 ms",
+            vec![
+                LinkSpec::new(50_000_000, ms(10)),
+                LinkSpec::new(20_000_000, ms(60)),
+                LinkSpec::new(7_000_000, ms(150)),
+            ],
+        ),
+        TcpScenario::new(
+            "2x20 Mbit/s, 10/40 ms, 1% loss on the 10 ms",
+            vec![
+                LinkSpec::new(20_000_000, ms(10)).loss(0.01),
+                LinkSpec::new(20_000_000, ms(40)),
+            ],
+        ),
+        TcpScenario::new(
+            "LTE 30 Mbit/s 30+-20 ms + DSL 10 Mbit/s 15 ms",
+            vec![
+                LinkSpec::new(30_000_000, ms(30)).jitter(ms(20)),
+                LinkSpec::new(10_000_000, ms(15)),
+            ],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path that keeps what is sent, for driving one end by hand.
+    #[derive(Default)]
+    struct Capture(Vec<Vec<u8>>);
+
+    impl Path for Capture {
+        fn send(&mut self, _now: Duration, _from: Side, packet: &[u8]) {
+            self.0.push(packet.to_vec());
+        }
+        fn next_wakeup(&self) -> Option<Duration> {
+            None
+        }
+        fn advance(&mut self, _now: Duration) {}
+        fn poll_deliver(&mut self, _now: Duration, _to: Side) -> Option<Vec<u8>> {
+            None
+        }
+    }
+
+    #[test]
+    fn ack_round_trips_and_stays_small() {
+        let ack = AckInfo {
+            cum: 1 << 40,
+            blocks: vec![
+                ((1 << 40) + 5, (1 << 40) + 9),
+                ((1 << 40) + 2, (1 << 40) + 3),
+            ],
+        };
+        let p = ack.emit(Side::Server);
+        assert_eq!(p.len(), ACK_LEN + 16);
+        assert!(p.len() < crate::endpoint::EQUALIZE_MIN_LEN);
+        assert_eq!(AckInfo::parse(&p), Some(ack));
+        assert_eq!(AckInfo::parse(&p[..40]), None);
+    }
+
+    #[test]
+    fn receiver_acks_every_second_segment_and_sacks_holes_newest_first() {
+        let mut path = Capture::default();
+        let mut r = Receiver::new(Side::Server, Duration::ZERO);
+        let t = Duration::from_millis(1);
+        r.on_data(t, 0, &mut path);
+        assert!(path.0.is_empty(), "first in-order segment: delayed");
+        r.on_data(t, 1, &mut path);
+        assert_eq!(path.0.len(), 1);
+        // 2 is lost; 3 and 5 arrive, then 6.
+        for seq in [3, 5, 6] {
+            r.on_data(t, seq, &mut path);
+        }
+        let last = AckInfo::parse(path.0.last().unwrap()).unwrap();
+        assert_eq!(path.0.len(), 4, "out of order: ACK at once");
+        assert_eq!(last.cum, 2);
+        assert_eq!(last.blocks, vec![(5, 7), (3, 4)]);
+        // The hole fills: everything up to 7 goes to the application.
+        r.on_data(t, 2, &mut path);
+        r.on_data(t, 4, &mut path);
+        assert_eq!(AckInfo::parse(path.0.last().unwrap()).unwrap().cum, 7);
+        assert_eq!(r.measured, 7);
+    }
+}
