@@ -5,7 +5,7 @@
 #
 #   scripts/bench-vs-mptcp.sh [SECONDS] [SCENARIO...]     (as root; needs mptcpize)
 #   SCENARIOS: default 10-20-50 ratio7 lossy lte   (default: all)
-#   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" scripts/bench-vs-mptcp.sh 20
+#   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" BRAID=/tmp/braid scripts/bench-vs-mptcp.sh 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-20}
@@ -18,8 +18,11 @@ EXTRA=${EXTRA:-}
 OUT=${OUT:-$(mktemp -d /tmp/braid-vs-mptcp.XXXXXX)}
 mkdir -p "$OUT"
 command -v mptcpize >/dev/null || { apt-get install -y -qq mptcpize >/dev/null; }
-cargo build --release -q
-BRAID=target/release/braid
+# BRAID=path runs that binary (e.g. a copy, so that a rebuild cannot change it mid-run).
+if [ -z "${BRAID:-}" ]; then
+  cargo build --release -q
+  BRAID=target/release/braid
+fi
 
 links() {
   case $1 in
