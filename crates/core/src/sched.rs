@@ -621,14 +621,17 @@ impl Scheduler for Adaptive {
             limit = limit.max(v.srtt.unwrap_or(Duration::ZERO));
             let queue = st.queue_time(len, v);
             // When the peer equalises, a packet is delivered no sooner than `floor` whichever
-            // link brings it; among the links that make it by then, the least queued (relative
-            // to its rate) wins: the bundle then fills its links in proportion to their rates,
-            // as one link of their summed rate would, instead of queueing on the fastest ones.
-            let mut arrival = (queue + v.owd.as_secs_f64()).max(floor);
+            // link brings it: the wait behind the link's queue matters only beyond that, and
+            // among the links that make it, the one that puts the packet on the wire soonest
+            // (least queued relative to its rate) wins. The bundle then fills its links in
+            // proportion to their rates, as one link of their summed rate would, instead of
+            // queueing on the fastest ones first.
+            let tx = st.queue_time(len, v) - st.queue_time(0, v);
+            let mut arrival = (queue - tx + v.owd.as_secs_f64()).max(floor) + tx;
             if v.state == LinkState::Degraded {
                 arrival += DEGRADED_PENALTY.as_secs_f64();
             }
-            if best.is_none_or(|(_, a, q)| arrival < a || (arrival == a && queue < q)) {
+            if best.is_none_or(|(_, a, _)| arrival < a) {
                 best = Some((i, arrival, queue));
             }
         }
@@ -1018,6 +1021,47 @@ mod tests {
         // 2 Mbit/s: the 5 ms link never queues 15 ms worth, so it takes everything.
         let b = offer(&mut s, t0, &links, 2_000, 1250, 2e6);
         assert_eq!(b, vec![2_000 * 1250, 0, 0]);
+    }
+
+    #[test]
+    fn adaptive_under_equalisation_fills_links_by_rate_at_light_load() {
+        let t0 = Instant::now();
+        let links = three_links();
+        let mut s = Adaptive::default();
+        s.set_equalization(Duration::from_millis(100), 300);
+        // The peer holds bulk packets until the 40 ms link would have brought them, so every
+        // link delivers at the same time: at light load the packet goes where it is on the wire
+        // soonest (the fastest rate, here never queued), not to the lowest delay...
+        let b = offer(&mut s, t0, &links, 2_000, 1250, 8e6);
+        assert_eq!(b, vec![0, 0, 2_000 * 1250]);
+        // ...and a load above two links' rates takes the third at once, with no link queueing
+        // ahead of the others (earliest arrival without equalisation fills the 5 ms link up to
+        // 15 ms of queue first).
+        let b = offer(
+            &mut s,
+            t0 + Duration::from_secs(1),
+            &links,
+            20_000,
+            1250,
+            72e6,
+        );
+        assert_eq!(b.iter().sum::<u64>(), 20_000 * 1250, "{b:?}");
+        assert!(b.iter().all(|&x| x > 0), "{b:?}");
+        for l in &links {
+            let q = s.backlog_bytes(l.id).unwrap() * 8.0 / s.rate_bps(l.id).unwrap();
+            assert!(q < 0.002, "link {} queues {:.1} ms", l.id, q * 1e3);
+        }
+        // Small packets (acks), which the peer does not hold, still take the earliest link.
+        let b = offer(&mut s, t0 + Duration::from_secs(2), &links, 100, 100, 1e5);
+        assert_eq!(b, vec![100 * 100, 0, 0]);
+        // A link further than the bound is not waited for: the floor is the 20 ms link's, and
+        // the 200 ms link is used only once the others queue that much.
+        let mut far = three_links();
+        far[2].owd = Duration::from_millis(200);
+        let mut s = Adaptive::default();
+        s.set_equalization(Duration::from_millis(100), 300);
+        let b = offer(&mut s, t0, &far, 2_000, 1250, 2e6);
+        assert_eq!(b, vec![0, 2_000 * 1250, 0]);
     }
 
     #[test]
