@@ -4,9 +4,11 @@
 //! - [`udp`]: link sockets with `recvmmsg`/`sendmmsg` batches, `SO_BINDTODEVICE`, big buffers;
 //! - [`netlink`]: interface address/MTU/up/delete through rtnetlink;
 //! - [`control`]: the control socket (server and client, one JSON object per line);
-//! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`.
+//! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`, and `braid_build_info`;
+//! - [`service`]: readiness and shutdown notices to systemd (`Type=notify` units).
 pub mod control;
 pub mod metrics;
 pub mod netlink;
+pub mod service;
 pub mod tun;
 pub mod udp;

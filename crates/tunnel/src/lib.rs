@@ -99,7 +99,15 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
             .map(|m| format!(", metrics http://{}/metrics", m.local_addr()))
             .unwrap_or_default()
     );
+    // TUN up, link sockets and control socket open: tell systemd (Type=notify) we serve.
+    braid_linux::service::ready(&format!(
+        "{} {:?}, {} link(s)",
+        cfg.name,
+        cfg.role,
+        cfg.links.len()
+    ));
     let result = runner.run();
+    braid_linux::service::stopping();
     drop(metrics);
     drop(control);
     drop(runner);
