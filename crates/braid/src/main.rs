@@ -93,8 +93,18 @@ fn keygen() -> anyhow::Result<()> {
 
 fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
     use clap::CommandFactory;
+    // clap_complete offers hidden subcommands too: complete from a copy without them (args and
+    // visible subcommands are all a completion needs).
+    let full = Cli::command();
+    let mut cmd = clap::Command::new("braid")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(full.get_arguments().cloned())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    if let Some(about) = full.get_about() {
+        cmd = cmd.about(about.clone());
+    }
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "braid", &mut out);
+    clap_complete::generate(shell, &mut cmd, "braid", &mut out);
     print_all(&out)
 }
 
