@@ -146,6 +146,9 @@ fn status(control: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(commit) = option_env!("BRAID_GIT_COMMIT") {
+        braid_linux::metrics::set_git_commit(commit); // for braid_build_info (see build.rs)
+    }
     init_logging(cli.log_level.as_deref());
     let result = match cli.cmd {
         Cmd::Keygen => keygen(),

@@ -266,8 +266,10 @@ fn balance_notifies_ready_and_stopping() {
     );
     assert!(
         body.contains(&format!(
-            "braid_build_info{{version=\"{}\",commit=\"",
-            env!("CARGO_PKG_VERSION")
+            "braid_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            // build.rs gives the binary and this test the same value.
+            option_env!("BRAID_GIT_COMMIT").unwrap_or("unknown")
         )),
         "{body}"
     );

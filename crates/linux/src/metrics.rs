@@ -10,11 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The git commit braid was built from (see `build.rs`), or "unknown".
-pub const GIT_COMMIT: &str = match option_env!("BRAID_GIT_COMMIT") {
-    Some(c) => c,
-    None => "unknown",
-};
+static GIT_COMMIT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Sets the git commit `braid_build_info` reports (the binary knows it from its build script);
+/// once, at start-up. Without it the commit is "unknown".
+pub fn set_git_commit(commit: &'static str) {
+    let _ = GIT_COMMIT.set(commit);
+}
+
+fn git_commit() -> &'static str {
+    GIT_COMMIT.get().copied().unwrap_or("unknown")
+}
 
 /// Registers `braid_build_info{version="...",commit="..."} 1` (the Prometheus convention for
 /// build facts: a constant gauge whose labels carry them, to join on or alert about mixed
@@ -26,7 +32,7 @@ pub fn register_build_info(registry: &mut prometheus_client::registry::Registry)
     let info: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
     info.get_or_create(&vec![
         ("version", env!("CARGO_PKG_VERSION")),
-        ("commit", GIT_COMMIT),
+        ("commit", git_commit()),
     ])
     .set(1);
     registry.register("braid_build_info", "braid's version and git commit", info);
@@ -161,8 +167,9 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         let want = format!(
-            "braid_build_info{{version=\"{}\",commit=\"{GIT_COMMIT}\"}} 1\n",
-            env!("CARGO_PKG_VERSION")
+            "braid_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            git_commit()
         );
         assert!(out.contains(&want), "{out}");
         assert!(out.contains("# TYPE braid_build_info gauge"), "{out}");

@@ -100,12 +100,12 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
     // TUN up, link sockets and control socket open: tell systemd (Type=notify) we serve.
-    braid_linux::service::ready(&format!(
-        "{} {:?}, {} link(s)",
-        cfg.name,
-        cfg.role,
-        cfg.links.len()
-    ));
+    let what = match (cfg.role, cfg.listen) {
+        (braid_core::endpoint::Role::Server, Some(l)) => format!("server on {l}"),
+        (braid_core::endpoint::Role::Server, None) => "server".to_string(),
+        (braid_core::endpoint::Role::Client, _) => format!("client, {} link(s)", cfg.links.len()),
+    };
+    braid_linux::service::ready(&format!("{} {what}", cfg.name));
     let result = runner.run();
     braid_linux::service::stopping();
     drop(metrics);

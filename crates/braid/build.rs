@@ -1,6 +1,8 @@
 //! Records the git commit braid is built from, for the `braid_build_info` metric: `BRAID_GIT_COMMIT`
 //! from the environment if set (packagers building from a tarball), else `git rev-parse HEAD` if
 //! this is a git checkout and git is installed, else nothing (the metric then says "unknown").
+//! It lives in the binary crate, the leaf of the build graph, so that a new commit recompiles
+//! main.rs only; main hands the value to `braid_linux::metrics::set_git_commit`.
 
 use std::path::Path;
 use std::process::Command;
