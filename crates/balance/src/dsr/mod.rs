@@ -428,3 +428,39 @@ fn forwarding_enabled(iface: &str, vip: IpAddr) -> bool {
         .map(|s| s.trim() == "1")
         .unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_becomes_dsr_metrics() {
+        let mut st = DsrStatus {
+            send_errors: 2,
+            socket_drops: 3,
+            active_flows: 5,
+            neighbors: vec![
+                ("198.18.0.11".parse().unwrap(), Some([2, 0, 0, 0, 0, 1])),
+                ("198.18.0.12".parse().unwrap(), None),
+            ],
+            ..DsrStatus::default()
+        };
+        st.stats.forwarded_packets = 7;
+        st.stats.dropped_no_mac = 1;
+        let mut root = prometheus_client::registry::Registry::default();
+        st.register_metrics(root.sub_registry_with_prefix("braid_balance_dsr"));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &root).unwrap();
+        for want in [
+            "braid_balance_dsr_forwarded_packets_total 7\n",
+            "braid_balance_dsr_dropped_total{reason=\"no_mac\"} 1\n",
+            "braid_balance_dsr_dropped_total{reason=\"send_error\"} 2\n",
+            "braid_balance_dsr_dropped_total{reason=\"socket_full\"} 3\n",
+            "braid_balance_dsr_flows{state=\"active\"} 5\n",
+            "braid_balance_dsr_backend_mac_known{backend=\"198.18.0.11\"} 1\n",
+            "braid_balance_dsr_backend_mac_known{backend=\"198.18.0.12\"} 0\n",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in\n{out}");
+        }
+    }
+}
