@@ -9,13 +9,14 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use braid_lb::{BackendTable, HealthParams};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Mode, Protocol};
+use crate::dsr::DsrStatus;
 
 /// Balancer-wide counters (per-backend ones live in the table).
 #[derive(Debug, Default)]
@@ -51,8 +52,6 @@ pub struct Counters {
     pub health_local_errors: AtomicU64,
 }
 
-type StatusExtra = (&'static str, Box<dyn Fn() -> Value + Send + Sync>);
-
 /// The shared state of a running balancer.
 pub struct Balancer {
     pub config: Config,
@@ -62,7 +61,8 @@ pub struct Balancer {
     /// Set by SIGINT/SIGTERM (or [`Balancer::stop`]): runtimes return soon after.
     pub stop: Arc<AtomicBool>,
     pub started: Instant,
-    extra: Mutex<Option<StatusExtra>>,
+    /// DSR mode: the data path's figures, for `status` (`"dsr"`) and the metrics.
+    dsr: OnceLock<Arc<Mutex<DsrStatus>>>,
 }
 
 impl Balancer {
@@ -85,7 +85,7 @@ impl Balancer {
             counters: Counters::default(),
             stop: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
-            extra: Mutex::new(None),
+            dsr: OnceLock::new(),
         }))
     }
 
@@ -102,13 +102,33 @@ impl Balancer {
         self.stop.store(true, Ordering::Relaxed);
     }
 
-    /// Lets a runtime add its own figures to `status` (under `key`, e.g. `"dsr"`).
-    pub fn set_status_extra(
-        &self,
-        key: &'static str,
-        f: impl Fn() -> Value + Send + Sync + 'static,
-    ) {
-        *self.extra.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, Box::new(f)));
+    /// Called by a runtime once its listeners (proxy) or its data path (DSR) are open: tells
+    /// systemd (Type=notify) that the balancer serves.
+    pub fn notify_ready(&self) {
+        let c = &self.config;
+        let on = match (c.listen, c.vip) {
+            (Some(l), _) => l.to_string(),
+            (None, Some(v)) => v.to_string(),
+            (None, None) => String::new(),
+        };
+        braid_linux::service::ready(&format!(
+            "balancer {} ({} {} {on}), {} backend(s)",
+            c.name,
+            c.mode.as_str(),
+            c.protocol.as_str(),
+            self.table().backends().len()
+        ));
+    }
+
+    /// DSR mode: shows the data path's figures (refreshed by the data path) in `status` and the
+    /// metrics. Once per balancer; a second call is ignored.
+    pub fn attach_dsr_status(&self, status: Arc<Mutex<DsrStatus>>) {
+        let _ = self.dsr.set(status);
+    }
+
+    fn dsr_status(&self) -> Option<DsrStatus> {
+        let s = self.dsr.get()?;
+        Some(s.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// Parses a backend address given to `braid backend ...` (DSR: a bare IP takes the VIP's port).
@@ -207,13 +227,8 @@ impl Balancer {
             },
             "stopping": self.stopping(),
         });
-        if let Some((key, f)) = self
-            .extra
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            v[*key] = f();
+        if let Some(d) = self.dsr_status() {
+            v["dsr"] = d.to_json();
         }
         v
     }
@@ -288,7 +303,10 @@ impl Balancer {
     }
 
     /// Prometheus text (OpenMetrics, via prometheus-client): per-backend state, weight,
-    /// connections and bytes; balancer totals.
+    /// connections and bytes; balancer totals; in DSR mode the data path's counters
+    /// (`braid_balance_dsr_*`); `braid_build_info`. Names follow the Prometheus naming guide
+    /// (`_total` counters, bytes); docs/balance.md lists them all, and a test checks that every
+    /// name exported is listed there.
     pub fn metrics_text(&self) -> String {
         use prometheus_client::encoding::text::encode;
         use prometheus_client::metrics::counter::Counter;
@@ -296,7 +314,9 @@ impl Balancer {
         use prometheus_client::metrics::gauge::Gauge;
         use prometheus_client::registry::Registry;
         type L = Vec<(String, String)>;
-        let mut reg = Registry::with_prefix("braid_balance");
+        let mut root = Registry::default();
+        braid_linux::metrics::register_build_info(&mut root);
+        let reg = root.sub_registry_with_prefix("braid_balance");
         let up: Family<L, Gauge> = Family::default();
         let weight: Family<L, Gauge> = Family::default();
         let active: Family<L, Gauge> = Family::default();
@@ -404,8 +424,11 @@ impl Balancer {
         tb.get_or_create(&vec![("direction".into(), "to_client".into())])
             .inc_by(c.bytes_out.load(Ordering::Relaxed));
         reg.register("bytes", "Bytes relayed, all backends", tb);
+        if let Some(d) = self.dsr_status() {
+            d.register_metrics(reg.sub_registry_with_prefix("dsr"));
+        }
         let mut out = String::new();
-        let _ = encode(&mut out, &reg);
+        let _ = encode(&mut out, &root);
         out
     }
 

@@ -77,6 +77,7 @@ pub fn run_balance(args: BalanceArgs) -> anyhow::Result<()> {
         Mode::Proxy => proxy::run(b.clone()),
         Mode::Dsr => run_dsr(&b),
     };
+    braid_linux::service::stopping();
     b.stop();
     let _ = health.join();
     result
@@ -113,16 +114,10 @@ fn run_dsr(b: &Arc<Balancer>) -> anyhow::Result<()> {
         },
     };
     let path = dsr::Dsr::open(settings)?;
+    // The socket is bound: frames for the VIP queue up from now on.
+    b.notify_ready();
     let status = Arc::new(std::sync::Mutex::new(dsr::DsrStatus::default()));
-    {
-        let status = status.clone();
-        b.set_status_extra("dsr", move || {
-            status
-                .lock()
-                .map(|s| s.to_json())
-                .unwrap_or(serde_json::Value::Null)
-        });
-    }
+    b.attach_dsr_status(status.clone());
     path.run(b.table.clone(), status, b.stop.clone())
 }
 

@@ -105,6 +105,8 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
                 .spawn(move || worker(b, shared, sock, listen))?,
         );
     }
+    // Every socket is bound and has its worker: clients can connect.
+    b.notify_ready();
     let mut result = Ok(());
     for t in threads {
         match t.join() {

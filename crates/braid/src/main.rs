@@ -2,6 +2,9 @@
 //!
 //! `clap` (derive) for the command line: subcommands and their arguments are defined next to the
 //! code that runs them (`braid-tunnel`, `braid-balance`, `braid-lab`) and composed here.
+//! `braid completions SHELL` (`clap_complete`) and `braid man` (`clap_mangen`) are generated from
+//! the same definitions, so they cannot disagree with `--help`; packaging
+//! (`scripts/build-deb.sh`) runs them to ship the man pages and completion files.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,12 +50,26 @@ enum Cmd {
     /// Add, remove, drain or re-weight backends of a running balancer.
     #[command(subcommand)]
     Backend(braid_balance::BackendCmd),
+    /// Print a shell completion script (e.g. `braid completions bash > /etc/bash_completion.d/braid`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page braid(1) as roff (`braid man | man -l -`), or write braid.1 and one
+    /// page per subcommand (braid-up.1, ...) into a directory.
+    Man {
+        /// Write the pages into this directory instead of printing braid(1).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Internal: processes the lab starts in its namespaces.
     #[command(subcommand, hide = true)]
     LabInternal(braid_lab::LabInternal),
 }
 
+/// Logs go to stderr; colours only when stderr is a terminal (not in journald or a file).
 fn init_logging(level: Option<&str>) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = match level {
         Some(l) => EnvFilter::try_new(l).unwrap_or_else(|_| EnvFilter::new("info")),
@@ -61,6 +78,7 @@ fn init_logging(level: Option<&str>) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -71,6 +89,45 @@ fn keygen() -> anyhow::Result<()> {
     rand::rngs::OsRng.fill_bytes(&mut key);
     println!("{}", base64::engine::general_purpose::STANDARD.encode(key));
     Ok(())
+}
+
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    // clap_complete offers hidden subcommands too: complete from a copy without them (args and
+    // visible subcommands are all a completion needs).
+    let full = Cli::command();
+    let mut cmd = clap::Command::new("braid")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(full.get_arguments().cloned())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    if let Some(about) = full.get_about() {
+        cmd = cmd.about(about.clone());
+    }
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "braid", &mut out);
+    print_all(&out)
+}
+
+fn man(dir: Option<PathBuf>) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    match dir {
+        None => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+            print_all(&out)
+        }
+        Some(dir) => clap_mangen::generate_to(Cli::command(), &dir)
+            .map_err(|e| anyhow::anyhow!("cannot write man pages into {}: {e}", dir.display())),
+    }
+}
+
+/// Writes generated text to stdout; a reader that stops early (`| head`) is not an error.
+fn print_all(text: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 fn status(control: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
@@ -89,6 +146,9 @@ fn status(control: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(commit) = option_env!("BRAID_GIT_COMMIT") {
+        braid_linux::metrics::set_git_commit(commit); // for braid_build_info (see build.rs)
+    }
     init_logging(cli.log_level.as_deref());
     let result = match cli.cmd {
         Cmd::Keygen => keygen(),
@@ -98,6 +158,8 @@ fn main() -> ExitCode {
         Cmd::Lab(args) => braid_lab::run_lab(args),
         Cmd::Balance(args) => braid_balance::run_balance(args),
         Cmd::Backend(cmd) => braid_balance::run_backend(cli.control, cmd),
+        Cmd::Completions { shell } => completions(shell),
+        Cmd::Man { dir } => man(dir),
         Cmd::LabInternal(cmd) => braid_lab::run_internal(cmd),
     };
     match result {

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/metrics_docs.rs"]
+mod metrics_docs;
+
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const VIP: &str = "198.18.0.100";
 const LB_IP: &str = "198.18.0.2";
@@ -489,7 +492,8 @@ impl Bed {
         let mut cfg = format!(
             "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"{protocol}\"\nvip = \"{vip}\"\n\
              interface = \"eth0\"\nalgorithm = \"maglev\"\n\
-             health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n",
+             health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n\
+             metrics = \"127.0.0.1:9151\"\n",
             self.control().display()
         );
         for i in backends {
@@ -558,6 +562,17 @@ impl Bed {
             return None;
         }
         serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The balancer's metrics (OpenMetrics text), scraped inside its namespace.
+    fn metrics(&self) -> String {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.ns("lb"), "curl", "-s", "-m", "5"])
+            .arg("http://127.0.0.1:9151/metrics")
+            .output()
+            .expect("curl");
+        assert!(o.status.success(), "metrics endpoint did not answer");
+        String::from_utf8(o.stdout).unwrap()
     }
 
     fn status(&self) -> Value {
@@ -692,6 +707,27 @@ fn dsr_spreads_new_connections_over_all_backends() {
         st["dsr"]["answered"].as_u64().unwrap() >= 1,
         "the client's ARP for the VIP was answered: {st}"
     );
+    // The metrics carry the data path's figures too (refreshed with the status), and are
+    // exactly those docs/balance.md lists (DSR mode exports every one).
+    let m = bed.metrics();
+    let forwarded: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("braid_balance_dsr_forwarded_packets_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no forwarded packets counter:\n{m}"));
+    assert!(forwarded >= 90 * 4, "{m}");
+    assert!(
+        m.contains("braid_balance_dsr_flows{state=\"active\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "braid_balance_dsr_backend_mac_known{{backend=\"{}\"}} 1",
+            Bed::backend_ip(1)
+        )),
+        "{m}"
+    );
+    metrics_docs::assert_documented(&m, "balance.md", "Metrics", |_| true);
     let totals: u64 = st["backends"]
         .as_array()
         .unwrap()

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/metrics_docs.rs"]
+mod metrics_docs;
+
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
 /// `scheduler = ...` line for both ends: the default (adaptive) unless
@@ -171,10 +174,15 @@ impl Net {
 
     /// Starts `braid up CONFIG` in namespace `ns`; its stderr goes to `<label>.log`.
     fn up(&mut self, label: &str, ns: &str, config: &Path) {
+        self.up_with_env(label, ns, config, &[]);
+    }
+
+    fn up_with_env(&mut self, label: &str, ns: &str, config: &Path, env: &[(&str, &Path)]) {
         let log = std::fs::File::create(self.path(&format!("{label}.log"))).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", ns, BRAID, "--log-level", "info", "up"])
             .arg(config)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -504,7 +512,8 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
         "braid_link_rtt_seconds{",
         "braid_link_loss_ratio{",
         "braid_link_state{bundle=\"braid0\",link=\"link2\",state=\"up\"} 1",
-        "braid_link_delivery_rate_bps{",
+        "braid_link_delivery_rate_bytes_per_second{",
+        "braid_build_info{version=",
         "braid_reorder_depth{",
         "braid_drops_total{bundle=\"braid0\",reason=\"auth\"} 0",
         "braid_tun_rx_packets_total{",
@@ -513,6 +522,8 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
     ] {
         assert!(m.contains(want), "metrics lack {want:?}:\n{m}");
     }
+    // Every name exported is in the guide's list, and every listed name is exported.
+    metrics_docs::assert_documented(&m, "guide.md", "Metrics", |_| true);
 
     // Clean shutdown: exit 0, TUN gone, control socket gone.
     let st = net.stop("client").expect("client did not exit on SIGTERM");
@@ -883,6 +894,59 @@ fn error_unreachable_server() {
     assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"])
         .status
         .success());
+}
+
+/// systemd `Type=notify` (see dist/systemd/braid@.service): with `NOTIFY_SOCKET` set, `braid up`
+/// sends READY=1 once the TUN device is up and the control socket answers, and STOPPING=1 on
+/// SIGTERM, then exits 0.
+#[test]
+fn up_notifies_ready_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let mut net = Net::new("n", 1);
+    let notify_path = net.path("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let recv = |sock: &UnixDatagram| -> Option<String> {
+        let mut buf = [0u8; 4096];
+        let n = sock.recv(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    let cfg = net.server_config("");
+    let ns = net.server.clone();
+    net.up_with_env("server", &ns, &cfg, &[("NOTIFY_SOCKET", &notify_path)]);
+    let ready =
+        recv(&notify).unwrap_or_else(|| panic!("no READY=1 within 10 s:\n{}", net.log("server")));
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(
+        ready.contains("STATUS=braid0 server on 0.0.0.0:5050"),
+        "{ready:?}"
+    );
+    // Ready means: the TUN device is up with its address, and the control socket answers.
+    let o = run("ip", &["-n", &ns, "-o", "addr", "show", "dev", "braid0"]);
+    let addr = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        addr.contains("198.19.0.1/30"),
+        "TUN not ready at READY=1: {addr}"
+    );
+    assert!(
+        net.status("s.sock").is_some(),
+        "control socket not answering at READY=1"
+    );
+
+    let st = net
+        .stop("server")
+        .expect("braid up did not exit on SIGTERM");
+    assert!(st.success(), "exit {st:?}: {}", net.log("server"));
+    notify
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    assert_eq!(recv(&notify).as_deref(), Some("STOPPING=1\n"));
+    assert!(
+        !net.log("server").contains('\u{1b}'),
+        "colour codes in a log that is not a terminal"
+    );
 }
 
 /// As an unprivileged user: the TUN device cannot be created; one line says so and why.

@@ -1,12 +1,42 @@
 //! A tiny HTTP/1.0 server for Prometheus scrapes: `GET /metrics` answers with whatever the
 //! `render` callback returns (OpenMetrics text, as `prometheus-client` encodes it). One thread,
 //! one short connection at a time: a scrape every few seconds needs no more.
+//!
+//! [`register_build_info`] adds the `braid_build_info` gauge every braid endpoint exports.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+static GIT_COMMIT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Sets the git commit `braid_build_info` reports (the binary knows it from its build script);
+/// once, at start-up. Without it the commit is "unknown".
+pub fn set_git_commit(commit: &'static str) {
+    let _ = GIT_COMMIT.set(commit);
+}
+
+fn git_commit() -> &'static str {
+    GIT_COMMIT.get().copied().unwrap_or("unknown")
+}
+
+/// Registers `braid_build_info{version="...",commit="..."} 1` (the Prometheus convention for
+/// build facts: a constant gauge whose labels carry them, to join on or alert about mixed
+/// versions). `registry` must be the root registry (no prefix), so the name is the same for the
+/// tunnel and the balancer.
+pub fn register_build_info(registry: &mut prometheus_client::registry::Registry) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let info: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
+    info.get_or_create(&vec![
+        ("version", env!("CARGO_PKG_VERSION")),
+        ("commit", git_commit()),
+    ])
+    .set(1);
+    registry.register("braid_build_info", "braid's version and git commit", info);
+}
 
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -128,5 +158,20 @@ mod tests {
         assert!(r.starts_with("HTTP/1.0 200 OK"), "{r}");
         assert!(r.ends_with("x_total 1\n# EOF\n"));
         assert!(get(srv.local_addr(), "/nope").starts_with("HTTP/1.0 404"));
+    }
+
+    #[test]
+    fn build_info_names_version_and_commit() {
+        let mut reg = prometheus_client::registry::Registry::default();
+        register_build_info(&mut reg);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        let want = format!(
+            "braid_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            git_commit()
+        );
+        assert!(out.contains(&want), "{out}");
+        assert!(out.contains("# TYPE braid_build_info gauge"), "{out}");
     }
 }

@@ -98,7 +98,15 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
             .map(|m| format!(", metrics http://{}/metrics", m.local_addr()))
             .unwrap_or_default()
     );
+    // TUN up, link sockets and control socket open: tell systemd (Type=notify) we serve.
+    let what = match (cfg.role, cfg.listen) {
+        (braid_core::endpoint::Role::Server, Some(l)) => format!("server on {l}"),
+        (braid_core::endpoint::Role::Server, None) => "server".to_string(),
+        (braid_core::endpoint::Role::Client, _) => format!("client, {} link(s)", cfg.links.len()),
+    };
+    braid_linux::service::ready(&format!("{} {what}", cfg.name));
     let result = runner.run();
+    braid_linux::service::stopping();
     drop(metrics);
     drop(control);
     drop(runner);

@@ -1,12 +1,20 @@
 //! Prometheus metrics of a running endpoint, encoded with `prometheus-client` (OpenMetrics text)
 //! from one snapshot of the core's statistics per scrape. Served by `braid_linux::metrics`.
 //!
-//! Per link (label `link`): `braid_link_{tx,rx}_{bytes,packets}_total`, `braid_link_rtt_seconds`,
-//! `braid_link_rttvar_seconds`, `braid_link_loss_ratio`, `braid_link_up` / `braid_link_state`
-//! (label `state`), `braid_link_delivery_rate_bps`, `braid_link_{tx,rx}_rate_bps`,
-//! `braid_link_bandwidth_bps`. Bundle: `braid_session_up`, `braid_links_up`,
-//! `braid_reorder_depth`, `braid_reorder_timeout_seconds`, `braid_reorder_*_total`,
-//! `braid_drops_total` (label `reason`), `braid_tun_{rx,tx}_{packets,bytes}_total`.
+//! Names follow the Prometheus naming guide: base units (seconds, bytes), `_total` on counters,
+//! rates in `_bytes_per_second`. A rate that a `_bytes_total` counter already gives
+//! (`rate(braid_link_tx_bytes_total[1m])`) is not exported twice. The full list, with labels,
+//! is in docs/guide.md ("Metrics"); a test scrapes a real endpoint and checks that every name
+//! exported is listed there.
+//!
+//! Per link (labels `bundle`, `link`): `braid_link_{tx,rx}_{bytes,packets}_total`,
+//! `braid_link_{rtt,rttvar,min_rtt,queue_delay}_seconds`, `braid_link_loss_ratio`,
+//! `braid_link_up` / `braid_link_state` (label `state`),
+//! `braid_link_{delivery_rate,sched_rate,bandwidth}_bytes_per_second`, `braid_link_priority`.
+//! Bundle: `braid_session_up`, `braid_links`, `braid_links_up`, `braid_reorder_depth`,
+//! `braid_reorder_max_depth`, `braid_reorder_timeout_seconds`, `braid_equalize_seconds`,
+//! `braid_reorder_*_total`, `braid_drops_total` (label `reason`),
+//! `braid_tun_{rx,tx}_{packets,bytes}_total`. And `braid_build_info`.
 
 use std::sync::atomic::AtomicU64;
 
@@ -31,11 +39,11 @@ pub struct Extra {
     pub tun_write_errors: u64,
 }
 
-struct Reg {
-    r: Registry,
+struct Reg<'a> {
+    r: &'a mut Registry,
 }
 
-impl Reg {
+impl Reg<'_> {
     fn counter(&mut self, name: &str, help: &str, rows: &[(Labels, u64)]) {
         let f = CounterFam::default();
         for (l, v) in rows {
@@ -63,8 +71,10 @@ fn link(name: &str, l: &str) -> Labels {
 /// Encodes one snapshot.
 pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     let n = cfg.name.as_str();
+    let mut root = Registry::default();
+    braid_linux::metrics::register_build_info(&mut root);
     let mut r = Reg {
-        r: Registry::with_prefix("braid"),
+        r: root.sub_registry_with_prefix("braid"),
     };
     let per_link = |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> u64| -> Vec<(Labels, u64)> {
         s.links.iter().map(|l| (link(n, &l.name), f(l))).collect()
@@ -116,25 +126,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "Recent loss rate of the link (0..1)",
         &per_link_f(&|l| Some(l.loss)),
     );
+    // The core counts in bit/s (as links are sold); Prometheus wants bytes.
     r.gauge(
-        "link_delivery_rate_bps",
-        "Rate at which the peer received our data on the link, bit/s",
-        &per_link_f(&|l| Some(l.delivery_rate_bps)),
+        "link_delivery_rate_bytes_per_second",
+        "Rate at which the peer received our data on the link",
+        &per_link_f(&|l| Some(l.delivery_rate_bps / 8.0)),
     );
     r.gauge(
-        "link_sched_rate_bps",
-        "Rate the scheduler currently assumes for the link (learned by adaptive), bit/s",
-        &per_link_f(&|l| l.sched_rate_bps),
-    );
-    r.gauge(
-        "link_tx_rate_bps",
-        "Recent send rate, bit/s",
-        &per_link_f(&|l| Some(l.tx_rate_bps)),
-    );
-    r.gauge(
-        "link_rx_rate_bps",
-        "Recent receive rate, bit/s",
-        &per_link_f(&|l| Some(l.rx_rate_bps)),
+        "link_sched_rate_bytes_per_second",
+        "Rate the scheduler currently assumes for the link (learned by adaptive)",
+        &per_link_f(&|l| l.sched_rate_bps.map(|b| b / 8.0)),
     );
     r.gauge(
         "link_queue_delay_seconds",
@@ -142,9 +143,9 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link_f(&|l| Some(l.qdelay_us as f64 / 1e6)),
     );
     r.gauge(
-        "link_bandwidth_bps",
-        "Configured bandwidth, bit/s",
-        &per_link_f(&|l| l.bandwidth_bps.map(|b| b as f64)),
+        "link_bandwidth_bytes_per_second",
+        "Configured bandwidth",
+        &per_link_f(&|l| l.bandwidth_bps.map(|b| b as f64 / 8.0)),
     );
     r.gauge(
         "link_priority",
@@ -285,7 +286,7 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     );
 
     let mut out = String::new();
-    if encode_text(&mut out, &r.r).is_err() {
+    if encode_text(&mut out, &root).is_err() {
         return "# encoding failed\n".into();
     }
     out
@@ -331,13 +332,14 @@ mod tests {
         );
         for want in [
             "braid_link_tx_bytes_total{bundle=\"b0\",link=\"isp1\"} 0",
-            "braid_link_bandwidth_bps{bundle=\"b0\",link=\"isp1\"} 28800",
+            "braid_link_bandwidth_bytes_per_second{bundle=\"b0\",link=\"isp1\"} 3600",
             "braid_link_state{bundle=\"b0\",link=\"isp1\",state=\"down\"}",
             "braid_drops_total{bundle=\"b0\",reason=\"no_session\"} 1",
             "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",
             "# TYPE braid_link_rtt_seconds gauge",
+            "braid_build_info{version=",
             "# EOF",
         ] {
             assert!(out.contains(want), "missing {want:?} in\n{out}");

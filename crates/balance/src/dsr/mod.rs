@@ -74,6 +74,89 @@ impl DsrStatus {
     }
 }
 
+impl DsrStatus {
+    /// The data path's figures as Prometheus metrics (registered under `braid_balance_dsr_`).
+    pub fn register_metrics(&self, reg: &mut prometheus_client::registry::Registry) {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        type L = Vec<(&'static str, String)>;
+        let s = &self.stats;
+        let counter = |v: u64| {
+            let c: Counter = Counter::default();
+            c.inc_by(v);
+            c
+        };
+        reg.register(
+            "forwarded_packets",
+            "Packets forwarded to backends",
+            counter(s.forwarded_packets),
+        );
+        reg.register(
+            "forwarded_bytes",
+            "IP bytes forwarded to backends",
+            counter(s.forwarded_bytes),
+        );
+        reg.register(
+            "new_flows",
+            "Flows that got a backend (new, or moved off a dead backend)",
+            counter(s.new_flows),
+        );
+        reg.register(
+            "flows_moved",
+            "Flows moved from a backend that went down to a live one",
+            counter(s.flows_moved),
+        );
+        reg.register(
+            "neighbor_replies",
+            "ARP replies / Neighbor Advertisements sent for the VIP",
+            counter(s.answered),
+        );
+        reg.register(
+            "neighbors_learned",
+            "Backend MACs learned (new or changed)",
+            counter(s.learned),
+        );
+        reg.register(
+            "ignored_frames",
+            "Frames seen on the interface that are not for the VIP",
+            counter(s.ignored),
+        );
+        let dropped: Family<L, Counter> = Family::default();
+        for (reason, v) in [
+            ("no_backend", s.dropped_no_backend),
+            ("no_mac", s.dropped_no_mac),
+            ("malformed", s.malformed),
+            ("send_error", self.send_errors),
+            ("socket_full", self.socket_drops),
+        ] {
+            dropped
+                .get_or_create(&vec![("reason", reason.to_string())])
+                .inc_by(v);
+        }
+        reg.register("dropped", "Frames for the VIP dropped, by reason", dropped);
+        let flows: Family<L, Gauge> = Family::default();
+        flows
+            .get_or_create(&vec![("state", "active".to_string())])
+            .set(self.active_flows as i64);
+        flows
+            .get_or_create(&vec![("state", "closing".to_string())])
+            .set(self.closing_flows as i64);
+        reg.register("flows", "Flows in the flow table, by state", flows);
+        let known: Family<L, Gauge> = Family::default();
+        for (ip, mac) in &self.neighbors {
+            known
+                .get_or_create(&vec![("backend", ip.to_string())])
+                .set(i64::from(mac.is_some()));
+        }
+        reg.register(
+            "backend_mac_known",
+            "1 once the backend's MAC is learned (a backend without one gets no traffic)",
+            known,
+        );
+    }
+}
+
 /// `02:00:00:00:00:01`.
 pub fn fmt_mac(m: Mac) -> String {
     format!(
@@ -344,4 +427,40 @@ fn forwarding_enabled(iface: &str, vip: IpAddr) -> bool {
     std::fs::read_to_string(path)
         .map(|s| s.trim() == "1")
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_becomes_dsr_metrics() {
+        let mut st = DsrStatus {
+            send_errors: 2,
+            socket_drops: 3,
+            active_flows: 5,
+            neighbors: vec![
+                ("198.18.0.11".parse().unwrap(), Some([2, 0, 0, 0, 0, 1])),
+                ("198.18.0.12".parse().unwrap(), None),
+            ],
+            ..DsrStatus::default()
+        };
+        st.stats.forwarded_packets = 7;
+        st.stats.dropped_no_mac = 1;
+        let mut root = prometheus_client::registry::Registry::default();
+        st.register_metrics(root.sub_registry_with_prefix("braid_balance_dsr"));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &root).unwrap();
+        for want in [
+            "braid_balance_dsr_forwarded_packets_total 7\n",
+            "braid_balance_dsr_dropped_total{reason=\"no_mac\"} 1\n",
+            "braid_balance_dsr_dropped_total{reason=\"send_error\"} 2\n",
+            "braid_balance_dsr_dropped_total{reason=\"socket_full\"} 3\n",
+            "braid_balance_dsr_flows{state=\"active\"} 5\n",
+            "braid_balance_dsr_backend_mac_known{backend=\"198.18.0.11\"} 1\n",
+            "braid_balance_dsr_backend_mac_known{backend=\"198.18.0.12\"} 0\n",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in\n{out}");
+        }
+    }
 }
