@@ -63,6 +63,8 @@ pub struct Balancer {
     pub started: Instant,
     /// DSR mode: the data path's figures, for `status` (`"dsr"`) and the metrics.
     dsr: OnceLock<Arc<Mutex<DsrStatus>>>,
+    /// Proxy mode: the runtime's limits and open count, for `status`.
+    proxy: OnceLock<Box<dyn Fn() -> Value + Send + Sync>>,
 }
 
 impl Balancer {
@@ -86,6 +88,7 @@ impl Balancer {
             stop: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
             dsr: OnceLock::new(),
+            proxy: OnceLock::new(),
         }))
     }
 
@@ -124,6 +127,12 @@ impl Balancer {
     /// metrics. Once per balancer; a second call is ignored.
     pub fn attach_dsr_status(&self, status: Arc<Mutex<DsrStatus>>) {
         let _ = self.dsr.set(status);
+    }
+
+    /// Proxy mode: `f` gives the runtime's limits and open count for `status` (under
+    /// `"proxy"`). Once per balancer; a second call is ignored.
+    pub fn attach_proxy_status(&self, f: impl Fn() -> Value + Send + Sync + 'static) {
+        let _ = self.proxy.set(Box::new(f));
     }
 
     fn dsr_status(&self) -> Option<DsrStatus> {
@@ -229,6 +238,9 @@ impl Balancer {
         });
         if let Some(d) = self.dsr_status() {
             v["dsr"] = d.to_json();
+        }
+        if let Some(p) = self.proxy.get() {
+            v["proxy"] = p();
         }
         v
     }

@@ -68,7 +68,7 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
     let shared = Arc::new(Shared::new(max, b.config.max_connections_per_source));
     {
         let (shared, per_source) = (shared.clone(), b.config.max_connections_per_source);
-        b.set_status_extra("proxy", move || {
+        b.attach_proxy_status(move || {
             serde_json::json!({
                 "open": shared.open.load(Ordering::Relaxed),
                 "max_connections": max,
