@@ -182,9 +182,9 @@ pub struct LabArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// TCP congestion control of the two hosts' kernel TCP (cubic, reno, bbr, ...). Default
-    /// cubic, Linux's own default. BBR sizes its window from the smallest RTT it sees, which
-    /// `adaptive` keeps on the fastest link at light load: it cannot then fill links of much
-    /// longer delay (measured in BENCHMARKS.md).
+    /// cubic, Linux's own default. If the kernel does not allow it in namespaces
+    /// (net.ipv4.tcp_allowed_congestion_control), the lab allows it for the moment it takes to
+    /// set the hosts, then puts the list back.
     #[arg(long, value_name = "NAME", default_value = "cubic")]
     pub cc: String,
     /// Download: host B (behind the server endpoint) sends and host A receives. Applies to every
