@@ -427,3 +427,44 @@ fn lab_names_a_missing_tool_before_it_starts() {
     );
     assert_no_namespaces_left(&prefix);
 }
+
+/// `--compare mptcp --reverse`: kernel MPTCP and the bundle over the same links, both as a
+/// download (host B sends), side by side in the JSON.
+#[test]
+fn lab_compares_with_mptcp_in_both_directions() {
+    require_root();
+    let v = lab_json(
+        &[
+            "--skip-single",
+            "--link",
+            "4mbit/5ms",
+            "--link",
+            "4mbit/20ms",
+            "--duration",
+            "4",
+            "--compare",
+            "mptcp",
+            "--reverse",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(v["direction"], "download");
+    let m = &v["compare"];
+    assert_eq!(m["name"], "mptcp");
+    assert!(m["subflows_joined"].as_u64().unwrap() >= 1, "{m}");
+    assert!(m["run"]["survived"].as_bool().unwrap(), "{m}");
+    // MPTCP used both links, in the download direction (the emulator's B->A counters).
+    for r in m["run"]["link_rates_bps"].as_array().unwrap() {
+        assert!(f(r) > 1e6, "an MPTCP subflow idle: {m}");
+    }
+    let b = &v["bundle"]["run"];
+    assert!(b["survived"].as_bool().unwrap());
+    for r in b["link_rates_bps"].as_array().unwrap() {
+        assert!(f(r) > 1e6, "a bundle link idle in the download: {b}");
+    }
+    // More than one 4 Mbit/s link alone could carry, for both.
+    assert!(f(&b["goodput_bps"]) > 4.5e6, "{b}");
+    assert!(f(&m["run"]["goodput_bps"]) > 4.5e6, "{m}");
+    let ratio = f(&v["bundle_vs_compare"]);
+    assert!((ratio - f(&b["goodput_bps"]) / f(&m["run"]["goodput_bps"])).abs() < 1e-9);
+}
