@@ -120,8 +120,10 @@ fn emulated_link_rtt_and_loss() {
         let _ = lab.ping(1, 2, Duration::from_millis(50));
         let p = lab.ping(1, 30, Duration::from_millis(20)).unwrap();
         assert_eq!(p.received, 30, "{p:?}");
+        // The minimum is the emulator's accuracy; the average also carries the scheduling
+        // noise of a busy 2-core machine (the other lab tests run beside this one).
         assert!(
-            (p.avg_ms - 40.0).abs() <= 1.0,
+            (p.min_ms - 40.0).abs() <= 1.0 && (p.avg_ms - 40.0).abs() <= 2.5,
             "RTT over a 20 ms link: {p:?}"
         );
         assert!(p.min_ms >= 40.0 - 0.05, "faster than light: {p:?}");
