@@ -23,6 +23,7 @@
 //! because it is plain text handling: braid-linux is the kernel layer.
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -158,6 +159,28 @@ pub fn in_range<T: PartialOrd + fmt::Display + Copy>(v: T, lo: T, hi: T) -> Resu
     } else {
         Err(format!("{v} is out of range {lo}..{hi}"))
     }
+}
+
+/// Resolves "HOST:PORT" (a literal address, or a host name through the system resolver),
+/// preferring the address family of `family_hint` (IPv4 without a hint).
+pub fn resolve_host_port(s: &str, family_hint: Option<IpAddr>) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !s.contains(':') {
+        return Err(format!("{s:?} is not HOST:PORT"));
+    }
+    let addrs: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {s:?}: {e}"))?
+        .collect();
+    let want_v4 = family_hint.map_or(true, |h| h.is_ipv4());
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4() == want_v4)
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{s:?} resolves to no address"))
 }
 
 /// The entry of `candidates` closest to `word`, if one is close enough to be a likely typo.
@@ -391,5 +414,9 @@ mod tests {
         let src = Source::new(Path::new("/etc/braid/c.toml"), "");
         assert_eq!(src.relative_path("key"), PathBuf::from("/etc/braid/key"));
         assert_eq!(src.relative_path("/k"), PathBuf::from("/k"));
+        assert_eq!(resolve_host_port("198.18.0.1:80", None).unwrap().port(), 80);
+        let v6 = resolve_host_port("localhost:80", Some("::1".parse().unwrap())).unwrap();
+        assert_eq!(v6.port(), 80);
+        assert!(resolve_host_port("localhost", None).unwrap_err().contains("HOST:PORT"));
     }
 }

@@ -66,6 +66,9 @@ pub enum LinkCmd {
 /// Runs `braid up CONFIG` in the foreground until SIGINT/SIGTERM.
 pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
     let cfg = config::Config::load(&args.config)?;
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
     let mut runner = runner::Runner::new(cfg.clone())?;
     let h = runner.handle();
     let control =
