@@ -167,7 +167,18 @@ pub fn resolve_host_port(s: &str, family_hint: Option<IpAddr>) -> Result<SocketA
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
-    if !s.contains(':') {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{s:?} is not HOST:PORT"));
+    };
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') || host.starts_with('[') {
+        return Err(format!("{host:?} is not an IP address"));
+    }
+    let name_ok = |h: &str| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    if !name_ok(host) || port.parse::<u16>().is_err() {
         return Err(format!("{s:?} is not HOST:PORT"));
     }
     let addrs: Vec<SocketAddr> = s
@@ -417,6 +428,16 @@ mod tests {
         assert_eq!(resolve_host_port("198.18.0.1:80", None).unwrap().port(), 80);
         let v6 = resolve_host_port("localhost:80", Some("::1".parse().unwrap())).unwrap();
         assert_eq!(v6.port(), 80);
-        assert!(resolve_host_port("localhost", None).unwrap_err().contains("HOST:PORT"));
+        assert!(resolve_host_port("localhost", None)
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert!(resolve_host_port("local host:80", None)
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert!(resolve_host_port("localhost:http", None)
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        let e = resolve_host_port("198.18.0.300:80", None).unwrap_err();
+        assert_eq!(e, "\"198.18.0.300\" is not an IP address");
     }
 }

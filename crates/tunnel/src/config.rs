@@ -27,10 +27,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use braid_config::{in_range, Source, Spanned};
 use braid_core::endpoint::Role;
 use braid_core::wire::CipherId;
 use braid_core::LinkId;
-use braid_config::{in_range, Source, Spanned};
 use serde::Deserialize;
 
 /// Default MTU of the TUN device: leaves room for braid's 77 bytes of overhead (IPv4 + UDP +
@@ -240,7 +240,9 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         if braid_linux::tun::valid_ifname(n) {
             Ok(n.clone())
         } else {
-            Err(format!("{n:?} is not a valid interface name (1 to 15 characters, no '/', ':' or spaces)"))
+            Err(format!(
+                "{n:?} is not a valid interface name (1 to 15 characters, no '/', ':' or spaces)"
+            ))
         }
     })?;
     let role = src.value(&b.role, "bundle.role", |r| match r.as_str() {
@@ -253,7 +255,9 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
     let mtu = src.optional(&b.mtu, "bundle.mtu", |&m| {
         let m = in_range(m, 576, 65535)?;
         if address.is_ipv6() && m < 1280 {
-            return Err(format!("{m} is below 1280, too small for an IPv6 tunnel address"));
+            return Err(format!(
+                "{m} is below 1280, too small for an IPv6 tunnel address"
+            ));
         }
         Ok(m)
     })?;
@@ -270,7 +274,10 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         if names.contains(&s.as_str()) {
             Ok(s.clone())
         } else {
-            Err(format!("unknown scheduler {s:?} (expected one of: {})", names.join(", ")))
+            Err(format!(
+                "unknown scheduler {s:?} (expected one of: {})",
+                names.join(", ")
+            ))
         }
     })?;
     let control = src.optional(&b.control, "bundle.control", |c| match c.as_str() {
@@ -286,11 +293,12 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
     let ms = |v: &Option<Spanned<u64>>, key: &str, lo: u64, hi: u64| {
         src.optional(v, key, |&x| in_range(x, lo, hi).map(Duration::from_millis))
     };
-    let connect_timeout = match src.optional(&b.connect_timeout, "bundle.connect_timeout", |&s| Ok(s))? {
-        Some(0) => None,
-        Some(s) => Some(Duration::from_secs(s)),
-        None => Some(Duration::from_secs(DEFAULT_CONNECT_TIMEOUT_S)),
-    };
+    let connect_timeout =
+        match src.optional(&b.connect_timeout, "bundle.connect_timeout", |&s| Ok(s))? {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None => Some(Duration::from_secs(DEFAULT_CONNECT_TIMEOUT_S)),
+        };
     Ok(Config {
         path: src.path().to_path_buf(),
         control: control.unwrap_or_else(|| braid_linux::control::default_path(&name)),
@@ -310,7 +318,9 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         connect_timeout,
         txqueuelen: src
-            .optional(&b.txqueuelen, "bundle.txqueuelen", |&q| in_range(q, 1, 100_000))?
+            .optional(&b.txqueuelen, "bundle.txqueuelen", |&q| {
+                in_range(q, 1, 100_000)
+            })?
             .unwrap_or(DEFAULT_TXQUEUELEN),
         links: Vec::new(),
         warnings,
@@ -326,9 +336,16 @@ fn bundle_key(
     let b = bundle.get_ref();
     let (psk, file) = match (&b.key, &b.key_file) {
         (Some(_), Some(f)) => {
-            return Err(src.at(f, "bundle.key_file", "give either key or key_file, not both"))
+            return Err(src.at(
+                f,
+                "bundle.key_file",
+                "give either key or key_file, not both",
+            ))
         }
-        (Some(k), None) => (src.value(k, "bundle.key", |k| decode_key(k))?, src.path().to_path_buf()),
+        (Some(k), None) => (
+            src.value(k, "bundle.key", |k| decode_key(k))?,
+            src.path().to_path_buf(),
+        ),
         (None, Some(f)) => {
             let kp = src.relative_path(f.get_ref());
             let psk = src.value(f, "bundle.key_file", |_| {
@@ -338,13 +355,11 @@ fn bundle_key(
             })?;
             (psk, kp)
         }
-        (None, None) => {
-            return Err(src.at(
-                bundle,
-                "bundle.key",
-                "missing: give key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)",
-            ))
-        }
+        (None, None) => return Err(src.at(
+            bundle,
+            "bundle.key",
+            "missing: give key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)",
+        )),
     };
     Ok((psk, secret_file_warning(&file).into_iter().collect()))
 }
@@ -390,7 +405,9 @@ fn validate_link(
         if !braid_linux::tun::valid_ifname(d) {
             Err(format!("link {name}: {d:?} is not a valid interface name"))
         } else if !braid_linux::netlink::interface_exists(d) {
-            Err(format!("link {name}: interface {d} does not exist on this host"))
+            Err(format!(
+                "link {name}: interface {d} does not exist on this host"
+            ))
         } else {
             Ok(d.clone())
         }
@@ -406,7 +423,8 @@ fn validate_link(
         ));
     };
     let remote = src.value(remote_v, &key("remote"), |r| {
-        let remote = resolve_remote(r, bind.map(|b| b.ip())).map_err(|m| format!("link {name}: {m}"))?;
+        let remote =
+            resolve_remote(r, bind.map(|b| b.ip())).map_err(|m| format!("link {name}: {m}"))?;
         match bind {
             Some(b) if b.is_ipv4() != remote.is_ipv4() && !b.ip().is_unspecified() => Err(format!(
                 "link {name}: {remote} and bind {} are of different IP families",
@@ -482,7 +500,9 @@ mod tests {
         assert_eq!(c.equalize_max, Some(Duration::from_millis(250)));
         let e = parse(&client("equalize_max_ms = 5000", LINKS)).unwrap_err();
         assert!(
-            e.starts_with("/etc/braid/t.toml:7:19: bundle.equalize_max_ms: 5000 is out of range 0..1000"),
+            e.starts_with(
+                "/etc/braid/t.toml:7:19: bundle.equalize_max_ms: 5000 is out of range 0..1000"
+            ),
             "{e}"
         );
     }
@@ -617,7 +637,10 @@ mod tests {
             if !want.ends_with("IP families") {
                 assert!(e.starts_with(&want), "want {want:?}, got {e:?}");
             } else {
-                assert!(e.contains(want.trim_start_matches("/etc/braid/t.toml:")), "{e}");
+                assert!(
+                    e.contains(want.trim_start_matches("/etc/braid/t.toml:")),
+                    "{e}"
+                );
             }
             assert!(!e.contains('\n'), "{e}");
         }
@@ -633,9 +656,16 @@ mod tests {
         let cfg_path = dir.path().join("c.toml");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
         let c = Config::parse(&cfg_path, &t).unwrap();
-        assert_eq!(c.psk[31], 31, "key_file is relative to the config's directory");
+        assert_eq!(
+            c.psk[31], 31,
+            "key_file is relative to the config's directory"
+        );
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-        assert!(c.warnings[0].contains("accessible by group or others (mode 644)"), "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("accessible by group or others (mode 644)"),
+            "{:?}",
+            c.warnings
+        );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(Config::parse(&cfg_path, &t).unwrap().warnings.is_empty());
 
@@ -650,7 +680,11 @@ mod tests {
         assert_eq!(CipherId::Aes256Gcm.name(), "aes-256-gcm");
         let server = format!("[bundle]\nname = \"b1\"\nrole = \"server\"\nkey = \"{KEY}\"\naddress = \"198.19.0.1/30\"\nlisten = \"0.0.0.0:5050\"\n{LINKS}");
         let c = parse(&server).unwrap();
-        assert!(c.warnings.iter().any(|w| w.contains("ignored by a server")), "{:?}", c.warnings);
+        assert!(
+            c.warnings.iter().any(|w| w.contains("ignored by a server")),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

@@ -225,9 +225,8 @@ impl Runner {
                     pktinfo: listen.ip().is_unspecified(),
                     ..Default::default()
                 };
-                let s = UdpSocket::bind(&opts).map_err(|e| {
-                    anyhow::anyhow!("{}: listen {listen}: {e}", cfg.path.display())
-                })?;
+                let s = UdpSocket::bind(&opts)
+                    .map_err(|e| anyhow::anyhow!("{}: listen {listen}: {e}", cfg.path.display()))?;
                 socks.insert(Token(next_token), Sock::new(s, None));
                 next_token += 1;
             }
