@@ -52,12 +52,14 @@ pub enum LinkCmd {
         /// Name of the link.
         name: String,
     },
-    /// Change a link's configured bandwidth or priority.
+    /// Change a link's configured bandwidth or priority (give one or both).
     Set {
         /// Name of the link.
         name: String,
+        /// Estimated bandwidth, bit/s (weights the `weighted` and `adaptive` schedulers).
         #[arg(long, value_name = "BPS")]
         bandwidth: Option<u64>,
+        /// Priority (used by the `backup` scheduler; higher is preferred).
         #[arg(long, value_name = "N")]
         priority: Option<u8>,
     },
