@@ -327,14 +327,14 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
     })
 }
 
-/// `key` or `key_file`: the pre-shared key, and a warning (as `wg` gives) when a file holding
-/// it is readable by group or others.
+/// `key` or `key_file`: the pre-shared key, and a warning (as `wg` gives) when the key file is
+/// readable by group or others.
 fn bundle_key(
     src: &Source,
     bundle: &Spanned<BundleRepr>,
 ) -> Result<([u8; 32], Vec<String>), ConfigError> {
     let b = bundle.get_ref();
-    let (psk, file) = match (&b.key, &b.key_file) {
+    let (psk, key_file) = match (&b.key, &b.key_file) {
         (Some(_), Some(f)) => {
             return Err(src.at(
                 f,
@@ -342,10 +342,7 @@ fn bundle_key(
                 "give either key or key_file, not both",
             ))
         }
-        (Some(k), None) => (
-            src.value(k, "bundle.key", |k| decode_key(k))?,
-            src.path().to_path_buf(),
-        ),
+        (Some(k), None) => (src.value(k, "bundle.key", |k| decode_key(k))?, None),
         (None, Some(f)) => {
             let kp = src.relative_path(f.get_ref());
             let psk = src.value(f, "bundle.key_file", |_| {
@@ -353,7 +350,7 @@ fn bundle_key(
                     .map_err(|e| format!("cannot read {}: {e}", kp.display()))?;
                 decode_key(&text).map_err(|m| format!("{}: {m}", kp.display()))
             })?;
-            (psk, kp)
+            (psk, Some(kp))
         }
         (None, None) => return Err(src.at(
             bundle,
@@ -361,7 +358,8 @@ fn bundle_key(
             "missing: give key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)",
         )),
     };
-    Ok((psk, secret_file_warning(&file).into_iter().collect()))
+    let warning = key_file.and_then(|f| secret_file_warning(&f));
+    Ok((psk, warning.into_iter().collect()))
 }
 
 /// `wg`'s "Warning: `/etc/braid/key' is world accessible", for group too.
