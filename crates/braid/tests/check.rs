@@ -10,7 +10,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const EXAMPLES: [&str; 4] = [

@@ -185,7 +185,7 @@ pub fn resolve_host_port(s: &str, family_hint: Option<IpAddr>) -> Result<SocketA
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {s:?}: {e}"))?
         .collect();
-    let want_v4 = family_hint.map_or(true, |h| h.is_ipv4());
+    let want_v4 = !matches!(family_hint, Some(h) if h.is_ipv6());
     addrs
         .iter()
         .find(|a| a.is_ipv4() == want_v4)
