@@ -1,5 +1,7 @@
 //! `braid balance` configuration: TOML (serde + toml, unknown keys refused), validated into
-//! [`Config`]. Every error is one line naming the file, the line and the key or value at fault.
+//! [`Config`], one validator per section (`validate_balance`, `validate_health`,
+//! `validate_backend`). Every error is one line naming the file, the line and the key
+//! (`braid_config`'s format). At least one backend is required.
 //!
 //! ```toml
 //! [balance]
@@ -21,7 +23,8 @@
 //! #           evict_idle_after_ms = 10000, drain_timeout_ms = 30000
 //!
 //! [[backend]]
-//! address = "198.18.0.3:8080"    # dsr: the backend's address on the shared segment
+//! address = "198.18.0.3:8080"    # or HOST:PORT, resolved once at load;
+//!                                # dsr: the backend's address on the shared segment
 //! weight = 1
 //! ```
 
@@ -29,9 +32,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use braid_config::{in_range, Source, Spanned};
 use braid_lb::Algorithm;
 use serde::Deserialize;
-use toml::Spanned;
 
 /// Proxy (the balancer terminates TCP / relays UDP) or DSR (MAC rewrite, replies bypass us).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,10 +139,7 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
 }
 
-/// A configuration error: one line, with the file and (when known) the line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+pub use braid_config::ConfigError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -175,15 +175,15 @@ struct RawBalance {
     drain_timeout_ms: Option<Spanned<u64>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawHealth {
-    interval_ms: Option<u64>,
-    timeout_ms: Option<u64>,
-    fall: Option<u32>,
-    rise: Option<u32>,
-    http_path: Option<String>,
-    port: Option<u16>,
+    interval_ms: Option<Spanned<u64>>,
+    timeout_ms: Option<Spanned<u64>>,
+    fall: Option<Spanned<u32>>,
+    rise: Option<Spanned<u32>>,
+    http_path: Option<Spanned<String>>,
+    port: Option<Spanned<u16>>,
 }
 
 #[derive(Deserialize)]
@@ -191,37 +191,6 @@ struct RawHealth {
 struct RawBackend {
     address: Spanned<String>,
     weight: Option<Spanned<i64>>,
-}
-
-/// Turns byte offsets into line numbers.
-struct Lines<'a> {
-    origin: &'a str,
-    text: &'a str,
-}
-
-impl Lines<'_> {
-    fn line(&self, offset: usize) -> usize {
-        self.text[..offset.min(self.text.len())]
-            .bytes()
-            .filter(|&b| b == b'\n')
-            .count()
-            + 1
-    }
-    fn err<T>(
-        &self,
-        span: std::ops::Range<usize>,
-        msg: impl std::fmt::Display,
-    ) -> Result<T, ConfigError> {
-        Err(ConfigError(format!(
-            "{}: line {}: {msg}",
-            self.origin,
-            self.line(span.start)
-        )))
-    }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Parses an address with a port, or (when `default_port` is given) a bare IP.
@@ -239,382 +208,285 @@ fn parse_addr(s: &str, default_port: Option<u16>) -> Option<SocketAddr> {
     }
 }
 
-/// Whether a network interface exists (checked in `/sys/class/net`).
-pub fn interface_exists(name: &str) -> bool {
-    !name.is_empty()
-        && !name.contains('/')
-        && name != "."
-        && name != ".."
-        && Path::new("/sys/class/net").join(name).exists()
+/// An address with a port (`listen`, `metrics`).
+fn addr_with_port(s: &str) -> Result<SocketAddr, String> {
+    match parse_addr(s, None) {
+        Some(a) if a.port() != 0 => Ok(a),
+        Some(_) => Err(format!("{s:?}: port must not be 0")),
+        None => Err(format!(
+            "{s:?} is not an address with a port (e.g. \"198.18.0.10:8080\")"
+        )),
+    }
 }
 
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
-        Config::parse(&text, &path.display().to_string())
+        let text = Source::read(path)?;
+        Config::parse(path, &text)
     }
 
-    /// Parses and validates `text`; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let l = Lines { origin, text };
-        let raw: RawFile = match toml::from_str(text) {
-            Ok(r) => r,
-            Err(e) => {
-                let msg = one_line(e.message());
-                return match e.span() {
-                    Some(span) => l.err(span, msg),
-                    None => Err(ConfigError(format!("{origin}: {msg}"))),
-                };
+    /// Validates `text` (the contents of `path`, used in messages). Looks at the host too, read
+    /// only: a DSR interface must exist, a backend host name is resolved.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let src = Source::new(path, text);
+        let raw: RawFile = src.deserialize()?;
+        let mut cfg = validate_balance(&src, &raw.balance)?;
+        for (i, be) in raw.backend.iter().enumerate() {
+            let b = validate_backend(&src, i, be, &cfg)?;
+            cfg.backends.push(b);
+        }
+        if cfg.backends.is_empty() {
+            return Err(src.at(
+                &raw.balance,
+                "backend",
+                "missing: a balancer needs at least one [[backend]] (address, weight)",
+            ));
+        }
+        if cfg.mode == Mode::Dsr && cfg.health.port.is_none() {
+            if let Some((i, b)) = cfg
+                .backends
+                .iter()
+                .enumerate()
+                .find(|(_, b)| b.address.port() == 0)
+            {
+                return Err(src.at(
+                    &raw.backend[i],
+                    &format!("backend[{i}].address"),
+                    format!("backend {} has no port: set health.port so that health checks know where to connect", b.address.ip()),
+                ));
             }
-        };
-        let bspan = raw.balance.span();
-        let b = raw.balance.into_inner();
+        }
+        Ok(cfg)
+    }
+}
 
-        let name = b.name.get_ref().trim().to_string();
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-            || name.starts_with('.')
-        {
-            return l.err(
-                b.name.span(),
-                format!(
-                    "name {:?}: use 1-64 letters, digits, '-', '_' or '.'",
-                    b.name.get_ref()
-                ),
-            );
+/// `[balance]`: everything but the backends.
+fn validate_balance(src: &Source, balance: &Spanned<RawBalance>) -> Result<Config, ConfigError> {
+    let b = balance.get_ref();
+    let name = src.value(&b.name, "balance.name", |n| {
+        let ok = !n.is_empty()
+            && n.len() <= 64
+            && !n.starts_with('.')
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if ok {
+            Ok(n.clone())
+        } else {
+            Err(format!("{n:?}: use 1-64 letters, digits, '-', '_' or '.'"))
         }
-        let mode = match b.mode.as_ref().map(|m| m.get_ref().as_str()) {
-            None | Some("proxy") => Mode::Proxy,
-            Some("dsr") => Mode::Dsr,
-            Some(other) => {
-                return l.err(
-                    b.mode.as_ref().expect("some").span(),
-                    format!("mode {other:?}: expected \"proxy\" or \"dsr\""),
-                )
-            }
-        };
-        let protocol = match b.protocol.as_ref().map(|m| m.get_ref().as_str()) {
-            None | Some("tcp") => Protocol::Tcp,
-            Some("udp") => Protocol::Udp,
-            Some(other) => {
-                return l.err(
-                    b.protocol.as_ref().expect("some").span(),
-                    format!("protocol {other:?}: expected \"tcp\" or \"udp\""),
-                )
-            }
-        };
-        let algorithm = match &b.algorithm {
-            None => Algorithm::Maglev,
-            Some(a) => match a.get_ref().parse::<Algorithm>() {
-                Ok(x) => x,
-                Err(e) => return l.err(a.span(), e),
-            },
-        };
-        let listen = match &b.listen {
-            None => None,
-            Some(s) => match parse_addr(s.get_ref(), None) {
-                Some(a) if a.port() != 0 => Some(a),
-                Some(_) => {
-                    return l.err(
-                        s.span(),
-                        format!("listen {:?}: port must not be 0", s.get_ref()),
-                    )
-                }
-                None => {
-                    return l.err(
-                        s.span(),
-                        format!(
-                            "listen {:?}: not an address with a port (e.g. \"198.18.0.10:8080\")",
-                            s.get_ref()
-                        ),
-                    )
-                }
-            },
-        };
-        let vip = match &b.vip {
-            None => None,
-            Some(s) => match parse_addr(s.get_ref(), Some(0)) {
-                Some(a) => Some(a),
-                None => return l.err(s.span(), format!("vip {:?}: not an IP address (e.g. \"198.18.0.100\" or \"198.18.0.100:80\")", s.get_ref())),
-            },
-        };
-        let interface = b.interface.as_ref().map(|i| i.get_ref().clone());
-        if let Some(i) = &b.interface {
-            if !interface_exists(i.get_ref()) {
-                return l.err(
-                    i.span(),
-                    format!(
-                        "interface {:?} does not exist (no /sys/class/net/{})",
-                        i.get_ref(),
-                        i.get_ref()
-                    ),
-                );
-            }
+    })?;
+    let mode = src.optional(&b.mode, "balance.mode", |m| match m.as_str() {
+        "proxy" => Ok(Mode::Proxy),
+        "dsr" => Ok(Mode::Dsr),
+        other => Err(format!("{other:?}: expected \"proxy\" or \"dsr\"")),
+    })?;
+    let mode = mode.unwrap_or(Mode::Proxy);
+    let protocol = src.optional(&b.protocol, "balance.protocol", |p| match p.as_str() {
+        "tcp" => Ok(Protocol::Tcp),
+        "udp" => Ok(Protocol::Udp),
+        other => Err(format!("{other:?}: expected \"tcp\" or \"udp\"")),
+    })?;
+    let protocol = protocol.unwrap_or(Protocol::Tcp);
+    let algorithm = src.optional(&b.algorithm, "balance.algorithm", |a| {
+        a.parse::<Algorithm>().map_err(|e| e.to_string())
+    })?;
+    let listen = src.optional(&b.listen, "balance.listen", |s| addr_with_port(s))?;
+    let vip = src.optional(&b.vip, "balance.vip", |s| {
+        parse_addr(s, Some(0)).ok_or_else(|| {
+            format!("{s:?} is not an IP address (e.g. \"198.18.0.100\" or \"198.18.0.100:80\")")
+        })
+    })?;
+    let interface = src.optional(&b.interface, "balance.interface", |i| {
+        if braid_linux::netlink::interface_exists(i) {
+            Ok(i.clone())
+        } else {
+            Err(format!("interface {i:?} does not exist on this host"))
         }
-        match mode {
-            Mode::Proxy => {
-                if listen.is_none() {
-                    return l.err(
-                        bspan,
-                        "proxy mode needs listen = \"ADDRESS:PORT\" in [balance]",
-                    );
-                }
-            }
-            Mode::Dsr => {
-                if vip.is_none() {
-                    return l.err(bspan, "dsr mode needs vip = \"ADDRESS\" in [balance]");
-                }
-                if interface.is_none() {
-                    return l.err(bspan, "dsr mode needs interface = \"NAME\" in [balance]");
-                }
-            }
+    })?;
+    let missing = |key: &str, what: &str| {
+        Err(src.at(
+            balance,
+            key,
+            format!("missing: {} mode needs {what}", mode.as_str()),
+        ))
+    };
+    match mode {
+        Mode::Proxy if listen.is_none() => {
+            return missing("balance.listen", "listen = \"ADDRESS:PORT\"")
         }
-
-        let (health, hspan) = match b.health {
-            Some(h) => {
-                let span = h.span();
-                (h.into_inner(), span)
-            }
-            None => (
-                RawHealth {
-                    interval_ms: None,
-                    timeout_ms: None,
-                    fall: None,
-                    rise: None,
-                    http_path: None,
-                    port: None,
-                },
-                bspan.clone(),
-            ),
-        };
-        let interval_ms = health.interval_ms.unwrap_or(500);
-        let timeout_ms = health.timeout_ms.unwrap_or(300);
-        let fall = health.fall.unwrap_or(2);
-        let rise = health.rise.unwrap_or(2);
-        if !(10..=3_600_000).contains(&interval_ms) {
-            return l.err(
-                hspan,
-                format!("health.interval_ms = {interval_ms}: expected 10 to 3600000"),
-            );
+        Mode::Dsr if vip.is_none() => return missing("balance.vip", "vip = \"ADDRESS\""),
+        Mode::Dsr if interface.is_none() => {
+            return missing(
+                "balance.interface",
+                "interface = \"NAME\" (where frames for the VIP arrive)",
+            )
         }
-        if timeout_ms == 0 || timeout_ms > interval_ms.max(1000) * 10 {
-            return l.err(
-                hspan,
-                format!("health.timeout_ms = {timeout_ms}: expected 1 to 10 x interval"),
-            );
+        _ => {}
+    }
+    let health = validate_health(src, b.health.as_ref(), protocol)?;
+    let metrics = src.optional(&b.metrics, "balance.metrics", |s| addr_with_port(s))?;
+    let control = src.optional(&b.control, "balance.control", |c| match c.as_str() {
+        "" => Err("empty path".to_string()),
+        c => Ok(PathBuf::from(c)),
+    })?;
+    let table_size = src.optional(&b.table_size, "balance.table_size", |&n| {
+        if (7..=(1 << 24)).contains(&n) && braid_lb::maglev::is_prime(n as usize) {
+            Ok(n as usize)
+        } else {
+            Err(format!(
+                "{n} must be a prime from 7 to 16777216 (default 65537)"
+            ))
         }
-        if !(1..=100).contains(&fall) || !(1..=100).contains(&rise) {
-            return l.err(
-                hspan,
-                format!("health.fall = {fall}, health.rise = {rise}: each must be 1 to 100"),
-            );
-        }
-        if let Some(p) = &health.http_path {
-            if !p.starts_with('/') || p.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return l.err(
-                    hspan,
-                    format!("health.http_path {p:?}: must start with '/' and contain no spaces"),
-                );
-            }
-            if protocol == Protocol::Udp {
-                return l.err(hspan, "health.http_path needs protocol = \"tcp\"");
-            }
-        }
-        if health.port == Some(0) {
-            return l.err(hspan, "health.port must not be 0");
-        }
-
-        let metrics = match &b.metrics {
-            None => None,
-            Some(s) => match parse_addr(s.get_ref(), None) {
-                Some(a) => Some(a),
-                None => {
-                    return l.err(
-                        s.span(),
-                        format!(
-                            "metrics {:?}: not an address with a port (e.g. \"127.0.0.1:9151\")",
-                            s.get_ref()
-                        ),
-                    )
-                }
-            },
-        };
-        let control = match &b.control {
-            Some(c) if c.get_ref().is_empty() => return l.err(c.span(), "control: empty path"),
-            Some(c) => PathBuf::from(c.get_ref()),
-            None => braid_linux::control::default_path(&name),
-        };
-        let table_size = match &b.table_size {
-            None => braid_lb::DEFAULT_TABLE_SIZE,
-            Some(t) => {
-                let n = *t.get_ref();
-                if !(7..=(1 << 24)).contains(&n) || !braid_lb::maglev::is_prime(n as usize) {
-                    return l.err(
-                        t.span(),
-                        format!(
-                            "table_size = {n}: must be a prime from 7 to 16777216 (default 65537)"
-                        ),
-                    );
-                }
-                n as usize
-            }
-        };
-        let ms = |v: &Option<Spanned<u64>>,
-                  key: &str,
-                  default: u64,
-                  max: u64|
-         -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(Duration::from_millis(default)),
-                Some(s) if (1..=max).contains(s.get_ref()) => {
-                    Ok(Duration::from_millis(*s.get_ref()))
-                }
-                Some(s) => l.err(
-                    s.span(),
-                    format!("{key} = {}: expected 1 to {max}", s.get_ref()),
-                ),
-            }
-        };
-        let connect_timeout = ms(&b.connect_timeout_ms, "connect_timeout_ms", 1000, 60_000)?;
-        let udp_idle_timeout = ms(
+    })?;
+    let ms = |v: &Option<Spanned<u64>>, key: &str, default: u64, max: u64| {
+        let v = src.optional(v, key, |&x| in_range(x, 1, max))?;
+        Ok::<_, ConfigError>(Duration::from_millis(v.unwrap_or(default)))
+    };
+    let count = |v: &Option<Spanned<u64>>, key: &str, max: u64| {
+        src.optional(v, key, |&x| in_range(x, 1, max).map(|x| x as usize))
+    };
+    Ok(Config {
+        control: control.unwrap_or_else(|| braid_linux::control::default_path(&name)),
+        name,
+        mode,
+        protocol,
+        listen,
+        vip,
+        interface,
+        algorithm: algorithm.unwrap_or(Algorithm::Maglev),
+        health,
+        metrics,
+        table_size: table_size.unwrap_or(braid_lb::DEFAULT_TABLE_SIZE),
+        connect_timeout: ms(
+            &b.connect_timeout_ms,
+            "balance.connect_timeout_ms",
+            1000,
+            60_000,
+        )?,
+        udp_idle_timeout: ms(
             &b.udp_idle_timeout_ms,
-            "udp_idle_timeout_ms",
+            "balance.udp_idle_timeout_ms",
             30_000,
             86_400_000,
-        )?;
-        let max_flows = match &b.max_flows {
-            None => 1_000_000,
-            Some(s) if (1..=100_000_000).contains(s.get_ref()) => *s.get_ref() as usize,
-            Some(s) => {
-                return l.err(
-                    s.span(),
-                    format!("max_flows = {}: expected 1 to 100000000", s.get_ref()),
-                )
-            }
-        };
-
-        let workers = match &b.workers {
-            None => None,
-            Some(s) if (1..=256).contains(s.get_ref()) => Some(*s.get_ref() as usize),
-            Some(s) => {
-                return l.err(
-                    s.span(),
-                    format!("workers = {}: expected 1 to 256", s.get_ref()),
-                )
-            }
-        };
-        let count = |v: &Option<Spanned<u64>>, key: &str| -> Result<Option<u64>, ConfigError> {
-            match v {
-                None => Ok(None),
-                Some(s) if (1..=100_000_000).contains(s.get_ref()) => Ok(Some(*s.get_ref())),
-                Some(s) => l.err(
-                    s.span(),
-                    format!("{key} = {}: expected 1 to 100000000", s.get_ref()),
-                ),
-            }
-        };
-        let max_connections = count(&b.max_connections, "max_connections")?.map(|n| n as usize);
-        let max_connections_per_source =
-            count(&b.max_connections_per_source, "max_connections_per_source")?
-                .map(|n| n.min(u64::from(u32::MAX)) as u32);
-        let tcp_idle_timeout = ms(
+        )?,
+        max_flows: count(&b.max_flows, "balance.max_flows", 100_000_000)?.unwrap_or(1_000_000),
+        workers: count(&b.workers, "balance.workers", 256)?,
+        max_connections: count(&b.max_connections, "balance.max_connections", 100_000_000)?,
+        max_connections_per_source: count(
+            &b.max_connections_per_source,
+            "balance.max_connections_per_source",
+            100_000_000,
+        )?
+        .map(|n| n as u32),
+        tcp_idle_timeout: ms(
             &b.tcp_idle_timeout_ms,
-            "tcp_idle_timeout_ms",
+            "balance.tcp_idle_timeout_ms",
             300_000,
             86_400_000,
-        )?;
-        let tcp_keepalive = match &b.tcp_keepalive_ms {
-            Some(s) if *s.get_ref() == 0 => None,
-            v => Some(ms(v, "tcp_keepalive_ms", 60_000, 7_200_000)?),
-        };
-        let evict_idle_after = ms(
+        )?,
+        // 0 turns keepalive off.
+        tcp_keepalive: match &b.tcp_keepalive_ms {
+            Some(k) if *k.get_ref() == 0 => None,
+            k => Some(ms(k, "balance.tcp_keepalive_ms", 60_000, 7_200_000)?),
+        },
+        evict_idle_after: ms(
             &b.evict_idle_after_ms,
-            "evict_idle_after_ms",
+            "balance.evict_idle_after_ms",
             10_000,
             86_400_000,
-        )?;
-        let drain_timeout = ms(&b.drain_timeout_ms, "drain_timeout_ms", 30_000, 3_600_000)?;
-        let mut backends: Vec<BackendConfig> = Vec::new();
-        for be in &raw.backend {
-            let r = be.get_ref();
-            let default_port = match mode {
-                Mode::Dsr => Some(vip.map(|v| v.port()).unwrap_or(0)),
-                Mode::Proxy => None,
-            };
-            let address = match parse_addr(r.address.get_ref(), default_port) {
-                Some(a) => a,
-                None => return l.err(r.address.span(), format!("backend address {:?}: not an address with a port (e.g. \"198.18.0.3:8080\")", r.address.get_ref())),
-            };
-            if mode == Mode::Proxy && address.port() == 0 {
-                return l.err(
-                    r.address.span(),
-                    format!(
-                        "backend address {:?}: port must not be 0 in proxy mode",
-                        r.address.get_ref()
-                    ),
-                );
-            }
-            let weight = match &r.weight {
-                None => 1,
-                Some(w) if (1..=10_000).contains(w.get_ref()) => *w.get_ref() as u32,
-                Some(w) => {
-                    return l.err(
-                        w.span(),
-                        format!("backend weight {}: expected 1 to 10000", w.get_ref()),
-                    )
-                }
-            };
-            if backends.iter().any(|x| x.address == address) {
-                return l.err(
-                    r.address.span(),
-                    format!("backend {address} is listed twice"),
-                );
-            }
-            backends.push(BackendConfig { address, weight });
-        }
-        if mode == Mode::Dsr && health.port.is_none() {
-            if let Some(b0) = backends.iter().find(|b| b.address.port() == 0) {
-                return l.err(hspan, format!("backend {} has no port: set health.port so that health checks know where to connect", b0.address.ip()));
-            }
-        }
+        )?,
+        drain_timeout: ms(
+            &b.drain_timeout_ms,
+            "balance.drain_timeout_ms",
+            30_000,
+            3_600_000,
+        )?,
+        backends: Vec::new(),
+    })
+}
 
-        Ok(Config {
-            name,
-            mode,
-            protocol,
-            listen,
-            vip,
-            interface,
-            algorithm,
-            health: HealthConfig {
-                interval: Duration::from_millis(interval_ms),
-                timeout: Duration::from_millis(timeout_ms),
-                fall,
-                rise,
-                http_path: health.http_path,
-                port: health.port,
-            },
-            metrics,
-            control,
-            table_size,
-            connect_timeout,
-            udp_idle_timeout,
-            max_flows,
-            workers,
-            max_connections,
-            max_connections_per_source,
-            tcp_idle_timeout,
-            tcp_keepalive,
-            evict_idle_after,
-            drain_timeout,
-            backends,
-        })
-    }
+/// `health = { ... }` in `[balance]`.
+fn validate_health(
+    src: &Source,
+    health: Option<&Spanned<RawHealth>>,
+    protocol: Protocol,
+) -> Result<HealthConfig, ConfigError> {
+    let default = RawHealth::default();
+    let h = health.map_or(&default, |h| h.get_ref());
+    let interval_ms = src
+        .optional(&h.interval_ms, "balance.health.interval_ms", |&i| {
+            in_range(i, 10, 3_600_000)
+        })?
+        .unwrap_or(500);
+    let timeout_ms = src
+        .optional(&h.timeout_ms, "balance.health.timeout_ms", |&t| {
+            in_range(t, 1, interval_ms.max(1000) * 10)
+                .map_err(|m| format!("{m} (up to 10 x the interval)"))
+        })?
+        .unwrap_or(300);
+    let fall = src.optional(&h.fall, "balance.health.fall", |&f| in_range(f, 1, 100))?;
+    let rise = src.optional(&h.rise, "balance.health.rise", |&r| in_range(r, 1, 100))?;
+    let http_path = src.optional(&h.http_path, "balance.health.http_path", |p| {
+        if !p.starts_with('/') || p.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            Err(format!("{p:?} must start with '/' and contain no spaces"))
+        } else if protocol == Protocol::Udp {
+            Err("HTTP checks need protocol = \"tcp\"".to_string())
+        } else {
+            Ok(p.clone())
+        }
+    })?;
+    let port = src.optional(&h.port, "balance.health.port", |&p| match p {
+        0 => Err("must not be 0".to_string()),
+        p => Ok(p),
+    })?;
+    Ok(HealthConfig {
+        interval: Duration::from_millis(interval_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        fall: fall.unwrap_or(2),
+        rise: rise.unwrap_or(2),
+        http_path,
+        port,
+    })
+}
+
+/// One `[[backend]]` (the `i`th, 0-based, as in its key path `backend[i]`). A host name is
+/// resolved (the system resolver, once, at load), in the address family of the service.
+fn validate_backend(
+    src: &Source,
+    i: usize,
+    backend: &Spanned<RawBackend>,
+    cfg: &Config,
+) -> Result<BackendConfig, ConfigError> {
+    let r = backend.get_ref();
+    let service = cfg.listen.or(cfg.vip).map(|a| a.ip());
+    let address = src.value(&r.address, &format!("backend[{i}].address"), |s| {
+        // DSR backends may omit the port: the VIP's (0: all ports).
+        let default_port = (cfg.mode == Mode::Dsr).then(|| cfg.vip.map_or(0, |v| v.port()));
+        let address = match (parse_addr(s, default_port), default_port) {
+            (Some(a), _) => a,
+            (None, Some(p)) if !s.contains(':') => {
+                braid_config::resolve_host_port(&format!("{s}:{p}"), service)?
+            }
+            (None, _) => braid_config::resolve_host_port(s, service).map_err(|m| {
+                format!("{m} (a backend is ADDRESS:PORT or HOST:PORT, e.g. \"198.18.0.3:8080\")")
+            })?,
+        };
+        if cfg.mode == Mode::Proxy && address.port() == 0 {
+            return Err(format!("{s:?}: port must not be 0 in proxy mode"));
+        }
+        if cfg.backends.iter().any(|x| x.address == address) {
+            return Err(format!("{address} is listed twice"));
+        }
+        Ok(address)
+    })?;
+    let weight = src.optional(&r.weight, &format!("backend[{i}].weight"), |&w| {
+        in_range(w, 1, 10_000).map(|w| w as u32)
+    })?;
+    Ok(BackendConfig {
+        address,
+        weight: weight.unwrap_or(1),
+    })
 }
 
 #[cfg(test)]
@@ -640,15 +512,19 @@ address = "198.18.0.4:8080"
 weight = 3
 "#;
 
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), text)
+    }
+
     fn err(text: &str) -> String {
-        let e = Config::parse(text, "t.toml").unwrap_err().0;
+        let e = parse(text).unwrap_err().to_string();
         assert!(!e.contains('\n'), "multi-line error: {e}");
         e
     }
 
     #[test]
     fn the_issue_example_parses() {
-        let c = Config::parse(GOOD, "t.toml").unwrap();
+        let c = parse(GOOD).unwrap();
         assert_eq!(c.name, "web");
         assert_eq!(c.mode, Mode::Proxy);
         assert_eq!(c.protocol, Protocol::Tcp);
@@ -666,32 +542,116 @@ weight = 3
     #[test]
     fn unknown_key_names_key_and_line() {
         let e = err(&GOOD.replace("metrics =", "colour = \"blue\"\nmetrics ="));
-        assert!(e.contains("line 9") && e.contains("colour"), "{e}");
+        assert!(
+            e.starts_with("t.toml:9:1: balance.colour: unknown key (expected one of: name, mode,"),
+            "{e}"
+        );
         let e = err(&GOOD.replace("weight = 3", "weight = 3\nwieght = 2"));
-        assert!(e.contains("wieght") && e.contains("line 18"), "{e}");
+        assert_eq!(
+            e,
+            "t.toml:18:1: backend[1].wieght: unknown key, did you mean `weight`?"
+        );
         let e = err(&GOOD.replace("fall = 2", "fal = 2"));
-        assert!(e.contains("fal"), "{e}");
+        assert!(
+            e.starts_with("t.toml:8:49: balance.health.fal: unknown key, did you mean `fall`?"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bad_values() {
-        let e = err(&GOOD.replace("198.18.0.3:8080", "198.18.0.300:8080"));
-        assert!(e.contains("line 12") && e.contains("198.18.0.300"), "{e}");
-        assert!(err(&GOOD.replace("198.18.0.10:8080", "nowhere")).contains("listen"));
-        assert!(err(&GOOD.replace("\"maglev\"", "\"fastest\"")).contains("unknown algorithm"));
-        assert!(err(&GOOD.replace("\"proxy\"", "\"tunnel\"")).contains("mode"));
-        assert!(err(&GOOD.replace("\"tcp\"", "\"sctp\"")).contains("protocol"));
-        assert!(err(&GOOD.replace("weight = 3", "weight = 0")).contains("weight"));
-        assert!(err(&GOOD.replace("weight = 3", "weight = -1")).contains("weight"));
-        assert!(err(&GOOD.replace("fall = 2", "fall = 0")).contains("fall"));
-        assert!(err(&GOOD.replace("interval_ms = 500", "interval_ms = 0")).contains("interval_ms"));
-        assert!(err(&GOOD.replace("198.18.0.4:8080", "198.18.0.3:8080")).contains("twice"));
-        assert!(err(&GOOD.replace("listen = \"198.18.0.10:8080\"", "")).contains("listen"));
-        assert!(err(&format!("{GOOD}\n[balance.x]\n")).contains("line"));
-        assert!(err("[balance]\nname = \"a b\"\nlisten=\"1.2.3.4:5\"").contains("name"));
-        assert!(err(&GOOD.replace("algorithm", "table_size = 65536\nalgorithm")).contains("prime"));
-        assert!(err("").contains("balance"));
-        assert!(err("[balance\n").contains("line"));
+        // (file, "LINE:COL: KEY: start of the message")
+        let cases: &[(String, &str)] = &[
+            (
+                GOOD.replace("198.18.0.3:8080", "198.18.0.300:8080"),
+                "12:11: backend[0].address: \"198.18.0.300\" is not an IP address",
+            ),
+            (
+                GOOD.replace("198.18.0.10:8080", "nowhere"),
+                "6:10: balance.listen: \"nowhere\" is not an address with a port",
+            ),
+            (
+                GOOD.replace("\"maglev\"", "\"fastest\""),
+                "7:13: balance.algorithm: unknown algorithm",
+            ),
+            (
+                GOOD.replace("\"proxy\"", "\"tunnel\""),
+                "4:8: balance.mode: \"tunnel\": expected \"proxy\" or \"dsr\"",
+            ),
+            (
+                GOOD.replace("\"tcp\"", "\"sctp\""),
+                "5:12: balance.protocol: \"sctp\"",
+            ),
+            (
+                GOOD.replace("weight = 3", "weight = 0"),
+                "17:10: backend[1].weight: 0 is out of range 1..10000",
+            ),
+            (
+                GOOD.replace("weight = 3", "weight = -1"),
+                "17:10: backend[1].weight: -1 is out of range",
+            ),
+            (
+                GOOD.replace("weight = 3", "weight = \"3\""),
+                "17:10: backend[1].weight: invalid type: string \"3\", expected i64",
+            ),
+            (
+                GOOD.replace("fall = 2", "fall = 0"),
+                "8:56: balance.health.fall: 0 is out of range 1..100",
+            ),
+            (
+                GOOD.replace("interval_ms = 500", "interval_ms = 0"),
+                "8:26: balance.health.interval_ms: 0 is out of range 10..3600000",
+            ),
+            (
+                GOOD.replace("198.18.0.4:8080", "198.18.0.3:8080"),
+                "16:11: backend[1].address: 198.18.0.3:8080 is listed twice",
+            ),
+            (
+                GOOD.replace("listen = \"198.18.0.10:8080\"", ""),
+                "2:1: balance.listen: missing: proxy mode needs listen",
+            ),
+            (
+                format!("{GOOD}\n[balance.x]\n"),
+                "19:10: balance.x: unknown key",
+            ),
+            (
+                "[balance]\nname = \"a b\"\nlisten=\"1.2.3.4:5\"".to_string(),
+                "2:8: balance.name: \"a b\": use 1-64",
+            ),
+            (
+                GOOD.replace("algorithm", "table_size = 65536\nalgorithm"),
+                "7:14: balance.table_size: 65536 must be a prime",
+            ),
+            (
+                GOOD.replace("workers", "x")
+                    .replace("metrics =", "workers = 0\nmetrics ="),
+                "9:11: balance.workers: 0 is out of range 1..256",
+            ),
+            (String::new(), "1:1: balance: missing"),
+            ("[balance\n".to_string(), "1:9: "),
+            (
+                GOOD.split("[[backend]]").next().unwrap().to_string(),
+                "2:1: backend: missing: a balancer needs at least one [[backend]]",
+            ),
+            (
+                GOOD.replace("198.18.0.3:8080", "web1"),
+                "12:11: backend[0].address: \"web1\" is not HOST:PORT",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(
+                e.starts_with(&format!("t.toml:{want}")),
+                "want {want:?}, got {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn backend_host_names_are_resolved() {
+        let c = parse(&GOOD.replace("198.18.0.3:8080", "localhost:8080")).unwrap();
+        assert!(c.backends[0].address.ip().is_loopback(), "{:?}", c.backends);
+        assert_eq!(c.backends[0].address.port(), 8080);
     }
 
     #[test]
@@ -701,11 +661,11 @@ weight = 3
         let dsr = dsr.replace("listen =", "vip = \"198.18.0.100\"\nlisten =");
         assert!(err(&dsr).contains("interface"));
         let e = err(&dsr.replace("vip =", "interface = \"nosuchif0\"\nvip ="));
-        assert!(
-            e.contains("nosuchif0") && e.contains("does not exist") && e.contains("line 6"),
-            "{e}"
+        assert_eq!(
+            e,
+            "t.toml:6:13: balance.interface: interface \"nosuchif0\" does not exist on this host"
         );
-        let c = Config::parse(&dsr.replace("vip =", "interface = \"lo\"\nvip ="), "t").unwrap();
+        let c = parse(&dsr.replace("vip =", "interface = \"lo\"\nvip =")).unwrap();
         assert_eq!(c.vip, Some("198.18.0.100:0".parse().unwrap()));
         assert_eq!(c.interface.as_deref(), Some("lo"));
         // DSR backends may omit the port (all ports), but then health checks need one.
@@ -713,13 +673,13 @@ weight = 3
             .replace("vip =", "interface = \"lo\"\nvip =")
             .replace("\"198.18.0.3:8080\"", "\"198.18.0.3\"");
         assert!(err(&noport).contains("health.port"));
-        let c = Config::parse(&noport.replace("rise = 2", "rise = 2, port = 80"), "t").unwrap();
+        let c = parse(&noport.replace("rise = 2", "rise = 2, port = 80")).unwrap();
         assert_eq!(c.backends[0].address, "198.18.0.3:0".parse().unwrap());
     }
 
     #[test]
     fn defaults() {
-        let c = Config::parse("[balance]\nname = \"x\"\nlisten = \"[2001:db8::1]:80\"\n[[backend]]\naddress = \"[2001:db8::2]:80\"\n", "t").unwrap();
+        let c = parse("[balance]\nname = \"x\"\nlisten = \"[2001:db8::1]:80\"\n[[backend]]\naddress = \"[2001:db8::2]:80\"\n").unwrap();
         assert_eq!(c.algorithm, Algorithm::Maglev);
         assert_eq!((c.health.fall, c.health.rise), (2, 2));
         assert_eq!(c.health.http_path, None);
@@ -736,10 +696,7 @@ weight = 3
     #[test]
     fn proxy_limits() {
         let with = |extra: &str| GOOD.replace("metrics =", &format!("{extra}\nmetrics ="));
-        let c = Config::parse(
-            &with("max_connections = 5000\nmax_connections_per_source = 50\ntcp_idle_timeout_ms = 2000\ntcp_keepalive_ms = 0\nevict_idle_after_ms = 500\ndrain_timeout_ms = 4000"),
-            "t",
-        )
+        let c = parse(&with("max_connections = 5000\nmax_connections_per_source = 50\ntcp_idle_timeout_ms = 2000\ntcp_keepalive_ms = 0\nevict_idle_after_ms = 500\ndrain_timeout_ms = 4000"))
         .unwrap();
         assert_eq!(c.max_connections, Some(5000));
         assert_eq!(c.max_connections_per_source, Some(50));
@@ -747,9 +704,34 @@ weight = 3
         assert_eq!(c.tcp_keepalive, None);
         assert_eq!(c.evict_idle_after, Duration::from_millis(500));
         assert_eq!(c.drain_timeout, Duration::from_secs(4));
-        let e = err(&with("max_connections = 0"));
-        assert!(e.contains("max_connections") && e.contains("line 9"), "{e}");
-        assert!(err(&with("tcp_idle_timeout_ms = 0")).contains("tcp_idle_timeout_ms"));
-        assert!(err(&with("drain_timeout_ms = -1")).contains("line 9"));
+        for (line, want) in [
+            (
+                "max_connections = 0",
+                "t.toml:9:19: balance.max_connections: 0 is out of range 1..100000000",
+            ),
+            (
+                "max_connections_per_source = 0",
+                "t.toml:9:30: balance.max_connections_per_source: 0 is out of range 1..100000000",
+            ),
+            (
+                "tcp_idle_timeout_ms = 0",
+                "t.toml:9:23: balance.tcp_idle_timeout_ms: 0 is out of range 1..86400000",
+            ),
+            (
+                "tcp_keepalive_ms = 7200001",
+                "t.toml:9:20: balance.tcp_keepalive_ms: 7200001 is out of range 1..7200000",
+            ),
+            (
+                "evict_idle_after_ms = 0",
+                "t.toml:9:23: balance.evict_idle_after_ms: 0 is out of range 1..86400000",
+            ),
+            (
+                "drain_timeout_ms = -1",
+                "t.toml:9:20: balance.drain_timeout_ms: ",
+            ),
+        ] {
+            let e = err(&with(line));
+            assert!(e.starts_with(want), "want {want:?}, got {e:?}");
+        }
     }
 }

@@ -329,8 +329,8 @@ mod tests {
     #[test]
     fn status_table_is_aligned() {
         let cfg = Config::parse(
+            std::path::Path::new("t"),
             "[balance]\nname = \"web\"\nlisten = \"198.18.0.10:80\"\n[[backend]]\naddress = \"198.18.0.3:80\"\n[[backend]]\naddress = \"198.18.0.44:8080\"\nweight = 3\n",
-            "t",
         )
         .unwrap();
         let b = Balancer::new(cfg).unwrap();
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn control_requests() {
-        let cfg = Config::parse("[balance]\nname = \"web\"\nlisten = \"198.18.0.10:80\"\n[[backend]]\naddress = \"198.18.0.3:80\"\n", "t").unwrap();
+        let cfg = Config::parse(std::path::Path::new("t"), "[balance]\nname = \"web\"\nlisten = \"198.18.0.10:80\"\n[[backend]]\naddress = \"198.18.0.3:80\"\n").unwrap();
         let b = Balancer::new(cfg).unwrap();
         let ok = |v: serde_json::Value| assert_eq!(b.handle_control(&v)["ok"], true, "{v}");
         let err =
@@ -475,7 +475,7 @@ mod tests {
             "[balance]\nname = \"hc\"\nlisten = \"127.0.0.1:1\"\nhealth = {{ interval_ms = 20, timeout_ms = 200, fall = 2, rise = 2 }}\n[[backend]]\naddress = \"{}\"\n[[backend]]\naddress = \"{dead_addr}\"\n",
             alive.local_addr().unwrap()
         );
-        let b = Balancer::new(Config::parse(&text, "t").unwrap()).unwrap();
+        let b = Balancer::new(Config::parse(std::path::Path::new("t"), &text).unwrap()).unwrap();
         let h = b.spawn_health_checker().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {

@@ -949,7 +949,7 @@ mod tests {
         let text = format!(
             "[balance]\nname = \"t\"\nlisten = \"{listen}\"\nalgorithm = \"round-robin\"\nhealth = {{ fall = 5 }}\n[[backend]]\naddress = \"{dead}\"\n[[backend]]\naddress = \"{backend}\"\n"
         );
-        let b = Balancer::new(Config::parse(&text, "t").unwrap()).unwrap();
+        let b = Balancer::new(Config::parse(std::path::Path::new("t"), &text).unwrap()).unwrap();
         let runner = {
             let b = b.clone();
             std::thread::spawn(move || run(b))

@@ -6,6 +6,8 @@
 //! the same definitions, so they cannot disagree with `--help`; packaging
 //! (`scripts/build-deb.sh`) runs them to ship the man pages and completion files.
 
+mod check;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,11 +20,13 @@ use clap::{Parser, Subcommand};
     about = "Bond several network links into one; balance connections over servers"
 )]
 struct Cli {
-    /// Log level (error, warn, info, debug, trace), or a tracing filter; RUST_LOG also works.
-    #[arg(long, global = true)]
+    /// Log level (error, warn, info, debug, trace, off), or a tracing filter of TARGET=LEVEL
+    /// directives (e.g. "info,braid_tunnel=debug"); RUST_LOG also works.
+    #[arg(long, global = true, value_parser = parse_log_level)]
     log_level: Option<String>,
-    /// Control socket of the running endpoint or balancer (default: /run/braid/<name>.sock).
-    #[arg(long, global = true)]
+    /// Before the command, as braid first accepted it (`braid --control PATH status`): kept
+    /// for scripts, out of the help, and refused by the commands that have no use for it.
+    #[arg(long, hide = true, value_name = "PATH")]
     control: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -34,22 +38,34 @@ enum Cmd {
     Keygen,
     /// Run a bonding tunnel endpoint in the foreground.
     Up(braid_tunnel::UpArgs),
+    /// Check a tunnel or balancer configuration file, touching nothing; exit 0 if it is valid.
+    Check(check::CheckArgs),
     /// Show a running endpoint's bundle and links, or a balancer's backends.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        control: ControlArg,
     },
     /// Add, remove or change links of a running endpoint.
-    #[command(subcommand)]
-    Link(braid_tunnel::LinkCmd),
+    Link {
+        #[command(flatten)]
+        control: ControlArg,
+        #[command(subcommand)]
+        cmd: braid_tunnel::LinkCmd,
+    },
     /// Run the built-in network lab (needs root): emulated links, two endpoints, real TCP.
     Lab(braid_lab::LabArgs),
     /// Run a layer-4 load balancer in the foreground.
     Balance(braid_balance::BalanceArgs),
     /// Add, remove, drain or re-weight backends of a running balancer.
-    #[command(subcommand)]
-    Backend(braid_balance::BackendCmd),
+    Backend {
+        #[command(flatten)]
+        control: ControlArg,
+        #[command(subcommand)]
+        cmd: braid_balance::BackendCmd,
+    },
     /// Print a shell completion script (e.g. `braid completions bash > /etc/bash_completion.d/braid`).
     Completions {
         #[arg(value_enum)]
@@ -65,6 +81,41 @@ enum Cmd {
     /// Internal: processes the lab starts in its namespaces.
     #[command(subcommand, hide = true)]
     LabInternal(braid_lab::LabInternal),
+}
+
+impl Cmd {
+    fn uses_control(&self) -> bool {
+        matches!(
+            self,
+            Cmd::Status { .. } | Cmd::Link { .. } | Cmd::Backend { .. }
+        )
+    }
+}
+
+/// `--control`, offered only by the commands that talk to a running endpoint or balancer.
+#[derive(clap::Args)]
+struct ControlArg {
+    /// Control socket of the running endpoint or balancer (default: the only socket in
+    /// /run/braid).
+    #[arg(long, global = true, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+/// `--log-level`: a level, or directives of the form TARGET=LEVEL. A bare word that is not a
+/// level is refused: tracing would read it as a target name and quietly log nothing useful.
+fn parse_log_level(s: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    for d in s.split(',').map(str::trim) {
+        if !d.contains('=') && !LEVELS.contains(&d.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{d:?} is not a level ({}) nor a TARGET=LEVEL directive",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// Logs go to stderr; colours only when stderr is a terminal (not in journald or a file).
@@ -150,14 +201,21 @@ fn main() -> ExitCode {
         braid_linux::metrics::set_git_commit(commit); // for braid_build_info (see build.rs)
     }
     init_logging(cli.log_level.as_deref());
+    if cli.control.is_some() && !cli.cmd.uses_control() {
+        eprintln!("braid: error: --control is only for status, link and backend (braid up and braid balance take their control socket from the config file)");
+        return ExitCode::from(2);
+    }
     let result = match cli.cmd {
         Cmd::Keygen => keygen(),
         Cmd::Up(args) => braid_tunnel::run_up(args),
-        Cmd::Status { json } => status(cli.control, json),
-        Cmd::Link(cmd) => braid_tunnel::run_link(cli.control, cmd),
+        Cmd::Check(args) => check::run(args),
+        Cmd::Status { json, control } => status(control.control.or(cli.control), json),
+        Cmd::Link { control, cmd } => braid_tunnel::run_link(control.control.or(cli.control), cmd),
         Cmd::Lab(args) => braid_lab::run_lab(args),
         Cmd::Balance(args) => braid_balance::run_balance(args),
-        Cmd::Backend(cmd) => braid_balance::run_backend(cli.control, cmd),
+        Cmd::Backend { control, cmd } => {
+            braid_balance::run_backend(control.control.or(cli.control), cmd)
+        }
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man(dir),
         Cmd::LabInternal(cmd) => braid_lab::run_internal(cmd),

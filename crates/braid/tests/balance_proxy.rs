@@ -922,22 +922,22 @@ fn config_errors_are_one_line() {
     let cases: Vec<(String, Vec<&str>)> = vec![
         (
             base.replace("listen", "colour = \"blue\"\nlisten"),
-            vec!["line 3", "colour"],
+            vec![":3:1: balance.colour: unknown key"],
         ),
         (
             base.replace("198.18.20.11:8080", "198.18.20.300:8080"),
-            vec!["line 5", "198.18.20.300"],
+            vec![":5:11: backend[0].address: \"198.18.20.300\" is not an IP address"],
         ),
         (
             base.replace(
                 "listen = \"198.18.10.2:8080\"",
                 &format!("mode = \"dsr\"\nvip = \"198.18.10.100\"\ninterface = \"{missing_if}\""),
             ),
-            vec!["line 5", &missing_if, "does not exist"],
+            vec![":5:13: balance.interface: ", &missing_if, "does not exist"],
         ),
         (
             base.replace("name = \"x\"", "name = \"x\"\nalgorithm = \"fastest\""),
-            vec!["line 3", "fastest"],
+            vec![":3:13: balance.algorithm: ", "fastest"],
         ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {

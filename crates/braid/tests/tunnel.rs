@@ -980,7 +980,11 @@ fn error_nonexistent_interface() {
     );
     let c = net.write("c.toml", &t);
     let (st, err) = up_to_exit(&net.client, &c, false, Duration::from_secs(10));
-    let last = assert_one_line_error(st, &err, &["link isp1: interface veth9 does not exist"]);
+    let last = assert_one_line_error(
+        st,
+        &err,
+        &["c.toml:10:7: link[0].dev: link isp1: interface veth9 does not exist"],
+    );
     assert_eq!(err.trim_end(), last);
     assert!(!run("ip", &["-n", &net.client, "link", "show", "braid0"])
         .status
@@ -995,23 +999,23 @@ fn error_malformed_config() {
     let cases = [
         (
             good.replace("mtu = 1400\n", "mtu = 1400\ncolour = \"blue\"\n"),
-            vec!["c.toml:7:", "unknown field `colour`"],
+            vec!["c.toml:7:1: bundle.colour: unknown key"],
         ),
         (
             good.replace("remote =", "remot ="),
-            vec!["unknown field `remot`"],
+            vec!["link[0].remot: unknown key, did you mean `remote`?"],
         ),
         (
             good.replace("198.19.0.2/30", "198.19.0.2"),
-            vec!["c.toml:5:", "address"],
+            vec!["c.toml:5:11: bundle.address: "],
         ),
         (
             good.replace(&net.key, "c2hvcnQ="),
-            vec!["c.toml:4:", "key is 5 bytes, expected 32"],
+            vec!["c.toml:4:7: bundle.key: key is 5 bytes, expected 32"],
         ),
         (
             good.replace("[bundle]\n", "[bundle]\ncipher = \"rot13\"\n"),
-            vec!["c.toml:2:", "unknown cipher \"rot13\""],
+            vec!["c.toml:2:10: bundle.cipher: unknown cipher \"rot13\""],
         ),
         (
             good.replace("mtu = 1400", "mtu = 1400 1400"),
@@ -1020,11 +1024,18 @@ fn error_malformed_config() {
         (
             good.replace("198.19.0.2/30", "198.19.0.2/30, 2001:2:0:1::2/64")
                 .replace("mtu = 1400", "mtu = 1200"),
-            vec!["c.toml:6:", "mtu 1200 is below 1280", "2001:2:0:1::2/64"],
+            vec![
+                "c.toml:6:7: bundle.mtu: 1200 is below 1280",
+                "2001:2:0:1::2/64",
+            ],
         ),
         (
             good.replace("\"198.19.0.2/30\"", "[\"198.19.0.2/30\", 5]"),
-            vec!["c.toml:5:", "address: 5 is not a string"],
+            vec!["c.toml:5:11: bundle.address: 5 is not a string"],
+        ),
+        (
+            good.replace("mtu = 1400", "mtu = \"big\""),
+            vec!["c.toml:6:7: bundle.mtu: invalid type: string \"big\", expected u32"],
         ),
     ];
     for (text, want) in cases {

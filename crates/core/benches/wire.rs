@@ -18,7 +18,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 const SIZES: [usize; 4] = [64, 512, 1400, 8192];
 const CIPHERS: [(CipherId, &str); 2] = [
     (CipherId::ChaCha20Poly1305, "chacha20-poly1305"),
-    (CipherId::Aes256Gcm, "aes256-gcm"),
+    (CipherId::Aes256Gcm, "aes-256-gcm"),
 ];
 
 fn header(counter: u64) -> Header {

@@ -310,6 +310,7 @@ impl Header {
 #[repr(u8)]
 pub enum CipherId {
     ChaCha20Poly1305 = 1,
+    #[serde(rename = "aes-256-gcm", alias = "aes256-gcm")]
     Aes256Gcm = 2,
 }
 
@@ -322,11 +323,21 @@ impl CipherId {
             _ => None,
         }
     }
-    /// The name used in configuration files and on the command line.
+    /// The canonical name, used in configuration files, status and docs (the spelling of
+    /// OpenSSL and of RFC 5116's AEAD_AES_256_GCM).
     pub fn name(self) -> &'static str {
         match self {
             CipherId::ChaCha20Poly1305 => "chacha20-poly1305",
-            CipherId::Aes256Gcm => "aes256-gcm",
+            CipherId::Aes256Gcm => "aes-256-gcm",
+        }
+    }
+    /// The cipher named `s`: a canonical [`CipherId::name`], or `aes256-gcm`, the spelling
+    /// braid accepted first.
+    pub fn from_name(s: &str) -> Option<CipherId> {
+        match s {
+            "chacha20-poly1305" => Some(CipherId::ChaCha20Poly1305),
+            "aes-256-gcm" | "aes256-gcm" => Some(CipherId::Aes256Gcm),
+            _ => None,
         }
     }
 }

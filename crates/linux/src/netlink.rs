@@ -57,6 +57,13 @@ async fn index_of(_handle: &rtnetlink::Handle, name: &str) -> Result<u32, Netlin
     }
 }
 
+/// Whether interface `name` exists in this network namespace. A read-only query
+/// (`if_nametoindex`, not `/sys/class/net`, which shows the namespace sysfs was mounted in), so
+/// `braid check` can use it.
+pub fn interface_exists(name: &str) -> bool {
+    crate::tun::valid_ifname(name) && nix::net::if_::if_nametoindex(name).is_ok()
+}
+
 /// The interface index of `name`.
 pub fn if_index(name: &str) -> Result<u32, NetlinkError> {
     run(|h| async move { index_of(&h, name).await })

@@ -1,5 +1,6 @@
 //! `braid up`'s TOML configuration: parsing (serde + toml, unknown keys rejected everywhere) and
-//! validation. Every error is one line that says what is wrong and where (file, line, column).
+//! validation, one validator per section (`validate_bundle`, `validate_link`). Every error is
+//! one line that names the file, the line and the key (`braid_config`'s format).
 //!
 //! ```toml
 //! [bundle]
@@ -16,22 +17,22 @@
 //!
 //! [[link]]
 //! name = "isp1"
-//! dev = "veth1"                # SO_BINDTODEVICE, and/or
+//! dev = "eth1"                 # SO_BINDTODEVICE (must exist), and/or
 //! bind = "198.18.1.1"          # this source address (optionally with :port)
 //! remote = "198.18.1.2:5050"
 //! bandwidth = 28800            # optional, bit/s
 //! priority = 0                 # optional
 //! ```
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use braid_config::{in_range, Source, Spanned};
 use braid_core::endpoint::Role;
 use braid_core::wire::CipherId;
 use braid_core::LinkId;
 use serde::Deserialize;
-use toml::Spanned;
 
 /// Default MTU of the TUN device: leaves room for braid's 77 bytes of overhead (IPv4 + UDP +
 /// header + tag) on a 1500-byte uplink, with margin for PPPoE and similar.
@@ -48,7 +49,7 @@ pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileRepr {
-    bundle: BundleRepr,
+    bundle: Spanned<BundleRepr>,
     #[serde(default)]
     link: Vec<Spanned<LinkRepr>>,
 }
@@ -68,7 +69,7 @@ struct BundleRepr {
     control: Option<Spanned<String>>,
     metrics: Option<Spanned<String>>,
     // Optional knobs beyond the contract.
-    /// "chacha20-poly1305" (default) or "aes256-gcm".
+    /// "chacha20-poly1305" (default) or "aes-256-gcm" ("aes256-gcm" is accepted too).
     cipher: Option<Spanned<String>>,
     /// Keepalive/probe period per link, milliseconds (default: the core's, 100 ms).
     probe_interval_ms: Option<Spanned<u64>>,
@@ -119,6 +120,8 @@ pub struct Config {
     pub connect_timeout: Option<Duration>,
     pub txqueuelen: u32,
     pub links: Vec<LinkSpec>,
+    /// Things that do not stop the endpoint but should be fixed (a key readable by others).
+    pub warnings: Vec<String>,
 }
 
 /// One address of the TUN device with its prefix length, shown as `198.19.0.2/30`.
@@ -148,34 +151,7 @@ pub struct LinkSpec {
     pub priority: u8,
 }
 
-/// A configuration error: one line.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-/// Line and column (1-based) of byte offset `pos` in `text`.
-fn line_col(text: &str, pos: usize) -> (usize, usize) {
-    let pos = pos.min(text.len());
-    let before = &text[..pos];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map(|i| pos - i).unwrap_or(pos + 1);
-    (line, col)
-}
-
-struct Ctx<'a> {
-    path: &'a Path,
-    text: &'a str,
-}
-
-impl Ctx<'_> {
-    fn at<T>(&self, v: &Spanned<T>, msg: impl std::fmt::Display) -> ConfigError {
-        let (l, c) = line_col(self.text, v.span().start);
-        ConfigError(format!("{}:{l}:{c}: {msg}", self.path.display()))
-    }
-    fn whole(&self, msg: impl std::fmt::Display) -> ConfigError {
-        ConfigError(format!("{}: {msg}", self.path.display()))
-    }
-}
+pub use braid_config::ConfigError;
 
 /// Parses "IP/PREFIX" (IPv4 or IPv6).
 pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
@@ -262,25 +238,7 @@ pub fn parse_bind(s: &str) -> Result<SocketAddr, String> {
 
 /// Resolves "HOST:PORT", preferring the address family of `family_hint`.
 pub fn resolve_remote(s: &str, family_hint: Option<IpAddr>) -> Result<SocketAddr, String> {
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(a);
-    }
-    if !s.contains(':') {
-        return Err(format!("{s:?} is not HOST:PORT"));
-    }
-    let addrs: Vec<SocketAddr> = s
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {s:?}: {e}"))?
-        .collect();
-    let pick = match family_hint {
-        Some(h) => addrs
-            .iter()
-            .find(|a| a.is_ipv4() == h.is_ipv4())
-            .or(addrs.first()),
-        None => addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()),
-    };
-    pick.copied()
-        .ok_or_else(|| format!("{s:?} resolves to no address"))
+    braid_config::resolve_host_port(s, family_hint)
 }
 
 fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
@@ -297,271 +255,261 @@ impl Config {
 
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        let text = Source::read(path)?;
         Self::parse(path, &text)
     }
 
-    /// Validates `text` (the contents of `path`, used in messages).
+    /// Validates `text` (the contents of `path`, used in messages). Looks at the host too, read
+    /// only: a `key_file` is read, a link's `dev` must exist, a remote host name is resolved.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let cx = Ctx { path, text };
-        let file: FileRepr = toml::from_str(text).map_err(|e| {
-            let msg = e.message().replace('\n', " ");
-            match e.span() {
-                Some(sp) => {
-                    let (l, c) = line_col(text, sp.start);
-                    ConfigError(format!("{}:{l}:{c}: {msg}", path.display()))
-                }
-                None => ConfigError(format!("{}: {msg}", path.display())),
+        let src = Source::new(path, text);
+        let file: FileRepr = src.deserialize()?;
+        let mut cfg = validate_bundle(&src, &file.bundle)?;
+        match cfg.role {
+            Role::Client if file.link.is_empty() => {
+                return Err(src.at(
+                    &file.bundle,
+                    "link",
+                    "missing: a client needs at least one [[link]] (name, dev and/or bind, remote)",
+                ))
             }
-        })?;
-        let b = file.bundle;
-
-        let name = b.name.get_ref().clone();
-        if !braid_linux::tun::valid_ifname(&name) {
-            return Err(cx.at(&b.name, format_args!("name {name:?} is not a valid interface name (1 to 15 characters, no '/', ':' or spaces)")));
+            Role::Client => {
+                for (i, link) in file.link.iter().enumerate() {
+                    let spec = validate_link(&src, i, link, &cfg.links)?;
+                    cfg.links.push(spec);
+                }
+            }
+            Role::Server if !file.link.is_empty() => cfg.warnings.push(format!(
+                "{}: [[link]] tables are ignored by a server (it learns its links from the client)",
+                path.display()
+            )),
+            Role::Server => {}
         }
-        let role = match b.role.get_ref().as_str() {
-            "client" => Role::Client,
-            "server" => Role::Server,
-            other => {
-                return Err(cx.at(
-                    &b.role,
-                    format_args!("role {other:?} is neither \"client\" nor \"server\""),
-                ))
-            }
-        };
-        let psk = match (&b.key, &b.key_file) {
-            (Some(_), Some(f)) => return Err(cx.at(f, "give either key or key_file, not both")),
-            (Some(k), None) => decode_key(k.get_ref()).map_err(|m| cx.at(k, m))?,
-            (None, Some(f)) => {
-                let kp = Path::new(f.get_ref());
-                let kp = if kp.is_relative() { path.parent().unwrap_or(Path::new(".")).join(kp) } else { kp.to_path_buf() };
-                let t = std::fs::read_to_string(&kp)
-                    .map_err(|e| cx.at(f, format_args!("key_file {}: cannot read: {e}", kp.display())))?;
-                decode_key(&t).map_err(|m| cx.at(f, format_args!("key_file {}: {m}", kp.display())))?
-            }
-            (None, None) => return Err(cx.whole("[bundle] needs key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)")),
-        };
-        let addresses = parse_addresses(b.address.get_ref())
-            .map_err(|m| cx.at(&b.address, format_args!("address: {m}")))?;
-        let ipv6 = addresses.iter().find(|a| a.ip.is_ipv6());
-        let mtu = match &b.mtu {
-            Some(m) if !(576..=65535).contains(m.get_ref()) => {
-                return Err(cx.at(
-                    m,
-                    format_args!("mtu {} out of range 576..65535", m.get_ref()),
-                ))
-            }
-            Some(m) if *m.get_ref() < 1280 && ipv6.is_some() => {
-                return Err(cx.at(
-                    m,
-                    format_args!(
-                        "mtu {} is below 1280, the least IPv6 allows, and address has {} (raise mtu or drop the IPv6 address)",
-                        m.get_ref(),
-                        ipv6.map(|a| a.to_string()).unwrap_or_default()
-                    ),
-                ))
-            }
-            Some(m) => *m.get_ref(),
-            None => DEFAULT_MTU,
-        };
-        let listen = match &b.listen {
-            Some(l) => Some(
-                parse_socket_addr(l.get_ref())
-                    .map_err(|m| cx.at(l, format_args!("listen: {m}")))?,
-            ),
-            None => None,
-        };
-        if role == Role::Server && listen.is_none() {
-            return Err(cx.whole(
-                "[bundle] a server needs listen = \"ADDRESS:PORT\" (where its links arrive)",
-            ));
-        }
-        let scheduler = match &b.scheduler {
-            Some(s) if braid_core::sched::NAMES.contains(&s.get_ref().as_str()) => {
-                s.get_ref().clone()
-            }
-            Some(s) => {
-                return Err(cx.at(
-                    s,
-                    format_args!(
-                        "unknown scheduler {:?} (expected one of: {})",
-                        s.get_ref(),
-                        braid_core::sched::NAMES.join(", ")
-                    ),
-                ))
-            }
-            None => "adaptive".to_string(),
-        };
-        let control = match &b.control {
-            Some(c) if c.get_ref().is_empty() => return Err(cx.at(c, "control: empty path")),
-            Some(c) => PathBuf::from(c.get_ref()),
-            None => braid_linux::control::default_path(&name),
-        };
-        let metrics = match &b.metrics {
-            Some(m) => Some(
-                parse_socket_addr(m.get_ref())
-                    .map_err(|e| cx.at(m, format_args!("metrics: {e}")))?,
-            ),
-            None => None,
-        };
-        let cipher = match &b.cipher {
-            None => CipherId::ChaCha20Poly1305,
-            Some(c) => match c.get_ref().as_str() {
-                "chacha20-poly1305" => CipherId::ChaCha20Poly1305,
-                "aes256-gcm" => CipherId::Aes256Gcm,
-                other => {
-                    return Err(cx.at(
-                        c,
-                        format_args!(
-                            "unknown cipher {other:?} (expected chacha20-poly1305 or aes256-gcm)"
-                        ),
-                    ))
-                }
-            },
-        };
-        let ms = |v: &Option<Spanned<u64>>, what: &str| -> Result<Option<Duration>, ConfigError> {
-            match v {
-                Some(x) if *x.get_ref() == 0 || *x.get_ref() > 600_000 => {
-                    Err(cx.at(x, format_args!("{what} must be 1..600000 ms")))
-                }
-                Some(x) => Ok(Some(Duration::from_millis(*x.get_ref()))),
-                None => Ok(None),
-            }
-        };
-        let probe_interval = ms(&b.probe_interval_ms, "probe_interval_ms")?;
-        let down_after = ms(&b.down_after_ms, "down_after_ms")?;
-        let reorder_max = ms(&b.reorder_max_ms, "reorder_max_ms")?;
-        let equalize_max = match &b.equalize_max_ms {
-            Some(x) if *x.get_ref() > 1_000 => {
-                return Err(cx.at(
-                    x,
-                    format_args!("equalize_max_ms must be 0..1000 ms (0 turns it off)"),
-                ))
-            }
-            Some(x) => Some(Duration::from_millis(*x.get_ref())),
-            None => None,
-        };
-        let connect_timeout = match b
-            .connect_timeout
-            .as_ref()
-            .map(|c| *c.get_ref())
-            .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S)
-        {
-            0 => None,
-            s => Some(Duration::from_secs(s)),
-        };
-
-        let txqueuelen = match &b.txqueuelen {
-            Some(q) if !(1..=100_000).contains(q.get_ref()) => {
-                return Err(cx.at(q, "txqueuelen must be 1..100000 packets"))
-            }
-            Some(q) => *q.get_ref(),
-            None => DEFAULT_TXQUEUELEN,
-        };
-        let mut links = Vec::new();
-        if role == Role::Client && file.link.is_empty() {
-            return Err(
-                cx.whole("a client needs at least one [[link]] (name, dev and/or bind, remote)")
-            );
-        }
-        for (i, l) in file.link.iter().enumerate() {
-            let sp = l.span();
-            let l = l.get_ref();
-            let lname = l.name.get_ref().clone();
-            if lname.is_empty() || lname.len() > 32 || lname.contains(char::is_whitespace) {
-                return Err(cx.at(
-                    &l.name,
-                    format_args!("link name {lname:?}: 1 to 32 characters, no spaces"),
-                ));
-            }
-            if links.iter().any(|x: &LinkSpec| x.name == lname) {
-                return Err(cx.at(&l.name, format_args!("link name {lname:?} is used twice")));
-            }
-            let at_link = |msg: String| {
-                let (ln, c) = line_col(text, sp.start);
-                ConfigError(format!("{}:{ln}:{c}: link {lname}: {msg}", path.display()))
-            };
-            if role == Role::Server {
-                // The server learns its links from the client; [[link]] tables are not used.
-                continue;
-            }
-            if l.dev.is_none() && l.bind.is_none() {
-                return Err(at_link(
-                    "needs dev = \"IFACE\" and/or bind = \"ADDRESS\"".into(),
-                ));
-            }
-            if let Some(d) = &l.dev {
-                if !braid_linux::tun::valid_ifname(d.get_ref()) {
-                    return Err(cx.at(
-                        d,
-                        format_args!(
-                            "link {lname}: dev {:?} is not a valid interface name",
-                            d.get_ref()
-                        ),
-                    ));
-                }
-            }
-            let bind = match &l.bind {
-                Some(bv) => Some(
-                    parse_bind(bv.get_ref())
-                        .map_err(|m| cx.at(bv, format_args!("link {lname}: bind: {m}")))?,
-                ),
-                None => None,
-            };
-            let remote_v = l.remote.as_ref().ok_or_else(|| {
-                at_link(
-                    "needs remote = \"HOST:PORT\" (the server's address over this uplink)".into(),
-                )
-            })?;
-            let remote = resolve_remote(remote_v.get_ref(), bind.map(|b| b.ip()))
-                .map_err(|m| cx.at(remote_v, format_args!("link {lname}: remote: {m}")))?;
-            if let Some(bind) = bind {
-                if bind.is_ipv4() != remote.is_ipv4() && !bind.ip().is_unspecified() {
-                    return Err(cx.at(remote_v, format_args!("link {lname}: remote {remote} and bind {} are of different IP families", bind.ip())));
-                }
-            }
-            if let Some(bw) = &l.bandwidth {
-                if *bw.get_ref() == 0 {
-                    return Err(cx.at(
-                        bw,
-                        format_args!("link {lname}: bandwidth must be > 0 bit/s (or left out)"),
-                    ));
-                }
-            }
-            links.push(LinkSpec {
-                id: (i + 1) as LinkId,
-                name: lname,
-                dev: l.dev.as_ref().map(|d| d.get_ref().clone()),
-                bind,
-                remote_text: remote_v.get_ref().clone(),
-                remote,
-                bandwidth_bps: l.bandwidth.as_ref().map(|b| *b.get_ref()),
-                priority: l.priority.as_ref().map(|p| *p.get_ref()).unwrap_or(0),
-            });
-        }
-        Ok(Config {
-            path: path.to_path_buf(),
-            name,
-            role,
-            psk,
-            addresses,
-            mtu,
-            listen,
-            scheduler,
-            control,
-            metrics,
-            cipher,
-            probe_interval,
-            down_after,
-            reorder_max,
-            equalize_max,
-            connect_timeout,
-            txqueuelen,
-            links,
-        })
+        Ok(cfg)
     }
+}
+
+/// `[bundle]`: everything but the links.
+fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config, ConfigError> {
+    let b = bundle.get_ref();
+    let name = src.value(&b.name, "bundle.name", |n| {
+        if braid_linux::tun::valid_ifname(n) {
+            Ok(n.clone())
+        } else {
+            Err(format!(
+                "{n:?} is not a valid interface name (1 to 15 characters, no '/', ':' or spaces)"
+            ))
+        }
+    })?;
+    let role = src.value(&b.role, "bundle.role", |r| match r.as_str() {
+        "client" => Ok(Role::Client),
+        "server" => Ok(Role::Server),
+        other => Err(format!("{other:?} is neither \"client\" nor \"server\"")),
+    })?;
+    let (psk, warnings) = bundle_key(src, bundle)?;
+    let addresses = validate_address(src, &b.address)?;
+    let ipv6 = addresses.iter().find(|a| a.ip.is_ipv6());
+    let mtu = src.optional(&b.mtu, "bundle.mtu", |&m| {
+        let m = in_range(m, 576, 65535)?;
+        match ipv6 {
+            Some(v6) if m < 1280 => Err(format!(
+                "{m} is below 1280, the least IPv6 allows, and address has {v6} (raise mtu or drop the IPv6 address)"
+            )),
+            _ => Ok(m),
+        }
+    })?;
+    let listen = src.optional(&b.listen, "bundle.listen", |l| parse_socket_addr(l))?;
+    if role == Role::Server && listen.is_none() {
+        return Err(src.at(
+            bundle,
+            "bundle.listen",
+            "missing: a server needs listen = \"ADDRESS:PORT\" (where its links arrive)",
+        ));
+    }
+    let scheduler = src.optional(&b.scheduler, "bundle.scheduler", |s| {
+        let names = braid_core::sched::NAMES;
+        if names.contains(&s.as_str()) {
+            Ok(s.clone())
+        } else {
+            Err(format!(
+                "unknown scheduler {s:?} (expected one of: {})",
+                names.join(", ")
+            ))
+        }
+    })?;
+    let control = src.optional(&b.control, "bundle.control", |c| match c.as_str() {
+        "" => Err("empty path".to_string()),
+        c => Ok(PathBuf::from(c)),
+    })?;
+    let metrics = src.optional(&b.metrics, "bundle.metrics", |m| parse_socket_addr(m))?;
+    let cipher = src.optional(&b.cipher, "bundle.cipher", |c| {
+        CipherId::from_name(c).ok_or_else(|| {
+            format!("unknown cipher {c:?} (expected chacha20-poly1305 or aes-256-gcm)")
+        })
+    })?;
+    let ms = |v: &Option<Spanned<u64>>, key: &str, lo: u64, hi: u64| {
+        src.optional(v, key, |&x| in_range(x, lo, hi).map(Duration::from_millis))
+    };
+    let connect_timeout =
+        match src.optional(&b.connect_timeout, "bundle.connect_timeout", |&s| Ok(s))? {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None => Some(Duration::from_secs(DEFAULT_CONNECT_TIMEOUT_S)),
+        };
+    Ok(Config {
+        path: src.path().to_path_buf(),
+        control: control.unwrap_or_else(|| braid_linux::control::default_path(&name)),
+        name,
+        role,
+        psk,
+        addresses,
+        mtu: mtu.unwrap_or(DEFAULT_MTU),
+        listen,
+        scheduler: scheduler.unwrap_or_else(|| "adaptive".to_string()),
+        metrics,
+        cipher: cipher.unwrap_or(CipherId::ChaCha20Poly1305),
+        probe_interval: ms(&b.probe_interval_ms, "bundle.probe_interval_ms", 1, 600_000)?,
+        down_after: ms(&b.down_after_ms, "bundle.down_after_ms", 1, 600_000)?,
+        reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
+        equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
+        connect_timeout,
+        txqueuelen: src
+            .optional(&b.txqueuelen, "bundle.txqueuelen", |&q| {
+                in_range(q, 1, 100_000)
+            })?
+            .unwrap_or(DEFAULT_TXQUEUELEN),
+        links: Vec::new(),
+        warnings,
+    })
+}
+
+/// `bundle.address`: one "IP/PREFIX", several separated by commas, or an array of them (see
+/// `parse_addresses`); every error points at the value.
+fn validate_address(
+    src: &Source,
+    address: &Spanned<toml::Value>,
+) -> Result<Vec<TunAddress>, ConfigError> {
+    src.value(address, "bundle.address", parse_addresses)
+}
+
+/// `key` or `key_file`: the pre-shared key, and a warning (as `wg` gives) when the key file is
+/// readable by group or others.
+fn bundle_key(
+    src: &Source,
+    bundle: &Spanned<BundleRepr>,
+) -> Result<([u8; 32], Vec<String>), ConfigError> {
+    let b = bundle.get_ref();
+    let (psk, key_file) = match (&b.key, &b.key_file) {
+        (Some(_), Some(f)) => {
+            return Err(src.at(
+                f,
+                "bundle.key_file",
+                "give either key or key_file, not both",
+            ))
+        }
+        (Some(k), None) => (src.value(k, "bundle.key", |k| decode_key(k))?, None),
+        (None, Some(f)) => {
+            let kp = src.relative_path(f.get_ref());
+            let psk = src.value(f, "bundle.key_file", |_| {
+                let text = std::fs::read_to_string(&kp)
+                    .map_err(|e| format!("cannot read {}: {e}", kp.display()))?;
+                decode_key(&text).map_err(|m| format!("{}: {m}", kp.display()))
+            })?;
+            (psk, Some(kp))
+        }
+        (None, None) => return Err(src.at(
+            bundle,
+            "bundle.key",
+            "missing: give key = \"...\" or key_file = \"...\" (make a key with `braid keygen`)",
+        )),
+    };
+    let warning = key_file.and_then(|f| secret_file_warning(&f));
+    Ok((psk, warning.into_iter().collect()))
+}
+
+/// `wg`'s "Warning: `/etc/braid/key' is world accessible", for group too.
+fn secret_file_warning(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "`{}` holds the tunnel key and is accessible by group or others (mode {mode:03o}): chmod 600 it",
+            path.display()
+        )
+    })
+}
+
+/// One `[[link]]` of a client (the `i`th, 0-based, as in its key path `link[i]`).
+fn validate_link(
+    src: &Source,
+    i: usize,
+    link: &Spanned<LinkRepr>,
+    earlier: &[LinkSpec],
+) -> Result<LinkSpec, ConfigError> {
+    let l = link.get_ref();
+    let key = |k: &str| format!("link[{i}].{k}");
+    let name = src.value(&l.name, &key("name"), |n| {
+        if n.is_empty() || n.len() > 32 || n.contains(char::is_whitespace) {
+            Err(format!("{n:?}: use 1 to 32 characters, no spaces"))
+        } else if earlier.iter().any(|x| &x.name == n) {
+            Err(format!("{n:?} is used by an earlier link"))
+        } else {
+            Ok(n.clone())
+        }
+    })?;
+    if l.dev.is_none() && l.bind.is_none() {
+        return Err(src.at(
+            link,
+            &key("dev"),
+            format!("missing: link {name} needs dev = \"IFACE\" and/or bind = \"ADDRESS\""),
+        ));
+    }
+    let dev = src.optional(&l.dev, &key("dev"), |d| {
+        if !braid_linux::tun::valid_ifname(d) {
+            Err(format!("link {name}: {d:?} is not a valid interface name"))
+        } else if !braid_linux::netlink::interface_exists(d) {
+            Err(format!(
+                "link {name}: interface {d} does not exist on this host"
+            ))
+        } else {
+            Ok(d.clone())
+        }
+    })?;
+    let bind = src.optional(&l.bind, &key("bind"), |b| {
+        parse_bind(b).map_err(|m| format!("link {name}: {m}"))
+    })?;
+    let Some(remote_v) = &l.remote else {
+        return Err(src.at(
+            link,
+            &key("remote"),
+            format!("missing: link {name} needs remote = \"HOST:PORT\" (the server's address over this uplink)"),
+        ));
+    };
+    let remote = src.value(remote_v, &key("remote"), |r| {
+        let remote =
+            resolve_remote(r, bind.map(|b| b.ip())).map_err(|m| format!("link {name}: {m}"))?;
+        match bind {
+            Some(b) if b.is_ipv4() != remote.is_ipv4() && !b.ip().is_unspecified() => Err(format!(
+                "link {name}: {remote} and bind {} are of different IP families",
+                b.ip()
+            )),
+            _ => Ok(remote),
+        }
+    })?;
+    let bandwidth_bps = src.optional(&l.bandwidth, &key("bandwidth"), |&b| match b {
+        0 => Err(format!("link {name}: must be > 0 bit/s (or left out)")),
+        b => Ok(b),
+    })?;
+    Ok(LinkSpec {
+        id: (i + 1) as LinkId,
+        name,
+        dev,
+        bind,
+        remote_text: remote_v.get_ref().clone(),
+        remote,
+        bandwidth_bps,
+        priority: l.priority.as_ref().map_or(0, |p| *p.get_ref()),
+    })
 }
 
 #[cfg(test)]
@@ -575,10 +523,10 @@ mod tests {
             "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{KEY}\"\naddress = \"198.19.0.2/30\"\nmtu = 1400\n{extra_bundle}\n{links}"
         )
     }
-    const LINKS: &str = "[[link]]\nname = \"isp1\"\ndev = \"veth1\"\nremote = \"198.18.1.2:5050\"\nbandwidth = 28800\n\n[[link]]\nname = \"isp2\"\nbind = \"198.18.2.1\"\nremote = \"198.18.2.2:5050\"\npriority = 1\n";
+    const LINKS: &str = "[[link]]\nname = \"isp1\"\ndev = \"lo\"\nremote = \"198.18.1.2:5050\"\nbandwidth = 28800\n\n[[link]]\nname = \"isp2\"\nbind = \"198.18.2.1\"\nremote = \"198.18.2.2:5050\"\npriority = 1\n";
 
     fn parse(t: &str) -> Result<Config, String> {
-        Config::parse(Path::new("/etc/braid/t.toml"), t).map_err(|e| e.0)
+        Config::parse(Path::new("/etc/braid/t.toml"), t).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -599,7 +547,7 @@ mod tests {
         assert_eq!(c.control, PathBuf::from("/run/braid/braid0.sock"));
         assert_eq!(c.links.len(), 2);
         assert_eq!((c.links[0].id, c.links[1].id), (1, 2));
-        assert_eq!(c.links[0].dev.as_deref(), Some("veth1"));
+        assert_eq!(c.links[0].dev.as_deref(), Some("lo"));
         assert_eq!(c.links[0].bandwidth_bps, Some(28800));
         assert_eq!(c.links[1].bind, Some("198.18.2.1:0".parse().unwrap()));
         assert_eq!(c.links[1].priority, 1);
@@ -616,7 +564,9 @@ mod tests {
         assert_eq!(c.equalize_max, Some(Duration::from_millis(250)));
         let e = parse(&client("equalize_max_ms = 5000", LINKS)).unwrap_err();
         assert!(
-            e.starts_with("/etc/braid/t.toml:7:") && e.contains("equalize_max_ms must be 0..1000"),
+            e.starts_with(
+                "/etc/braid/t.toml:7:19: bundle.equalize_max_ms: 5000 is out of range 0..1000"
+            ),
             "{e}"
         );
     }
@@ -679,9 +629,7 @@ mod tests {
             let t = client("", LINKS).replace(r#""198.19.0.2/30""#, form);
             let e = parse(&t).unwrap_err();
             assert!(
-                e.starts_with("/etc/braid/t.toml:5:")
-                    && e.contains("address: ")
-                    && e.contains(want),
+                e.starts_with("/etc/braid/t.toml:5:11: bundle.address: ") && e.contains(want),
                 "{form}: want {want:?} in {e:?}"
             );
             assert!(!e.contains('\n'), "{e}");
@@ -698,8 +646,7 @@ mod tests {
         );
         let e = parse(&dual.replace("mtu = 1400", "mtu = 1200")).unwrap_err();
         assert!(
-            e.starts_with("/etc/braid/t.toml:6:")
-                && e.contains("mtu 1200 is below 1280")
+            e.starts_with("/etc/braid/t.toml:6:7: bundle.mtu: 1200 is below 1280")
                 && e.contains("2001:2:0:1::2/64"),
             "{e}"
         );
@@ -725,72 +672,162 @@ mod tests {
 
     #[test]
     fn each_error_says_what_and_where() {
+        let no_key = |t: String| t.replace(&format!("key = \"{KEY}\"\n"), "");
+        // (file, "LINE:COL: KEY: start of the message")
         let cases: &[(String, &str)] = &[
-            (
-                client("", LINKS).replace(KEY, "bm90IGEga2V5"),
-                "key is 9 bytes",
-            ),
-            (client("", LINKS).replace(KEY, "!!!"), "not base64"),
+            (client("", LINKS).replace(KEY, "bm90IGEga2V5"), "4:7: bundle.key: key is 9 bytes"),
+            (client("", LINKS).replace(KEY, "!!!"), "4:7: bundle.key: key is not base64"),
             (
                 client("", LINKS).replace("198.19.0.2/30", "198.19.0.2"),
-                "address",
+                "5:11: bundle.address: \"198.19.0.2\" is not ADDRESS/PREFIX",
             ),
             (
                 client("", LINKS).replace("198.19.0.2/30", "198.19.0.2/33"),
-                "prefix",
+                "5:11: bundle.address: \"33\" is not a prefix length",
             ),
             (
                 client("scheduler = \"fastest\"", LINKS),
-                "unknown scheduler \"fastest\"",
+                "7:13: bundle.scheduler: unknown scheduler \"fastest\"",
             ),
-            (client("", ""), "at least one [[link]]"),
-            (client("", &LINKS.replace("isp2", "isp1")), "used twice"),
+            (client("cipher = \"rot13\"", LINKS), "7:10: bundle.cipher: unknown cipher"),
+            (client("", ""), "1:1: link: missing: a client needs at least one [[link]]"),
+            (
+                client("", &LINKS.replace("isp2", "isp1")),
+                "15:8: link[1].name: \"isp1\" is used by an earlier link",
+            ),
             (
                 client("", &LINKS.replace("bind = \"198.18.2.1\"\n", "")),
-                "link isp2: needs dev",
+                "14:1: link[1].dev: missing: link isp2 needs dev",
+            ),
+            (
+                client("", &LINKS.replace("dev = \"lo\"", "dev = \"nosuchdev9\"")),
+                "10:7: link[0].dev: link isp1: interface nosuchdev9 does not exist",
             ),
             (
                 client("", &LINKS.replace("remote = \"198.18.1.2:5050\"\n", "")),
-                "link isp1: needs remote",
+                "8:1: link[0].remote: missing: link isp1 needs remote",
             ),
             (
                 client("", &LINKS.replace("198.18.2.2:5050", "nowhere")),
-                "not HOST:PORT",
+                "17:10: link[1].remote: link isp2: \"nowhere\" is not HOST:PORT",
+            ),
+            (
+                client("", &LINKS.replace("198.18.2.2:5050", "[fd00::2]:5050")),
+                "link[1].remote: link isp2: [fd00::2]:5050 and bind 198.18.2.1 are of different IP families",
+            ),
+            (
+                client("", &LINKS.replace("bandwidth = 28800", "bandwidth = 0")),
+                "12:13: link[0].bandwidth: link isp1: must be > 0",
+            ),
+            (
+                client("", &LINKS.replace("bandwidth = 28800", "bandwidth = \"big\"")),
+                "12:13: link[0].bandwidth: invalid type: string \"big\", expected u64",
+            ),
+            (
+                client("", &LINKS.replace("priority", "priorty")),
+                "18:1: link[1].priorty: unknown key, did you mean `priority`?",
             ),
             (
                 client("", LINKS).replace("role = \"client\"", "role = \"boss\""),
-                "role",
+                "3:8: bundle.role: \"boss\" is neither \"client\" nor \"server\"",
             ),
             (
                 client("", LINKS).replace("name = \"braid0\"", "name = \"a/b\""),
-                "interface name",
+                "2:8: bundle.name: \"a/b\" is not a valid interface name",
             ),
-            (client("", LINKS).replace("mtu = 1400", "mtu = 10"), "mtu"),
+            (
+                client("", LINKS).replace("mtu = 1400", "mtu = 10"),
+                "6:7: bundle.mtu: 10 is out of range 576..65535",
+            ),
             (
                 client("", LINKS).replace("mtu = 1400", "mtu = \"big\""),
-                "invalid type",
+                "6:7: bundle.mtu: invalid type: string \"big\", expected u32",
             ),
             (
-                client("key_file = \"/nonexistent/k\"", LINKS)
-                    .replace(&format!("key = \"{KEY}\"\n"), ""),
-                "cannot read",
+                client("probe_interval_ms = 0", LINKS),
+                "7:21: bundle.probe_interval_ms: 0 is out of range 1..600000",
             ),
             (
-                client("", LINKS).replace(&format!("key = \"{KEY}\"\n"), ""),
-                "needs key",
+                no_key(client("key_file = \"/nonexistent/k\"", LINKS)),
+                "6:12: bundle.key_file: cannot read /nonexistent/k",
             ),
+            (
+                client("key_file = \"/nonexistent/k\"", LINKS),
+                "7:12: bundle.key_file: give either key or key_file, not both",
+            ),
+            (no_key(client("", LINKS)), "1:1: bundle.key: missing: give key"),
             (
                 client("", LINKS).replace("role = \"client\"", "role = \"server\""),
-                "needs listen",
+                "1:1: bundle.listen: missing: a server needs listen",
             ),
-            (client("", LINKS).replace("[bundle]", "[bundel]"), "bundel"),
+            (
+                client("", LINKS).replace("role = ", "rol = "),
+                "3:1: bundle.rol: unknown key, did you mean `role`?",
+            ),
+            (
+                client("", LINKS).replace("role = \"client\"\n", ""),
+                "1:1: bundle.role: missing",
+            ),
+            (
+                client("", LINKS).replace("[bundle]", "[bundel]"),
+                "1:2: bundel: unknown key, did you mean `bundle`?",
+            ),
+            (client("", LINKS).replace("mtu = 1400", "mtu = 1400 1400"), "6:12: "),
         ];
         for (t, want) in cases {
             let e = parse(t).unwrap_err();
-            assert!(e.contains(want), "want {want:?} in {e:?}");
-            assert!(e.starts_with("/etc/braid/t.toml"), "{e}");
+            let want = format!("/etc/braid/t.toml:{want}");
+            if !want.ends_with("IP families") {
+                assert!(e.starts_with(&want), "want {want:?}, got {e:?}");
+            } else {
+                assert!(
+                    e.contains(want.trim_start_matches("/etc/braid/t.toml:")),
+                    "{e}"
+                );
+            }
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn warnings_and_cipher_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, KEY).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let t = client("key_file = \"key\"", LINKS).replace(&format!("key = \"{KEY}\"\n"), "");
+        let cfg_path = dir.path().join("c.toml");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let c = Config::parse(&cfg_path, &t).unwrap();
+        assert_eq!(
+            c.psk[31], 31,
+            "key_file is relative to the config's directory"
+        );
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("accessible by group or others (mode 644)"),
+            "{:?}",
+            c.warnings
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Config::parse(&cfg_path, &t).unwrap().warnings.is_empty());
+
+        for (name, want) in [
+            ("aes-256-gcm", CipherId::Aes256Gcm),
+            ("aes256-gcm", CipherId::Aes256Gcm),
+            ("chacha20-poly1305", CipherId::ChaCha20Poly1305),
+        ] {
+            let c = parse(&client(&format!("cipher = \"{name}\""), LINKS)).unwrap();
+            assert_eq!(c.cipher, want);
+        }
+        assert_eq!(CipherId::Aes256Gcm.name(), "aes-256-gcm");
+        let server = format!("[bundle]\nname = \"b1\"\nrole = \"server\"\nkey = \"{KEY}\"\naddress = \"198.19.0.1/30\"\nlisten = \"0.0.0.0:5050\"\n{LINKS}");
+        let c = parse(&server).unwrap();
+        assert!(
+            c.warnings.iter().any(|w| w.contains("ignored by a server")),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

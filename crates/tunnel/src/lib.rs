@@ -52,12 +52,14 @@ pub enum LinkCmd {
         /// Name of the link.
         name: String,
     },
-    /// Change a link's configured bandwidth or priority.
+    /// Change a link's configured bandwidth or priority (give one or both).
     Set {
         /// Name of the link.
         name: String,
+        /// Estimated bandwidth, bit/s (weights the `weighted` and `adaptive` schedulers).
         #[arg(long, value_name = "BPS")]
         bandwidth: Option<u64>,
+        /// Priority (used by the `backup` scheduler; higher is preferred).
         #[arg(long, value_name = "N")]
         priority: Option<u8>,
     },
@@ -66,6 +68,9 @@ pub enum LinkCmd {
 /// Runs `braid up CONFIG` in the foreground until SIGINT/SIGTERM.
 pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
     let cfg = config::Config::load(&args.config)?;
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
     let mut runner = runner::Runner::new(cfg.clone())?;
     let h = runner.handle();
     let control =

@@ -225,14 +225,16 @@ impl Runner {
                     pktinfo: listen.ip().is_unspecified(),
                     ..Default::default()
                 };
-                let s =
-                    UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("listen {listen}: {e}"))?;
+                let s = UdpSocket::bind(&opts)
+                    .map_err(|e| anyhow::anyhow!("{}: listen {listen}: {e}", cfg.path.display()))?;
                 socks.insert(Token(next_token), Sock::new(s, None));
                 next_token += 1;
             }
             Role::Client => {
                 for spec in &cfg.links {
-                    let s = open_link_socket(spec)?;
+                    // Errors found only now (an address not on this host) name the file too.
+                    let s = open_link_socket(spec)
+                        .map_err(|e| anyhow::anyhow!("{}: {e:#}", cfg.path.display()))?;
                     socks.insert(Token(next_token), Sock::new(s, Some(spec.id)));
                     links.insert(spec.id, (Token(next_token), spec.clone()));
                     next_token += 1;
