@@ -457,26 +457,32 @@ pub fn run(sc: &Scenario) -> Report {
     stream.report(sc, &bundle, end)
 }
 
+/// The lab's default links: 1, 2 and 3 Mbit/s, 10 ms each.
+pub fn links_1_2_3() -> Vec<LinkSpec> {
+    let ms = Duration::from_millis;
+    vec![
+        LinkSpec::new(1_000_000, ms(10)),
+        LinkSpec::new(2_000_000, ms(10)),
+        LinkSpec::new(3_000_000, ms(10)),
+    ]
+}
+
+/// 10, 20 and 50 Mbit/s at one-way delays of 5, 20 and 40 ms.
+pub fn links_10_20_50() -> Vec<LinkSpec> {
+    let ms = Duration::from_millis;
+    vec![
+        LinkSpec::new(10_000_000, ms(5)),
+        LinkSpec::new(20_000_000, ms(20)),
+        LinkSpec::new(50_000_000, ms(40)),
+    ]
+}
+
 /// The scenarios of issue 2, as run by the table in BENCHMARKS.md and by the scenario tests.
 pub fn standard_scenarios() -> Vec<Scenario> {
     let ms = Duration::from_millis;
     vec![
-        Scenario::new(
-            "1+2+3 Mbit/s, 10 ms",
-            vec![
-                LinkSpec::new(1_000_000, ms(10)),
-                LinkSpec::new(2_000_000, ms(10)),
-                LinkSpec::new(3_000_000, ms(10)),
-            ],
-        ),
-        Scenario::new(
-            "10/20/50 Mbit/s, 5/20/40 ms",
-            vec![
-                LinkSpec::new(10_000_000, ms(5)),
-                LinkSpec::new(20_000_000, ms(20)),
-                LinkSpec::new(50_000_000, ms(40)),
-            ],
-        ),
+        Scenario::new("1+2+3 Mbit/s, 10 ms", links_1_2_3()),
+        Scenario::new("10/20/50 Mbit/s, 5/20/40 ms", links_10_20_50()),
         Scenario::new(
             "EQL 57600 + 14400 bit/s",
             vec![

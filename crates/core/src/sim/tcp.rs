@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::cc::{Ack, CcKind, CongestionControl, RateSample};
 use super::net::{drive, Bundle, BundleOptions, DirectPath, Path, Side, Traffic};
-use super::{LinkReport, LinkSpec};
+use super::{links_10_20_50, links_1_2_3, LinkReport, LinkSpec};
 
 /// Payload bytes per segment (1500-byte packets with IPv4 and TCP headers and timestamps).
 pub const MSS: usize = 1448;
@@ -911,22 +911,8 @@ pub fn with_best_single_link(sc: &TcpScenario) -> TcpReport {
 pub fn tcp_scenarios() -> Vec<TcpScenario> {
     let ms = Duration::from_millis;
     vec![
-        TcpScenario::new(
-            "1+2+3 Mbit/s, 10 ms",
-            vec![
-                LinkSpec::new(1_000_000, ms(10)),
-                LinkSpec::new(2_000_000, ms(10)),
-                LinkSpec::new(3_000_000, ms(10)),
-            ],
-        ),
-        TcpScenario::new(
-            "10/20/50 Mbit/s, 5/20/40 ms",
-            vec![
-                LinkSpec::new(10_000_000, ms(5)),
-                LinkSpec::new(20_000_000, ms(20)),
-                LinkSpec::new(50_000_000, ms(40)),
-            ],
-        ),
+        TcpScenario::new("1+2+3 Mbit/s, 10 ms", links_1_2_3()),
+        TcpScenario::new("10/20/50 Mbit/s, 5/20/40 ms", links_10_20_50()),
         TcpScenario::new(
             "50/20/7 Mbit/s, 10/60/150 ms",
             vec![
