@@ -6,6 +6,7 @@
 //!
 //! Where things live:
 //! - [`wire`]: every byte on the wire, as checked views and validated `Repr`s (see `docs/protocol.md`).
+//! - [`compress`]: inner TCP/IP header compression, robust to reordering and loss.
 //! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the anti-replay window.
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
@@ -21,6 +22,7 @@
 //! daemon, a seeded ChaCha in the simulator: runs are reproducible).
 #![deny(unsafe_code)]
 
+pub mod compress;
 pub mod crypto;
 pub mod endpoint;
 pub mod fuzzing;

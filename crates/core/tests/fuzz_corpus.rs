@@ -7,7 +7,9 @@
 
 use std::path::PathBuf;
 
-use braid_core::fuzzing::{parse_any, receive_path, receive_path_report, seed_corpus};
+use braid_core::fuzzing::{
+    decompress_seeds, decompress_stream, parse_any, receive_path, receive_path_report, seed_corpus,
+};
 use proptest::prelude::*;
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -110,7 +112,7 @@ fn receive_harness_reaches_the_endpoint() {
 /// or of the harness's input language shows up here and the seeds get regenerated).
 #[test]
 fn committed_seeds_are_current() {
-    for (target, name, bytes) in seed_corpus() {
+    for (target, name, bytes) in seed_corpus().into_iter().chain(decompress_seeds()) {
         let p = corpus_dir(target).join(&name);
         let on_disk = std::fs::read(&p).unwrap_or_else(|e| {
             panic!(
@@ -125,7 +127,7 @@ fn committed_seeds_are_current() {
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after changing the wire format or the harness"]
 fn write_seed_corpus() {
-    for (target, name, bytes) in seed_corpus() {
+    for (target, name, bytes) in seed_corpus().into_iter().chain(decompress_seeds()) {
         let dir = corpus_dir(target);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(name), bytes).unwrap();
@@ -159,5 +161,21 @@ proptest! {
     #[test]
     fn receive_random(data in proptest::collection::vec(any::<u8>(), 0..400)) {
         receive_path(&data);
+    }
+}
+
+#[test]
+fn decompress_corpus() {
+    for (path, data) in corpus("decompress") {
+        eprintln!("decompress {}", path.display());
+        decompress_stream(&data);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+    #[test]
+    fn decompress_random(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+        decompress_stream(&data);
     }
 }
