@@ -12,6 +12,8 @@
 //!   the HELLO / HELLO-ACK it carries and derives the keys as the endpoints do.
 //!
 //! - [`decompress_stream`]: the inner header decompressor over a stream of encoded packets.
+//! - [`reassemble_stream`]: the fragment reassembler over arbitrary pieces, sequence numbers and
+//!   time steps.
 //!
 //! The functions panic only on a broken invariant (a parser that accepts a non-canonical
 //! encoding, an endpoint that panics on input): that is what the fuzzer looks for.
@@ -749,4 +751,50 @@ fn tcp_segment(v6: bool, n: u8) -> Vec<u8> {
     ]);
     p.extend((0..20).map(|i| i ^ n));
     p
+}
+
+/// Records of (sequence step, piece kind, length, time step) fed to a fragment
+/// [`Reassembler`](crate::frag::Reassembler) with a 1500-byte limit. Panics if it panics, holds
+/// more than its limit, or returns a packet larger than the limit from pieces.
+pub fn reassemble_stream(data: &[u8]) {
+    use crate::frag::{Piece, Reassembler};
+    const MAX: usize = 1500;
+    let mut r = Reassembler::new(MAX);
+    let mut now = Instant::now();
+    let mut seq = u64::MAX - 300; // crosses the wrap-around
+    let piece_bytes = [0x5au8; 4096];
+    for rec in data.chunks_exact(4) {
+        seq = seq.wrapping_add(u64::from(rec[0] % 4));
+        let piece =
+            [Piece::Whole, Piece::First, Piece::Middle, Piece::Last][usize::from(rec[1] % 4)];
+        let len = usize::from(u16::from_be_bytes([rec[2], rec[3]])) % piece_bytes.len();
+        now += Duration::from_millis(u64::from(rec[1] >> 2));
+        r.poll(now, Duration::from_millis(30));
+        if let Some(p) = r.push(now, seq, piece, &piece_bytes[..len]) {
+            assert!(piece == Piece::Whole || p.len() <= MAX);
+        }
+        assert!(r.held() <= MAX);
+    }
+}
+
+/// Seeds for [`reassemble_stream`]: a packet in three pieces, one with a gap, an oversize one.
+pub fn reassemble_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let rec = |step: u8, kind: u8, len: u16| {
+        let l = len.to_be_bytes();
+        [step, kind, l[0], l[1]]
+    };
+    let three = [rec(1, 1, 500), rec(1, 2, 500), rec(1, 3, 500)].concat();
+    let gap = [rec(1, 1, 500), rec(2, 3, 500), rec(1, 0, 60)].concat();
+    let oversize = [rec(1, 1, 1000), rec(1, 2, 1000), rec(1, 3, 10)].concat();
+    vec![
+        ("reassemble", "three-pieces".into(), three),
+        ("reassemble", "gap".into(), gap),
+        ("reassemble", "oversize".into(), oversize),
+        (
+            "reassemble",
+            "timeout".into(),
+            [rec(1, 1, 9), rec(1, 0xff, 9)].concat(),
+        ),
+        ("reassemble", "empty".into(), Vec::new()),
+    ]
 }

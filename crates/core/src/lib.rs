@@ -7,9 +7,11 @@
 //! Where things live:
 //! - [`wire`]: every byte on the wire, as checked views and validated `Repr`s (see `docs/protocol.md`).
 //! - [`compress`]: inner TCP/IP header compression, robust to reordering and loss.
+//! - [`frag`]: inner packets cut to fit a link and put back together (Multilink PPP style).
 //! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the anti-replay window.
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
+//! - [`pmtu`]: path MTU discovery per link (RFC 8899 probing; ICMP lowers, never raises).
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
@@ -25,10 +27,12 @@
 pub mod compress;
 pub mod crypto;
 pub mod endpoint;
+pub mod frag;
 pub mod fuzzing;
 pub mod health;
 pub mod inner;
 pub mod netem;
+pub mod pmtu;
 pub mod reorder;
 pub mod replay;
 pub mod sched;

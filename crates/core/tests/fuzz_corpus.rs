@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use braid_core::fuzzing::{
-    decompress_seeds, decompress_stream, parse_any, receive_path, receive_path_report, seed_corpus,
+    decompress_seeds, decompress_stream, parse_any, reassemble_seeds, reassemble_stream,
+    receive_path, receive_path_report, seed_corpus,
 };
 use proptest::prelude::*;
 
@@ -112,7 +113,11 @@ fn receive_harness_reaches_the_endpoint() {
 /// or of the harness's input language shows up here and the seeds get regenerated).
 #[test]
 fn committed_seeds_are_current() {
-    for (target, name, bytes) in seed_corpus().into_iter().chain(decompress_seeds()) {
+    for (target, name, bytes) in seed_corpus()
+        .into_iter()
+        .chain(decompress_seeds())
+        .chain(reassemble_seeds())
+    {
         let p = corpus_dir(target).join(&name);
         let on_disk = std::fs::read(&p).unwrap_or_else(|e| {
             panic!(
@@ -127,7 +132,11 @@ fn committed_seeds_are_current() {
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after changing the wire format or the harness"]
 fn write_seed_corpus() {
-    for (target, name, bytes) in seed_corpus().into_iter().chain(decompress_seeds()) {
+    for (target, name, bytes) in seed_corpus()
+        .into_iter()
+        .chain(decompress_seeds())
+        .chain(reassemble_seeds())
+    {
         let dir = corpus_dir(target);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(name), bytes).unwrap();
@@ -177,5 +186,21 @@ proptest! {
     #[test]
     fn decompress_random(data in proptest::collection::vec(any::<u8>(), 0..600)) {
         decompress_stream(&data);
+    }
+}
+
+#[test]
+fn reassemble_corpus() {
+    for (path, data) in corpus("reassemble") {
+        eprintln!("reassemble {}", path.display());
+        reassemble_stream(&data);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+    #[test]
+    fn reassemble_random(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+        reassemble_stream(&data);
     }
 }
