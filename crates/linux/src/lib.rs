@@ -2,6 +2,7 @@
 //!
 //! - [`tun`]: the TUN device (batch read/write of IP packets);
 //! - [`udp`]: link sockets with `recvmmsg`/`sendmmsg` batches, `SO_BINDTODEVICE`, big buffers;
+//! - [`offload`]: TUN offload packet logic: TSO super-packets split, segments coalesced (GRO);
 //! - [`netlink`]: interface address/MTU/up/delete through rtnetlink;
 //! - [`control`]: the control socket (server and client, one JSON object per line);
 //! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`, and `braid_build_info`;
@@ -10,6 +11,7 @@
 pub mod control;
 pub mod metrics;
 pub mod netlink;
+pub mod offload;
 pub mod service;
 pub mod sysctl;
 pub mod tun;
