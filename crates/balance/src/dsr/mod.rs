@@ -45,6 +45,10 @@ pub struct DsrStatus {
     pub send_errors: u64,
     /// Frames dropped before we could read them (receive queue full: the balancer is too slow).
     pub socket_drops: u64,
+    /// The interface is down or gone: the data path waits for it to come back.
+    pub interface_down: bool,
+    /// Times the socket was reopened after the interface went down or away.
+    pub interface_restarts: u64,
 }
 
 impl DsrStatus {
@@ -63,6 +67,10 @@ impl DsrStatus {
             "ignored": s.ignored,
             "malformed": s.malformed,
             "flows_moved": s.flows_moved,
+            "flows_evicted": s.flows_evicted,
+            "untracked_packets": s.untracked,
+            "interface_down": self.interface_down,
+            "interface_restarts": self.interface_restarts,
             "send_errors": self.send_errors,
             "socket_drops": self.socket_drops,
             "active_flows": self.active_flows,
@@ -106,6 +114,28 @@ impl DsrStatus {
             "flows_moved",
             "Flows moved from a backend that went down to a live one",
             counter(s.flows_moved),
+        );
+        reg.register(
+            "flows_evicted",
+            "Flows pushed out of the full flow table (least recently used first)",
+            counter(s.flows_evicted),
+        );
+        reg.register(
+            "untracked_packets",
+            "Mid-connection TCP packets of unknown flows, forwarded by hash without creating a flow",
+            counter(s.untracked),
+        );
+        reg.register(
+            "interface_restarts",
+            "Times the data path reopened its interface after it went down or away",
+            counter(self.interface_restarts),
+        );
+        let down: Gauge = Gauge::default();
+        down.set(i64::from(self.interface_down));
+        reg.register(
+            "interface_down",
+            "1 while the DSR interface is down or gone (nothing is forwarded)",
+            down,
         );
         reg.register(
             "neighbor_replies",
