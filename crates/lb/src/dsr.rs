@@ -423,7 +423,10 @@ fn classify_ipv6(frame: &[u8], dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -
                 }),
                 _ => None,
             })
-            .unwrap_or(Fragment { id: 0, first: false })
+            .unwrap_or(Fragment {
+                id: 0,
+                first: false,
+            })
     });
     let ip_len = 40 + usize::from(h.payload_length());
     let facts = IpFacts {
@@ -722,6 +725,37 @@ fn datagram_key(p: &VipPacket, frag: Fragment) -> DatagramKey {
         proto: p.flow.proto,
         id: frag.id,
     }
+}
+
+/// An 802.1Q (or 802.1ad) tag: the TPID (0x8100, 0x88a8) and the tag control information
+/// (priority, DEI, VLAN id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VlanTag {
+    pub tpid: u16,
+    pub tci: u16,
+}
+
+impl VlanTag {
+    /// The 802.1Q TPID, used when the kernel does not say which one the tag had.
+    pub const TPID_8021Q: u16 = 0x8100;
+
+    pub fn vlan_id(self) -> u16 {
+        self.tci & 0x0fff
+    }
+}
+
+/// Puts a VLAN tag back into a frame whose tag the NIC (or the kernel) stripped on receive: the
+/// frame occupies `buf[..len]`; the tag goes after the source MAC and everything after it moves
+/// 4 bytes on. Returns the new length, or `None` (frame untouched) if `buf` has no room for the 4
+/// bytes or the frame is shorter than an Ethernet header.
+pub fn insert_vlan_tag(buf: &mut [u8], len: usize, tag: VlanTag) -> Option<usize> {
+    if len < ETH_HEADER_LEN || len > buf.len() || buf.len() - len < 4 {
+        return None;
+    }
+    buf.copy_within(12..len, 16);
+    buf[12..14].copy_from_slice(&tag.tpid.to_be_bytes());
+    buf[14..16].copy_from_slice(&tag.tci.to_be_bytes());
+    Some(len + 4)
 }
 
 /// What the balancer knows of one backend's MAC.
@@ -1102,8 +1136,7 @@ impl DsrBalancer {
             }
             Some(frag) => {
                 let target = self.route_flow(p, table, now)?;
-                self.datagrams
-                    .insert(datagram_key(p, frag), target, now);
+                self.datagrams.insert(datagram_key(p, frag), target, now);
                 Ok(target)
             }
             None => self.route_flow(p, table, now),
@@ -1667,6 +1700,33 @@ mod tests {
     }
 
     #[test]
+    fn a_stripped_vlan_tag_is_put_back_in_front_of_the_ethertype() {
+        let f = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], 40000, 80, true);
+        let mut buf = f.clone();
+        buf.resize(f.len() + 4, 0xaa);
+        let tag = VlanTag {
+            tpid: VlanTag::TPID_8021Q,
+            tci: (5 << 13) | 100,
+        };
+        assert_eq!(insert_vlan_tag(&mut buf, f.len(), tag), Some(f.len() + 4));
+        assert_eq!(&buf[..12], &f[..12], "MACs stay");
+        assert_eq!(&buf[12..16], &[0x81, 0x00, 0xa0, 100]);
+        assert_eq!(&buf[16..], &f[12..], "EtherType and packet follow the tag");
+        assert_eq!(tag.vlan_id(), 100);
+        // What etherparse reads back: VLAN 100, then the same IPv4 packet.
+        let parsed = etherparse::SlicedPacket::from_ethernet(&buf).unwrap();
+        let Some(etherparse::VlanSlice::SingleVlan(v)) = parsed.vlan else {
+            panic!("no VLAN: {:?}", parsed.vlan)
+        };
+        assert_eq!(v.vlan_identifier().value(), 100);
+        // No room, or no Ethernet header: untouched.
+        let mut tight = f.clone();
+        assert_eq!(insert_vlan_tag(&mut tight, f.len(), tag), None);
+        assert_eq!(tight, f);
+        assert_eq!(insert_vlan_tag(&mut [0u8; 20], 10, tag), None);
+    }
+
+    #[test]
     fn neighbors_ask_retry_with_backoff_and_refresh() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
@@ -1999,11 +2059,19 @@ mod tests {
             send(&mut lb, &mut t, 1000, false, ms(10)).unwrap();
             send(&mut lb, &mut t, 2000, true, ms(11)).unwrap();
             assert_eq!(lb.flow_count(), (4, 0));
-            assert_eq!(active_sum(&t), 4, "the evicted flow kept its backend's count");
+            assert_eq!(
+                active_sum(&t),
+                4,
+                "the evicted flow kept its backend's count"
+            );
             assert_eq!(lb.stats().flows_evicted, 1);
             let untracked = lb.stats().untracked;
             send(&mut lb, &mut t, 1000, false, ms(12)).unwrap();
-            assert_eq!(lb.stats().untracked, untracked, "the flow in use was evicted");
+            assert_eq!(
+                lb.stats().untracked,
+                untracked,
+                "the flow in use was evicted"
+            );
             send(&mut lb, &mut t, 1001, false, ms(13)).unwrap();
             assert_eq!(lb.stats().untracked, untracked + 1, "1001 should be gone");
             // A SYN sweep through the full table never lets the counts drift.
@@ -2031,11 +2099,24 @@ mod tests {
                 };
                 spread.insert(whole);
                 let id = 100 + i as u16;
-                assert_eq!(forward(&mut lb, &mut t, udp4_fragment(sport, id, 0), now), whole);
-                assert_eq!(forward(&mut lb, &mut t, udp4_fragment(sport, id, 1), now), whole);
-                assert_eq!(forward(&mut lb, &mut t, udp4_fragment(sport, id, 13), now), whole);
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 0), now),
+                    whole
+                );
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 1), now),
+                    whole
+                );
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 13), now),
+                    whole
+                );
             }
-            assert_eq!(spread.len(), 3, "flows did not spread: the test proves nothing");
+            assert_eq!(
+                spread.len(),
+                3,
+                "flows did not spread: the test proves nothing"
+            );
             assert_eq!(lb.flow_count(), (100, 0), "UDP datagrams create flows");
             // The datagrams are forgotten after FRAGMENT_IDLE; their flows stay.
             lb.poll_transmit(&mut t, now + FRAGMENT_IDLE + Duration::from_secs(1));
