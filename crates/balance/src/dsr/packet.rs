@@ -556,6 +556,15 @@ pub fn with_empty_vnet_tagged(frame: &[u8], vlan: Option<VlanTag>) -> Vec<u8> {
     v
 }
 
+/// Prefixes a frame built by the balancer (ARP, NDP) with an all-zero `virtio_net_hdr` (no
+/// offload), as the socket expects on send.
+pub fn with_empty_vnet(frame: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(VNET_HDR_LEN + frame.len());
+    v.extend_from_slice(&[0u8; VNET_HDR_LEN]);
+    v.extend_from_slice(frame);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -638,13 +647,4 @@ mod tests {
             with_empty_vnet(&frame)
         );
     }
-}
-
-/// Prefixes a frame built by the balancer (ARP, NDP) with an all-zero `virtio_net_hdr` (no
-/// offload), as the socket expects on send.
-pub fn with_empty_vnet(frame: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(VNET_HDR_LEN + frame.len());
-    v.extend_from_slice(&[0u8; VNET_HDR_LEN]);
-    v.extend_from_slice(frame);
-    v
 }
