@@ -571,7 +571,7 @@ fn ethernet(dst: Mac, src: Mac, ethertype: u16, payload_len: usize) -> Vec<u8> {
 }
 
 /// An ARP frame: `op` 1 = request, 2 = reply. Padded to the 60-byte Ethernet minimum.
-fn arp_frame(op: u16, sha: Mac, spa: Ipv4Addr, eth_dst: Mac, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+pub(crate) fn arp_frame(op: u16, sha: Mac, spa: Ipv4Addr, eth_dst: Mac, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
     let mut f = ethernet(eth_dst, sha, ETHERTYPE_ARP, ARP_LEN);
     f.extend_from_slice(&[0, 1, 8, 0, 6, 4]);
     f.extend_from_slice(&op.to_be_bytes());
@@ -657,7 +657,7 @@ fn ipv6_icmp_frame(
 }
 
 /// A Neighbor Advertisement for `target` (the VIP) from the balancer (override set, router unset).
-fn neighbor_advertisement_frame(
+pub(crate) fn neighbor_advertisement_frame(
     mac: Mac,
     target: Ipv6Addr,
     to_mac: Mac,
@@ -1177,11 +1177,11 @@ impl DsrBalancer {
                 }
                 Some(_) => {
                     // Down: move the flow (below). It was a flow, so it stays one.
-                    self.flows.remove(&key);
-                    self.closing.remove(&key);
-                    if !closing {
-                        table.conn_closed(target.backend);
+                    // Only an active entry holds a count (a closing one gave it back at its FIN).
+                    if let Some(active) = self.flows.remove(&key) {
+                        table.conn_closed(active.backend);
                     }
+                    self.closing.remove(&key);
                     self.stats.flows_moved += 1;
                     let target = self.pick(key, table)?;
                     self.open_flow(key, target, table, now);
