@@ -25,8 +25,7 @@ pub fn control_json(data: &[u8]) {
     let b = Balancer::new(cfg).expect("the harness's balancer");
     let text = String::from_utf8_lossy(data);
     for line in text.split_inclusive('\n').take(MAX_LINES) {
-        let Some(reply) =
-            braid_linux::control::reply_to_line(line, &|req| b.handle_control(&req))
+        let Some(reply) = braid_linux::control::reply_to_line(line, &|req| b.handle_control(&req))
         else {
             assert!(line.trim().is_empty());
             continue;
@@ -75,7 +74,10 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             "{\"cmd\":\"backend-remove\",\"address\":\"198.18.0.3:80\"}\n\
              {\"cmd\":\"backend-remove\",\"address\":\"[2001:2::3]:80\"}\n{\"cmd\":\"status\"}\n",
         ),
-        ("not-json", "{\"cmd\":\n\u{feff}{}\n\n   \n{\"cmd\":\"fly\"}"),
+        (
+            "not-json",
+            "{\"cmd\":\n\u{feff}{}\n\n   \n{\"cmd\":\"fly\"}",
+        ),
     ]
     .into_iter()
     .map(|(n, b)| ("control_json", n.to_string(), b.as_bytes().to_vec()))

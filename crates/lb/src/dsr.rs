@@ -571,7 +571,14 @@ fn ethernet(dst: Mac, src: Mac, ethertype: u16, payload_len: usize) -> Vec<u8> {
 }
 
 /// An ARP frame: `op` 1 = request, 2 = reply. Padded to the 60-byte Ethernet minimum.
-pub(crate) fn arp_frame(op: u16, sha: Mac, spa: Ipv4Addr, eth_dst: Mac, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+pub(crate) fn arp_frame(
+    op: u16,
+    sha: Mac,
+    spa: Ipv4Addr,
+    eth_dst: Mac,
+    tha: Mac,
+    tpa: Ipv4Addr,
+) -> Vec<u8> {
     let mut f = ethernet(eth_dst, sha, ETHERTYPE_ARP, ARP_LEN);
     f.extend_from_slice(&[0, 1, 8, 0, 6, 4]);
     f.extend_from_slice(&op.to_be_bytes());

@@ -213,7 +213,20 @@ fn vip_packet(input: &mut Input<'_>, cfg: &DsrConfig) -> Vec<u8> {
     } else {
         // An ICMP error quoting a reply VIP:port -> client:sport.
         l4.extend_from_slice(&[3 + (flags & 1), 4, 0, 0, 0, 0, 0x05, 0xdc]);
-        l4.extend_from_slice(&[0x45, 0, 0, 40, 0, 0, 0, 0, 64, cfg.transport.ip_number(), 0, 0]);
+        l4.extend_from_slice(&[
+            0x45,
+            0,
+            0,
+            40,
+            0,
+            0,
+            0,
+            0,
+            64,
+            cfg.transport.ip_number(),
+            0,
+            0,
+        ]);
         l4.extend_from_slice(&VIP_V4.octets());
         l4.extend_from_slice(&client);
         l4.extend_from_slice(&dport.to_be_bytes());
@@ -334,9 +347,8 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         v.extend(std::iter::repeat_n(0x5a, 9000));
         v
     });
-    let mut http = |name: &str, bytes: &[u8]| {
-        out.push(("health_http", name.to_string(), bytes.to_vec()))
-    };
+    let mut http =
+        |name: &str, bytes: &[u8]| out.push(("health_http", name.to_string(), bytes.to_vec()));
     http("ok", b"HTTP/1.1 200 OK\r\n");
     http("redirect", b"HTTP/1.0 302 Found\r\nLocation: /\r\n");
     http("server-error", b"HTTP/1.1 503");

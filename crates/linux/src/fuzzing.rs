@@ -39,7 +39,11 @@ pub fn metrics_http(data: &[u8]) {
     if head_request {
         assert!(body.is_empty(), "HEAD got a body");
     } else {
-        assert_eq!(length, body.len(), "Content-Length is not the body's length");
+        assert_eq!(
+            length,
+            body.len(),
+            "Content-Length is not the body's length"
+        );
     }
     if rendered.get() {
         assert!(status.starts_with("HTTP/1.0 200"), "{status}");
@@ -51,11 +55,17 @@ pub fn metrics_http(data: &[u8]) {
 /// `tests/fuzz_corpus.rs`.
 pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     [
-        ("scrape", &b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"[..]),
+        (
+            "scrape",
+            &b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"[..],
+        ),
         ("head", b"HEAD /metrics HTTP/1.0\r\n\r\n"),
         ("query", b"GET /metrics?name[]=x HTTP/1.1\n\n"),
         ("root", b"GET / HTTP/1.0\r\n\r\n"),
-        ("post", b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"),
+        (
+            "post",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+        ),
         ("binary", b"\x00\xff\xfe GET /metrics"),
     ]
     .into_iter()
