@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of braid-core for a bounded time (default 60 s each).
+# Runs every cargo-fuzz target (fuzz/fuzz_targets/: wire parsers and endpoints of braid-core; DSR
+# frames, health-check HTTP, metrics HTTP, control-socket JSON) for a bounded time (default 60 s each).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
@@ -8,7 +9,8 @@
 # go to fuzz/target/corpus/<target>/ (ignored by git). A crash leaves its input in
 # fuzz/artifacts/<target>/ and makes this script exit non-zero; replay it with
 #   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
-# and add it to fuzz/corpus/<target>/ once fixed (tests/fuzz_corpus.rs then guards it on stable).
+# and add it to fuzz/corpus/<target>/ once fixed (the owning crate's tests/fuzz_corpus.rs then
+# guards it on stable).
 set -euo pipefail
 
 secs="${1:-60}"

@@ -638,19 +638,10 @@ fn http_check(target: SocketAddr, path: &str, timeout: Duration) -> Result<Strin
             break;
         }
     }
-    let line = String::from_utf8_lossy(&buf[..got]);
-    let mut parts = line.split_whitespace();
-    match (
-        parts.next(),
-        parts.next().and_then(|c| c.parse::<u16>().ok()),
-    ) {
-        (Some(v), Some(code)) if v.starts_with("HTTP/") && (200..400).contains(&code) => {
-            Ok(format!("HTTP {code}"))
-        }
-        (Some(v), Some(code)) if v.starts_with("HTTP/") => {
-            Err(Failure::backend(format!("HTTP {code}")))
-        }
-        _ => Err(Failure::backend("HTTP: no status line".to_string())),
+    match braid_lb::health::http_status_code(&buf[..got]) {
+        Some(code) if braid_lb::health::http_status_healthy(code) => Ok(format!("HTTP {code}")),
+        Some(code) => Err(Failure::backend(format!("HTTP {code}"))),
+        None => Err(Failure::backend("HTTP: no status line".to_string())),
     }
 }
 

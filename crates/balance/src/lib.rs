@@ -318,6 +318,7 @@ fn render_backends(status: &serde_json::Value, mut out: String) -> String {
 }
 
 pub mod dsr;
+pub mod fuzzing;
 
 /// Convenience for runtimes: the shared state type they receive.
 pub type SharedBalancer = Arc<Balancer>;

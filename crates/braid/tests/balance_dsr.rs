@@ -1084,3 +1084,85 @@ fn dsr_bad_interface_is_a_one_line_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The balancer's interface goes down and comes back (a flap, a driver reset): the balancer keeps
+/// running, says so in its status, reopens its socket when the link is back, and then serves the
+/// connections established before the flap (their flows were kept) and new ones.
+#[test]
+fn dsr_survives_an_interface_flap() {
+    let bed = Bed::ready("fl");
+    let flag = bed.dir.path().join("go");
+    let client = bed.client_spawn(&["sticky", "12", flag.to_str().unwrap()]);
+    let wait_for = |what: &str, limit: Duration, ok: &dyn Fn(&Value) -> bool| {
+        let deadline = Instant::now() + limit;
+        loop {
+            let st = bed.try_status();
+            if st.as_ref().is_some_and(ok) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {st:?}\n{}",
+                bed.balancer_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for(
+        "sticky client did not connect",
+        Duration::from_secs(10),
+        &|st| st["dsr"]["active_flows"].as_u64().unwrap_or(0) >= 12,
+    );
+    let lb = bed.ns("lb");
+    ip(&["-n", &lb, "link", "set", "dev", "eth0", "down"]);
+    wait_for(
+        "the balancer did not notice the flap",
+        Duration::from_secs(5),
+        &|st| st["dsr"]["interface_down"] == true,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    ip(&["-n", &lb, "link", "set", "dev", "eth0", "up"]);
+    // Back: the socket reopened, and the health checks (which failed while the link was down)
+    // see every backend up again.
+    wait_for(
+        "the balancer did not come back",
+        Duration::from_secs(15),
+        &|st| {
+            st["dsr"]["interface_down"] == false
+                && st["dsr"]["interface_restarts"].as_u64().unwrap_or(0) >= 1
+                && st["backends"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().all(|b| b["state"] == "up"))
+        },
+    );
+    std::fs::write(&flag, b"go").unwrap();
+    let out = wait_output(client, Duration::from_secs(40));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    let (a, b, c) = (
+        names(&lines, "A "),
+        names(&lines, "B "),
+        names(&lines, "C "),
+    );
+    assert_eq!(a.len(), 12, "{lines:?}");
+    assert_eq!(
+        a,
+        b,
+        "connections established before the flap failed or moved\n{}",
+        bed.balancer_log()
+    );
+    assert!(
+        c.len() == 12 && c.iter().all(|n| !n.starts_with("fail")),
+        "new connections after the flap: {c:?}\n{}",
+        bed.balancer_log()
+    );
+    let st = bed.status();
+    assert_eq!(st["dsr"]["interface_restarts"], 1, "{st}");
+    let m = bed.metrics();
+    assert!(
+        m.contains("braid_balance_dsr_interface_restarts_total 1\n"),
+        "{m}"
+    );
+}

@@ -87,10 +87,23 @@ pub struct VipPacket {
     pub syn: bool,
     /// TCP FIN or RST: the connection is ending.
     pub fin_or_rst: bool,
-    /// A fragment of a larger datagram: `flow` carries no ports (0, 0).
-    pub fragment: bool,
+    /// Whether this packet may create flow state: a TCP SYN, or a UDP datagram (not a later
+    /// fragment, not an ICMP error). Any other packet of an unknown flow is forwarded by the
+    /// consistent hash alone, without state (see [`DsrBalancer`]).
+    pub starts_flow: bool,
+    /// A fragment of a larger datagram. The first fragment carries the full 5-tuple in `flow`;
+    /// later ones carry no ports (`flow` has ports 0, 0).
+    pub fragment: Option<Fragment>,
     /// The IP packet's length in bytes (the frame without its Ethernet header).
     pub ip_len: usize,
+}
+
+/// The fragment facts of a packet: the IP identification (IPv4's 16 bits, or the IPv6 fragment
+/// header's 32) and whether this is the first fragment (offset 0, the one with the ports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fragment {
+    pub id: u32,
+    pub first: bool,
 }
 
 /// Why a frame is not for the balancer.
@@ -194,8 +207,8 @@ struct IpFacts<'a> {
     src: IpAddr,
     dst: IpAddr,
     protocol: u8,
-    fragmented: bool,
-    first_fragment: bool,
+    /// `Some` for a fragment.
+    fragment: Option<Fragment>,
     l4: &'a [u8],
     ip_len: usize,
 }
@@ -205,8 +218,7 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
         src,
         dst,
         protocol,
-        fragmented,
-        first_fragment,
+        fragment,
         l4,
         ip_len,
     } = ip;
@@ -214,25 +226,38 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
         // A multicast/broadcast frame to a unicast VIP is not meant for us to forward.
         return Frame::Ignore(Ignored::NotOurMac);
     }
-    if fragmented {
-        // The first fragment carries the ports: check them when we can.
-        let port = if first_fragment
-            && (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP)
-            && l4.len() >= 4
-        {
-            Some(u16::from_be_bytes([l4[2], l4[3]]))
+    if let Some(frag) = fragment {
+        // The first fragment carries the ports (when its transport header is there at all):
+        // check them and key it on its 5-tuple like any packet of its flow. Later fragments
+        // have no ports; the balancer sends them where the first went (by IP identification).
+        let ports = if frag.first && protocol == cfg.transport.ip_number() && l4.len() >= 4 {
+            Some((
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+            ))
         } else {
             None
         };
-        if !service_matches(cfg, protocol, port) {
+        if !service_matches(cfg, protocol, ports.map(|(_, d)| d)) {
             return Frame::Ignore(Ignored::OtherService);
         }
-        let flow = FlowKey::new(protocol, SocketAddr::new(src, 0), SocketAddr::new(dst, 0));
+        let (sport, dport) = ports.unwrap_or((0, 0));
+        let (syn, fin_or_rst) = match transport_info(protocol, l4) {
+            Some((_, _, syn, fin)) if frag.first => (syn, fin),
+            _ => (false, false),
+        };
+        let flow = FlowKey::new(
+            protocol,
+            SocketAddr::new(src, sport),
+            SocketAddr::new(dst, dport),
+        );
+        let starts_flow = ports.is_some() && (protocol == IPPROTO_UDP || syn);
         return Frame::ToVip(VipPacket {
             flow,
-            syn: false,
-            fin_or_rst: false,
-            fragment: true,
+            syn,
+            fin_or_rst,
+            starts_flow,
+            fragment: Some(frag),
             ip_len,
         });
     }
@@ -254,7 +279,8 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
         flow,
         syn,
         fin_or_rst,
-        fragment: false,
+        starts_flow: protocol == IPPROTO_UDP || syn,
+        fragment: None,
         ip_len,
     })
 }
@@ -282,13 +308,15 @@ fn classify_ipv4(dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -> Frame {
         }
         return icmp_error(cfg, p.payload, &[3, 11], usize::from(h.total_len()));
     }
-    let first = h.fragments_offset().value() == 0;
+    let fragment = p.fragmented.then(|| Fragment {
+        id: u32::from(h.identification()),
+        first: h.fragments_offset().value() == 0,
+    });
     let facts = IpFacts {
         src: IpAddr::V4(h.source_addr()),
         dst: IpAddr::V4(h.destination_addr()),
         protocol: h.protocol().0,
-        fragmented: p.fragmented,
-        first_fragment: first,
+        fragment,
         l4: p.payload,
         ip_len: usize::from(h.total_len()),
     };
@@ -347,7 +375,8 @@ fn icmp_error(cfg: &DsrConfig, icmp: &[u8], error_types: &[u8], ip_len: usize) -
         flow,
         syn: false,
         fin_or_rst: false,
-        fragment: false,
+        starts_flow: false,
+        fragment: None,
         ip_len,
     })
 }
@@ -380,26 +409,31 @@ fn classify_ipv6(frame: &[u8], dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -
             40 + usize::from(h.payload_length()),
         );
     }
-    // A packet is a "first fragment" when its fragment header says offset 0.
-    let first = !p.fragmented
-        || ip
-            .extensions()
+    // The fragment header (if any) gives the datagram's identification and whether this is its
+    // first fragment (offset 0). A fragmented packet without a readable one is treated as a
+    // later fragment of datagram 0.
+    let fragment = p.fragmented.then(|| {
+        ip.extensions()
             .clone()
             .into_iter()
             .find_map(|e| match e {
-                etherparse::Ipv6ExtensionSlice::Fragment(f) => {
-                    Some(f.fragment_offset().value() == 0)
-                }
+                etherparse::Ipv6ExtensionSlice::Fragment(f) => Some(Fragment {
+                    id: f.identification(),
+                    first: f.fragment_offset().value() == 0,
+                }),
                 _ => None,
             })
-            .unwrap_or(false);
+            .unwrap_or(Fragment {
+                id: 0,
+                first: false,
+            })
+    });
     let ip_len = 40 + usize::from(h.payload_length());
     let facts = IpFacts {
         src: IpAddr::V6(src),
         dst: IpAddr::V6(dst),
         protocol: p.ip_number.0,
-        fragmented: p.fragmented,
-        first_fragment: first,
+        fragment,
         l4: p.payload,
         ip_len,
     };
@@ -537,7 +571,14 @@ fn ethernet(dst: Mac, src: Mac, ethertype: u16, payload_len: usize) -> Vec<u8> {
 }
 
 /// An ARP frame: `op` 1 = request, 2 = reply. Padded to the 60-byte Ethernet minimum.
-fn arp_frame(op: u16, sha: Mac, spa: Ipv4Addr, eth_dst: Mac, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+pub(crate) fn arp_frame(
+    op: u16,
+    sha: Mac,
+    spa: Ipv4Addr,
+    eth_dst: Mac,
+    tha: Mac,
+    tpa: Ipv4Addr,
+) -> Vec<u8> {
     let mut f = ethernet(eth_dst, sha, ETHERTYPE_ARP, ARP_LEN);
     f.extend_from_slice(&[0, 1, 8, 0, 6, 4]);
     f.extend_from_slice(&op.to_be_bytes());
@@ -623,7 +664,7 @@ fn ipv6_icmp_frame(
 }
 
 /// A Neighbor Advertisement for `target` (the VIP) from the balancer (override set, router unset).
-fn neighbor_advertisement_frame(
+pub(crate) fn neighbor_advertisement_frame(
     mac: Mac,
     target: Ipv6Addr,
     to_mac: Mac,
@@ -682,6 +723,46 @@ pub fn set_macs(frame: &mut [u8], dst: Mac, src: Mac) -> bool {
     frame[0..6].copy_from_slice(&dst);
     frame[6..12].copy_from_slice(&src);
     true
+}
+
+fn datagram_key(p: &VipPacket, frag: Fragment) -> DatagramKey {
+    DatagramKey {
+        src: p.flow.src.ip(),
+        dst: p.flow.dst.ip(),
+        proto: p.flow.proto,
+        id: frag.id,
+    }
+}
+
+/// An 802.1Q (or 802.1ad) tag: the TPID (0x8100, 0x88a8) and the tag control information
+/// (priority, DEI, VLAN id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VlanTag {
+    pub tpid: u16,
+    pub tci: u16,
+}
+
+impl VlanTag {
+    /// The 802.1Q TPID, used when the kernel does not say which one the tag had.
+    pub const TPID_8021Q: u16 = 0x8100;
+
+    pub fn vlan_id(self) -> u16 {
+        self.tci & 0x0fff
+    }
+}
+
+/// Puts a VLAN tag back into a frame whose tag the NIC (or the kernel) stripped on receive: the
+/// frame occupies `buf[..len]`; the tag goes after the source MAC and everything after it moves
+/// 4 bytes on. Returns the new length, or `None` (frame untouched) if `buf` has no room for the 4
+/// bytes or the frame is shorter than an Ethernet header.
+pub fn insert_vlan_tag(buf: &mut [u8], len: usize, tag: VlanTag) -> Option<usize> {
+    if len < ETH_HEADER_LEN || len > buf.len() || buf.len() - len < 4 {
+        return None;
+    }
+    buf.copy_within(12..len, 16);
+    buf[12..14].copy_from_slice(&tag.tpid.to_be_bytes());
+    buf[14..16].copy_from_slice(&tag.tci.to_be_bytes());
+    Some(len + 4)
 }
 
 /// What the balancer knows of one backend's MAC.
@@ -841,6 +922,11 @@ pub struct DsrStats {
     pub malformed: u64,
     /// Flows whose backend went down and that were moved to a live one.
     pub flows_moved: u64,
+    /// Flows pushed out of a full flow table (the least recently used first).
+    pub flows_evicted: u64,
+    /// Mid-connection TCP packets of flows the table does not know (after a restart or an
+    /// eviction), forwarded by hash without creating state.
+    pub untracked: u64,
 }
 
 /// Timing and sizes of the DSR data path.
@@ -870,6 +956,22 @@ impl Default for DsrTimers {
     }
 }
 
+/// How long the backend of a fragmented datagram is remembered for its later fragments (as long
+/// as Linux keeps fragments for reassembly, `net.ipv4.ipfrag_time`).
+pub const FRAGMENT_IDLE: Duration = Duration::from_secs(30);
+/// At most this many fragmented datagrams are remembered at once.
+pub const MAX_FRAGMENTED_DATAGRAMS: usize = 65_536;
+
+/// A fragmented datagram: its addresses, protocol and IP identification (RFC 791: unique per
+/// source, destination and protocol while the datagram may be alive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct DatagramKey {
+    src: IpAddr,
+    dst: IpAddr,
+    proto: u8,
+    id: u32,
+}
+
 /// The DSR data path, sans I/O: frames in ([`DsrBalancer::handle_frame`]), frames out (in place,
 /// replies, and [`DsrBalancer::poll_transmit`] for ARP/NS requests), all against a
 /// [`BackendTable`] that the caller owns (it is shared with the health checker and the control
@@ -882,12 +984,28 @@ impl Default for DsrTimers {
 /// would be lost anyway, and the new backend answers a TCP flow with a RST at once instead of the
 /// client waiting for a timeout. A removed backend's flows keep going to its last known MAC until
 /// they end.
+///
+/// What creates state (as Katran does): only a TCP SYN, or a UDP datagram. A TCP packet of a
+/// flow the table does not know (the balancer restarted, or the flow was evicted) is forwarded by
+/// the algorithm's pick for its 5-tuple without creating state: with Maglev that is the backend
+/// its SYN went to as long as the backend set is the same, so established connections survive a
+/// balancer restart, and a flood of stray ACKs cannot fill the table. A full table evicts its
+/// least recently used flow (and releases that backend's connection count).
+///
+/// Fragments: the first fragment of a datagram carries the ports and goes with its 5-tuple's
+/// flow; its backend is remembered under (addresses, protocol, IP identification) for
+/// [`FRAGMENT_IDLE`], and the later fragments (no ports) follow it there, so a fragmented
+/// datagram reaches the same backend as its flow's unfragmented ones. A later fragment that
+/// overtakes its first is sent by the hash of addresses and protocol alone (the only stable key it
+/// carries); that datagram may then be lost, as on a path that reorders fragments anyway.
 pub struct DsrBalancer {
     cfg: DsrConfig,
     timers: DsrTimers,
     flows: FlowTable<FlowTarget>,
     /// Flows that saw a FIN or RST: no longer counted as active, kept a little for the last ACKs.
     closing: FlowTable<FlowTarget>,
+    /// Where the first fragment of each recent fragmented datagram went.
+    datagrams: FlowTable<FlowTarget, DatagramKey>,
     neighbors: Neighbors,
     seen_generation: u64,
     stats: DsrStats,
@@ -898,12 +1016,24 @@ impl DsrBalancer {
         DsrBalancer {
             flows: FlowTable::new(timers.flow_idle, timers.max_flows),
             closing: FlowTable::new(timers.closing_idle, timers.max_flows),
+            datagrams: FlowTable::new(
+                FRAGMENT_IDLE,
+                timers.max_flows.min(MAX_FRAGMENTED_DATAGRAMS),
+            ),
             neighbors: Neighbors::new(timers.neighbor_retry, timers.neighbor_refresh),
             cfg,
             timers,
             seen_generation: 0,
             stats: DsrStats::default(),
         }
+    }
+
+    /// The interface's identity changed (it was re-created with another MAC or addresses): frames
+    /// from now on are sent as the new one. Flows and learned MACs are kept.
+    pub fn set_interface(&mut self, mac: Mac, ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) {
+        self.cfg.mac = mac;
+        self.cfg.ipv4 = ipv4;
+        self.cfg.ipv6 = ipv6;
     }
 
     pub fn config(&self) -> &DsrConfig {
@@ -1002,33 +1132,82 @@ impl DsrBalancer {
         table: &mut BackendTable,
         now: Instant,
     ) -> Result<FlowTarget, DropReason> {
+        match p.fragment {
+            Some(frag) if !frag.first => {
+                let key = datagram_key(p, frag);
+                match self.datagrams.get(&key, now) {
+                    Some(target) => Ok(self.current_mac(target, table)),
+                    // Overtook its first fragment: the 3-tuple hash is all there is.
+                    None => self.pick(p.flow, table),
+                }
+            }
+            Some(frag) => {
+                let target = self.route_flow(p, table, now)?;
+                self.datagrams.insert(datagram_key(p, frag), target, now);
+                Ok(target)
+            }
+            None => self.route_flow(p, table, now),
+        }
+    }
+
+    /// `target` with its backend's current MAC (it may have changed since: a NIC swap, a
+    /// failed-over host).
+    fn current_mac(&self, mut target: FlowTarget, table: &BackendTable) -> FlowTarget {
+        if let Some(b) = table.get(target.backend) {
+            if let Some(mac) = self.neighbors.mac(b.addr.ip()) {
+                target.mac = mac;
+            }
+        }
+        target
+    }
+
+    /// The backend of a packet with ports: its flow's, or a new pick (remembered only if the
+    /// packet may start a flow).
+    fn route_flow(
+        &mut self,
+        p: &VipPacket,
+        table: &mut BackendTable,
+        now: Instant,
+    ) -> Result<FlowTarget, DropReason> {
         let key = p.flow;
         let known = match self.flows.get(&key, now) {
             Some(t) => Some((t, false)),
             None => self.closing.get(&key, now).map(|t| (t, true)),
         };
-        if let Some((mut target, closing)) = known {
+        if let Some((target, closing)) = known {
             match table.get(target.backend) {
                 // Removed: let the flow finish on its old backend.
                 None => return self.finish(key, target, closing, p, table, now),
                 Some(b) if b.health.is_up() => {
-                    // The backend's MAC may have changed since (a NIC swap, a failed-over host).
-                    if let Some(mac) = self.neighbors.mac(b.addr.ip()) {
-                        target.mac = mac;
-                    }
+                    let target = self.current_mac(target, table);
                     return self.finish(key, target, closing, p, table, now);
                 }
                 Some(_) => {
-                    // Down: move the flow (below).
-                    self.flows.remove(&key);
-                    self.closing.remove(&key);
-                    if !closing {
-                        table.conn_closed(target.backend);
+                    // Down: move the flow (below). It was a flow, so it stays one.
+                    // Only an active entry holds a count (a closing one gave it back at its FIN).
+                    if let Some(active) = self.flows.remove(&key) {
+                        table.conn_closed(active.backend);
                     }
+                    self.closing.remove(&key);
                     self.stats.flows_moved += 1;
+                    let target = self.pick(key, table)?;
+                    self.open_flow(key, target, table, now);
+                    return self.finish(key, target, false, p, table, now);
                 }
             }
         }
+        let target = self.pick(key, table)?;
+        if p.starts_flow {
+            self.open_flow(key, target, table, now);
+            return self.finish(key, target, false, p, table, now);
+        }
+        // A mid-connection packet of an unknown TCP flow: forwarded where the hash says, no state.
+        self.stats.untracked += 1;
+        Ok(target)
+    }
+
+    /// The algorithm's pick for `key` among backends whose MAC is known.
+    fn pick(&mut self, key: FlowKey, table: &mut BackendTable) -> Result<FlowTarget, DropReason> {
         let pick = PickKey {
             flow_hash: key.hash(),
             client_hash: key.client_hash(),
@@ -1039,11 +1218,7 @@ impl DsrBalancer {
             any_backend = true;
             let ip = table.get(id).map(|b| b.addr.ip());
             if let Some(mac) = ip.and_then(|ip| self.neighbors.mac(ip)) {
-                let target = FlowTarget { backend: id, mac };
-                table.conn_opened(id);
-                self.flows.insert(key, target, now);
-                self.stats.new_flows += 1;
-                return self.finish(key, target, false, p, table, now);
+                return Ok(FlowTarget { backend: id, mac });
             }
             exclude.push(id);
         }
@@ -1052,6 +1227,28 @@ impl DsrBalancer {
         } else {
             DropReason::NoBackend
         })
+    }
+
+    /// Remembers a new flow and counts it on its backend; a flow this pushes out of a full table
+    /// (or that expired meanwhile) releases its backend's count.
+    fn open_flow(
+        &mut self,
+        key: FlowKey,
+        target: FlowTarget,
+        table: &mut BackendTable,
+        now: Instant,
+    ) {
+        table.conn_opened(target.backend);
+        self.stats.new_flows += 1;
+        // An entry idle past its timeout but not yet expired is replaced: release it first.
+        if let Some(old) = self.flows.peek(&key) {
+            table.conn_closed(old.backend);
+        }
+        let evicted_before = self.flows.evicted();
+        for (_, gone) in self.flows.insert(key, target, now) {
+            table.conn_closed(gone.backend);
+        }
+        self.stats.flows_evicted += self.flows.evicted() - evicted_before;
     }
 
     /// Moves a flow to the closing table on FIN/RST.
@@ -1080,6 +1277,7 @@ impl DsrBalancer {
             table.conn_closed(target.backend);
         }
         self.closing.expire(now);
+        self.datagrams.expire(now);
         self.neighbors
             .poll_requests(now)
             .into_iter()
@@ -1168,7 +1366,7 @@ mod tests {
             (p.flow.src.port(), p.flow.dst.port(), p.flow.proto),
             (40000, 80, 6)
         );
-        assert!(p.syn && !p.fin_or_rst && !p.fragment);
+        assert!(p.syn && !p.fin_or_rst && p.fragment.is_none());
         assert_eq!(p.ip_len, f.len() - 14);
     }
 
@@ -1446,32 +1644,93 @@ mod tests {
         assert_eq!(classify(&other, &c), Frame::Ignore(Ignored::OtherService));
     }
 
+    /// A UDP datagram of `len` payload bytes from `198.18.0.1:sport` to the VIP, as a first
+    /// fragment (`offset` 0, more fragments) or a later one (`offset` in 8-byte units, no ports),
+    /// with IP identification `id`.
+    fn udp4_fragment(sport: u16, id: u16, offset: u16) -> Vec<u8> {
+        let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB)
+            .ipv4([198, 18, 0, 1], [198, 18, 0, 100], 64)
+            .udp(sport, 53);
+        let mut f = Vec::new();
+        b.write(&mut f, &[0u8; 100]).unwrap();
+        f[14 + 4..14 + 6].copy_from_slice(&id.to_be_bytes());
+        // etherparse checks lengths, not the header checksum: flags and offset can be set here.
+        let flags_offset = if offset == 0 { 0x2000 } else { offset };
+        f[14 + 6..14 + 8].copy_from_slice(&flags_offset.to_be_bytes());
+        if offset != 0 {
+            // A later fragment: what follows the IP header is payload, not a UDP header.
+            f[14 + 20..14 + 28].copy_from_slice(&[0xee; 8]);
+        }
+        f
+    }
+
     #[test]
-    fn fragments_are_keyed_without_ports() {
+    fn first_fragment_has_its_ports_later_ones_the_ip_id() {
         let c = DsrConfig {
-            port: 0,
+            port: 53,
             transport: Transport::Udp,
             ..cfg4()
         };
-        let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB)
-            .ipv4([198, 18, 0, 1], [198, 18, 0, 100], 64)
-            .udp(1, 2);
-        let mut f = Vec::new();
-        b.write(&mut f, &[0u8; 100]).unwrap();
-        // Set "more fragments" and fix the header checksum (etherparse checks only lengths).
-        f[14 + 6] |= 0x20;
+        let f = udp4_fragment(4000, 0x1234, 0);
         let Frame::ToVip(p) = classify(&f, &c) else {
             panic!()
         };
-        assert!(p.fragment);
-        assert_eq!((p.flow.src.port(), p.flow.dst.port()), (0, 0));
-        // A later fragment (offset 8 bytes) with no UDP header at all still goes the same way.
-        f[14 + 6] = 0x20;
-        f[14 + 7] = 1;
+        assert_eq!(
+            p.fragment,
+            Some(Fragment {
+                id: 0x1234,
+                first: true
+            })
+        );
+        assert_eq!((p.flow.src.port(), p.flow.dst.port()), (4000, 53));
+        assert!(p.starts_flow);
+        // A later fragment (offset 8 bytes) with no UDP header at all: no ports, same id.
+        let f = udp4_fragment(4000, 0x1234, 1);
         let Frame::ToVip(q) = classify(&f, &c) else {
             panic!()
         };
-        assert_eq!(p.flow, q.flow);
+        assert_eq!(
+            q.fragment,
+            Some(Fragment {
+                id: 0x1234,
+                first: false
+            })
+        );
+        assert_eq!((q.flow.src.port(), q.flow.dst.port()), (0, 0));
+        assert!(!q.starts_flow);
+        // A first fragment for another port is not the service's.
+        let other = DsrConfig { port: 54, ..c };
+        assert_eq!(
+            classify(&udp4_fragment(4000, 1, 0), &other),
+            Frame::Ignore(Ignored::OtherService)
+        );
+    }
+
+    #[test]
+    fn a_stripped_vlan_tag_is_put_back_in_front_of_the_ethertype() {
+        let f = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], 40000, 80, true);
+        let mut buf = f.clone();
+        buf.resize(f.len() + 4, 0xaa);
+        let tag = VlanTag {
+            tpid: VlanTag::TPID_8021Q,
+            tci: (5 << 13) | 100,
+        };
+        assert_eq!(insert_vlan_tag(&mut buf, f.len(), tag), Some(f.len() + 4));
+        assert_eq!(&buf[..12], &f[..12], "MACs stay");
+        assert_eq!(&buf[12..16], &[0x81, 0x00, 0xa0, 100]);
+        assert_eq!(&buf[16..], &f[12..], "EtherType and packet follow the tag");
+        assert_eq!(tag.vlan_id(), 100);
+        // What etherparse reads back: VLAN 100, then the same IPv4 packet.
+        let parsed = etherparse::SlicedPacket::from_ethernet(&buf).unwrap();
+        let Some(etherparse::VlanSlice::SingleVlan(v)) = parsed.vlan else {
+            panic!("no VLAN: {:?}", parsed.vlan)
+        };
+        assert_eq!(v.vlan_identifier().value(), 100);
+        // No room, or no Ethernet header: untouched.
+        let mut tight = f.clone();
+        assert_eq!(insert_vlan_tag(&mut tight, f.len(), tag), None);
+        assert_eq!(tight, f);
+        assert_eq!(insert_vlan_tag(&mut [0u8; 20], 10, tag), None);
     }
 
     #[test]
@@ -1726,6 +1985,150 @@ mod tests {
             assert_eq!(t.backends()[0].active, 0);
             assert_eq!(t.backends()[0].total, 2);
             assert!(t.backends()[0].bytes_in > 0);
+        }
+
+        /// A balancer with `n` resolved backends, a UDP service on port 53, and `timers`.
+        fn ready_udp(n: u8, timers: DsrTimers) -> (DsrBalancer, BackendTable, Instant) {
+            let now = Instant::now();
+            let mut t = table(n);
+            let c = DsrConfig {
+                port: 53,
+                transport: Transport::Udp,
+                ..cfg4()
+            };
+            let mut lb = DsrBalancer::new(c, timers);
+            lb.poll_transmit(&mut t, now);
+            for i in 1..=n {
+                lb.handle_frame(&mut arp_reply(i), &mut t, now);
+            }
+            (lb, t, now)
+        }
+
+        fn forward(lb: &mut DsrBalancer, t: &mut BackendTable, mut f: Vec<u8>, now: Instant) -> u8 {
+            match lb.handle_frame(&mut f, t, now) {
+                Action::Forward { .. } => which(&f),
+                other => panic!("not forwarded: {other:?}"),
+            }
+        }
+
+        fn active_sum(t: &BackendTable) -> u64 {
+            t.backends().iter().map(|b| b.active).sum()
+        }
+
+        #[test]
+        fn mid_connection_packets_of_unknown_flows_go_by_hash_without_state() {
+            // Balancer A sees the SYNs; balancer B (A restarted) sees only the rest of each
+            // connection: every packet reaches the backend its SYN went to, and B keeps no state.
+            let (mut a, mut ta, now) = ready(3);
+            let (mut b, mut tb, _) = ready(3);
+            for port in 0..300u16 {
+                let first = send(&mut a, &mut ta, 10000 + port, true, now).unwrap();
+                assert_eq!(send(&mut b, &mut tb, 10000 + port, false, now), Ok(first));
+            }
+            assert_eq!(b.flow_count(), (0, 0), "stray ACKs created flows");
+            assert_eq!(active_sum(&tb), 0);
+            assert_eq!(b.stats().new_flows, 0);
+            assert_eq!(b.stats().untracked, 300);
+            // A SYN still creates a flow; its later packets are then tracked.
+            send(&mut b, &mut tb, 50000, true, now).unwrap();
+            send(&mut b, &mut tb, 50000, false, now).unwrap();
+            assert_eq!(b.flow_count(), (1, 0));
+            assert_eq!(b.stats().untracked, 300);
+            // A FIN of an unknown flow is forwarded and creates nothing either.
+            let mut fin = tcp4(LB, [198, 18, 0, 1], [198, 18, 0, 100], 60000, 80, false);
+            fin[14 + 20 + 13] |= 0x01;
+            assert!(matches!(
+                b.handle_frame(&mut fin, &mut tb, now),
+                Action::Forward { .. }
+            ));
+            assert_eq!(b.flow_count(), (1, 0));
+        }
+
+        #[test]
+        fn a_full_table_evicts_the_least_recently_used_flow_and_releases_it() {
+            let timers = DsrTimers {
+                max_flows: 4,
+                ..DsrTimers::default()
+            };
+            let now = Instant::now();
+            let mut t = table(2);
+            let mut lb = DsrBalancer::new(cfg4(), timers);
+            lb.poll_transmit(&mut t, now);
+            for i in 1..=2 {
+                lb.handle_frame(&mut arp_reply(i), &mut t, now);
+            }
+            let ms = |k: u64| now + Duration::from_millis(k);
+            for (k, port) in (1000..1004u16).enumerate() {
+                send(&mut lb, &mut t, port, true, ms(k as u64)).unwrap();
+            }
+            assert_eq!(active_sum(&t), 4);
+            // Flow 1000 is the oldest but stays in use; 1001 is then the least recently used.
+            send(&mut lb, &mut t, 1000, false, ms(10)).unwrap();
+            send(&mut lb, &mut t, 2000, true, ms(11)).unwrap();
+            assert_eq!(lb.flow_count(), (4, 0));
+            assert_eq!(
+                active_sum(&t),
+                4,
+                "the evicted flow kept its backend's count"
+            );
+            assert_eq!(lb.stats().flows_evicted, 1);
+            let untracked = lb.stats().untracked;
+            send(&mut lb, &mut t, 1000, false, ms(12)).unwrap();
+            assert_eq!(
+                lb.stats().untracked,
+                untracked,
+                "the flow in use was evicted"
+            );
+            send(&mut lb, &mut t, 1001, false, ms(13)).unwrap();
+            assert_eq!(lb.stats().untracked, untracked + 1, "1001 should be gone");
+            // A SYN sweep through the full table never lets the counts drift.
+            for port in 3000..3200u16 {
+                send(&mut lb, &mut t, port, true, ms(20 + u64::from(port))).unwrap();
+                assert_eq!(active_sum(&t), lb.flow_count().0 as u64);
+            }
+            assert_eq!(lb.stats().flows_evicted, 201);
+            // Idle expiry releases the rest.
+            lb.poll_transmit(&mut t, now + Duration::from_secs(400));
+            assert_eq!((lb.flow_count(), active_sum(&t)), ((0, 0), 0));
+        }
+
+        #[test]
+        fn fragments_of_a_udp_datagram_follow_its_flow() {
+            let (mut lb, mut t, now) = ready_udp(3, DsrTimers::default());
+            let mut spread = HashSet::new();
+            for (i, sport) in (4000..4100u16).enumerate() {
+                // An unfragmented datagram of the flow, then a fragmented one (first fragment,
+                // then a later one without ports), then a later fragment that overtook its first.
+                let whole = {
+                    let mut f = udp4_fragment(sport, 0, 0);
+                    f[14 + 6] = 0; // no "more fragments": a whole datagram
+                    forward(&mut lb, &mut t, f, now)
+                };
+                spread.insert(whole);
+                let id = 100 + i as u16;
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 0), now),
+                    whole
+                );
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 1), now),
+                    whole
+                );
+                assert_eq!(
+                    forward(&mut lb, &mut t, udp4_fragment(sport, id, 13), now),
+                    whole
+                );
+            }
+            assert_eq!(
+                spread.len(),
+                3,
+                "flows did not spread: the test proves nothing"
+            );
+            assert_eq!(lb.flow_count(), (100, 0), "UDP datagrams create flows");
+            // The datagrams are forgotten after FRAGMENT_IDLE; their flows stay.
+            lb.poll_transmit(&mut t, now + FRAGMENT_IDLE + Duration::from_secs(1));
+            assert_eq!(lb.datagrams.len(), 0);
+            assert_eq!(lb.flow_count(), (100, 0));
         }
 
         #[test]

@@ -129,9 +129,65 @@ impl HealthMachine {
     }
 }
 
+/// The status code of an HTTP response from its first bytes (the status line,
+/// `HTTP/<version> <3 digits> ...`, RFC 9112 4), or `None` if they are not one. Only what the
+/// health checker reads is looked at; any bytes are safe.
+pub fn http_status_code(response: &[u8]) -> Option<u16> {
+    let line = response.split(|&b| b == b'\n').next()?;
+    let rest = line.strip_prefix(b"HTTP/")?;
+    let sp = rest.iter().position(|&b| b == b' ')?;
+    let version = &rest[..sp];
+    if version.is_empty() || !version.iter().all(|b| b.is_ascii_digit() || *b == b'.') {
+        return None;
+    }
+    let code = rest[sp + 1..].get(..3)?;
+    if !code.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // After the code: the end of the data, a space (then the reason), or the line's end.
+    match rest.get(sp + 4) {
+        None | Some(b' ') | Some(b'\r') => {}
+        Some(_) => return None,
+    }
+    let code = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+    (100..=999).contains(&code).then_some(code)
+}
+
+/// Whether an HTTP health check with this status passes (2xx and 3xx do).
+pub fn http_status_healthy(code: u16) -> bool {
+    (200..400).contains(&code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_status_lines() {
+        assert_eq!(http_status_code(b"HTTP/1.1 200 OK\r\n"), Some(200));
+        assert_eq!(http_status_code(b"HTTP/1.0 302"), Some(302));
+        assert_eq!(http_status_code(b"HTTP/2 503 Busy"), Some(503));
+        for bad in [
+            &b""[..],
+            b"HTTP/1.1",
+            b"HTTP/1.1 +20 OK",
+            b"HTTP/1.1 2000 OK",
+            b"HTTP/1.1 20",
+            b"HTTP/ 200 OK",
+            b"http/1.1 200 OK",
+            b"SSH-2.0-OpenSSH\r\n",
+            b"HTTP/1.1 099 x",
+        ] {
+            assert_eq!(
+                http_status_code(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(http_status_healthy(204) && http_status_healthy(399));
+        assert!(!http_status_healthy(404) && !http_status_healthy(199));
+    }
 
     #[test]
     fn fall_then_rise() {

@@ -7,6 +7,8 @@
 //! - [`health`]: fall/rise state machine ([`health::HealthMachine`]).
 //! - [`backend`]: the backend table ([`backend::BackendTable`]) combining the above.
 //! - [`flow`]: 5-tuples ([`flow::FlowKey`], its hash) and the bounded flow table ([`flow::FlowTable`]).
+//! - [`fuzzing`]: the bodies of the fuzz targets (DSR frames, health-check HTTP), shared by
+//!   `fuzz/` and `tests/fuzz_corpus.rs`.
 //! - [`limit`]: admission limits of a proxy listener ([`limit::ConnLimiter`]).
 #![deny(unsafe_code)]
 
@@ -14,6 +16,7 @@ pub mod algo;
 pub mod backend;
 pub mod dsr;
 pub mod flow;
+pub mod fuzzing;
 pub mod hash;
 pub mod health;
 pub mod limit;

@@ -1,5 +1,22 @@
 //! Control socket: one JSON request per line, one JSON reply per line, over a Unix socket
 //! (default `/run/braid/<name>.sock`, mode 0600).
+//!
+//! The server serves connections concurrently with bounded resources ([`crate::serve`]): at most
+//! [`DEFAULT_LIMITS`]`.max_conns` at once (one more gets `{"error": "busy..."}` and is closed),
+//! and each request line must arrive whole within the deadline, counted from when the server
+//! starts waiting for it (an idle or trickling client is cut). [`reply_to_line`] is the
+//! line-to-reply step, free of I/O.
+
+use crate::serve::{spawn_acceptor, DeadlineReader, Limits};
+
+/// Control connections served at once, and how long one request line may take to arrive.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_conns: 32,
+    deadline: std::time::Duration::from_secs(30),
+};
+
+/// The most a connection may send in all (its requests are a few hundred bytes each).
+pub const MAX_CONN_BYTES: u64 = 1 << 20;
 
 use std::path::{Path, PathBuf};
 
@@ -48,10 +65,14 @@ pub fn request(path: &Path, req: &serde_json::Value) -> anyhow::Result<serde_jso
     stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
     let mut line = serde_json::to_vec(req)?;
     line.push(b'\n');
-    stream.write_all(&line)?;
+    // A server at its connection cap answers "busy" and closes without reading: the write may
+    // then fail (EPIPE) while the reply is already waiting to be read. Read it before reporting.
+    let written = stream.write_all(&line);
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply)?;
+    let read = BufReader::new(&stream).read_line(&mut reply);
     if reply.is_empty() {
+        written?;
+        read?;
         anyhow::bail!("control socket {} closed without a reply", path.display());
     }
     let v: serde_json::Value = serde_json::from_str(&reply)
@@ -74,6 +95,14 @@ impl ControlServer {
     /// Listens at `path` (mode 0600; the parent directory is created; a stale socket left by a
     /// dead process is replaced, a live one is an error).
     pub fn bind<H>(path: &Path, handler: H) -> anyhow::Result<ControlServer>
+    where
+        H: Fn(serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    {
+        Self::bind_with(path, DEFAULT_LIMITS, handler)
+    }
+
+    /// [`ControlServer::bind`] with other limits.
+    pub fn bind_with<H>(path: &Path, limits: Limits, handler: H) -> anyhow::Result<ControlServer>
     where
         H: Fn(serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
     {
@@ -107,26 +136,14 @@ impl ControlServer {
             anyhow::anyhow!("cannot set mode of control socket {}: {e}", path.display())
         })?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let handler = std::sync::Arc::new(handler);
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("braid-control".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    let Ok(conn) = conn else {
-                        // EMFILE and friends: the client waits in the backlog; do not spin.
-                        std::thread::sleep(std::time::Duration::from_millis(20));
-                        continue;
-                    };
-                    let handler = handler.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("braid-control-conn".into())
-                        .spawn(move || serve_conn(conn, &*handler));
-                }
-            })?;
+        let thread = spawn_acceptor(
+            "braid-control",
+            listener,
+            limits.max_conns,
+            stop.clone(),
+            move |conn| serve_conn(conn, limits.deadline, &handler),
+            refuse,
+        )?;
         Ok(ControlServer {
             path: path.to_path_buf(),
             stop,
@@ -139,40 +156,68 @@ impl ControlServer {
     }
 }
 
+/// Too many connections: say so and close (never blocks: non-blocking, a short write).
+fn refuse(mut conn: std::os::unix::net::UnixStream) {
+    use std::io::Write;
+    let _ = conn.set_nonblocking(true);
+    let _ = conn.write_all(b"{\"error\":\"busy: too many control connections; retry\"}\n");
+}
+
 fn serve_conn(
     conn: std::os::unix::net::UnixStream,
+    deadline: std::time::Duration,
     handler: &dyn Fn(serde_json::Value) -> serde_json::Value,
 ) {
     use std::io::{BufRead, BufReader, Write};
-    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+    use std::time::Instant;
     let _ = conn.set_write_timeout(Some(std::time::Duration::from_secs(10)));
     let Ok(mut out) = conn.try_clone() else {
         return;
     };
-    let mut reader = BufReader::new(std::io::Read::take(conn, 1 << 20));
+    let mut reader = BufReader::new(std::io::Read::take(
+        DeadlineReader::new(conn, Instant::now() + deadline),
+        MAX_CONN_BYTES,
+    ));
     let mut line = String::new();
     loop {
         line.clear();
+        // Each request line gets its own deadline, from when we start waiting for it.
+        reader
+            .get_mut()
+            .get_mut()
+            .set_deadline(Instant::now() + deadline);
         match reader.read_line(&mut line) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        if line.trim().is_empty() {
+        let Some(reply) = reply_to_line(&line, handler) else {
             continue;
-        }
-        let reply = match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(req) => handler(req),
-            Err(e) => {
-                serde_json::json!({ "error": format!("bad request (one JSON object per line): {e}") })
-            }
         };
-        let mut bytes =
-            serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"error\":\"internal\"}".to_vec());
-        bytes.push(b'\n');
-        if out.write_all(&bytes).is_err() {
+        if out.write_all(&reply).is_err() {
             return;
         }
     }
+}
+
+/// The reply line (with its newline) to one request line: `handler`'s answer to the JSON value,
+/// or an error object for a line that is not JSON. `None` for a blank line (no reply).
+pub fn reply_to_line(
+    line: &str,
+    handler: &dyn Fn(serde_json::Value) -> serde_json::Value,
+) -> Option<Vec<u8>> {
+    if line.trim().is_empty() {
+        return None;
+    }
+    let reply = match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(req) => handler(req),
+        Err(e) => {
+            serde_json::json!({ "error": format!("bad request (one JSON object per line): {e}") })
+        }
+    };
+    let mut bytes =
+        serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"error\":\"internal\"}".to_vec());
+    bytes.push(b'\n');
+    Some(bytes)
 }
 
 impl Drop for ControlServer {
@@ -190,6 +235,87 @@ impl Drop for ControlServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    fn temp_sock(tag: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("braid-ctl-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        (dir.join("c.sock"), dir)
+    }
+
+    #[test]
+    fn slow_clients_do_not_block_others_and_too_many_are_refused() {
+        let (path, dir) = temp_sock("cap");
+        let limits = Limits {
+            max_conns: 3,
+            deadline: Duration::from_millis(700),
+        };
+        let srv = ControlServer::bind_with(&path, limits, |req| serde_json::json!({"echo": req}))
+            .unwrap();
+        // Two clients hold connections: one silent, one mid-line.
+        let _silent = UnixStream::connect(&path).unwrap();
+        let mut slow = UnixStream::connect(&path).unwrap();
+        slow.write_all(b"{\"cmd\":").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // A third is served at once.
+        let start = Instant::now();
+        let r = request(&path, &serde_json::json!({"cmd": "status"})).unwrap();
+        assert_eq!(r["echo"]["cmd"], "status");
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+        // With three held, a fourth is refused at once, not queued. (The served request's thread
+        // ends when it sees the client hang up: give it a moment to free its slot.)
+        std::thread::sleep(Duration::from_millis(150));
+        let _third = UnixStream::connect(&path).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let e = request(&path, &serde_json::json!({"cmd": "status"})).unwrap_err();
+        assert!(e.to_string().contains("busy"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // The deadline cuts the held connections: the slow one gets no reply, only EOF; then
+        // there is room again.
+        slow.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut rest = Vec::new();
+        let _ = slow.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{rest:?}");
+        // (The third one's deadline is a little later.)
+        std::thread::sleep(Duration::from_millis(300));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while request(&path, &serde_json::json!({"cmd": "x"})).is_err() {
+            assert!(Instant::now() < deadline, "never served again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A connection that keeps sending requests in time is served for as long as it likes.
+        let mut c = UnixStream::connect(&path).unwrap();
+        let mut r = BufReader::new(c.try_clone().unwrap());
+        for i in 0..4 {
+            c.write_all(format!("{{\"n\":{i}}}\n").as_bytes()).unwrap();
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            assert!(line.contains(&format!("\"n\":{i}")), "{line}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        drop(srv);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reply_to_line_answers_json_and_garbage() {
+        let h = |v: serde_json::Value| serde_json::json!({"got": v});
+        assert_eq!(reply_to_line("  \n", &h), None);
+        let r = reply_to_line("{\"cmd\":\"status\"}\n", &h).unwrap();
+        assert_eq!(r, b"{\"got\":{\"cmd\":\"status\"}}\n");
+        let r = String::from_utf8(reply_to_line("{nope", &h).unwrap()).unwrap();
+        assert!(
+            r.starts_with("{\"error\":\"bad request") && r.ends_with("}\n"),
+            "{r}"
+        );
+    }
 
     #[test]
     fn serve_and_request() {

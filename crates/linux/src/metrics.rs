@@ -1,14 +1,28 @@
 //! A tiny HTTP/1.0 server for Prometheus scrapes: `GET /metrics` answers with whatever the
-//! `render` callback returns (OpenMetrics text, as `prometheus-client` encodes it). One thread,
-//! one short connection at a time: a scrape every few seconds needs no more.
+//! `render` callback returns (OpenMetrics text, as `prometheus-client` encodes it). Connections
+//! are served concurrently with bounded resources ([`crate::serve`]): at most
+//! [`DEFAULT_LIMITS`]`.max_conns` at once (one more gets a `503` at once), and a request head
+//! must arrive whole within the deadline, so a slow or stuck client never holds up a scrape.
+//! [`response`] is the whole HTTP side (parse the head, build the reply), free of I/O.
 //!
 //! [`register_build_info`] adds the `braid_build_info` gauge every braid endpoint exports.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::serve::{spawn_acceptor, DeadlineReader, Limits};
+
+/// Scrapes served at once, and how long a request head may take to arrive.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_conns: 16,
+    deadline: Duration::from_secs(5),
+};
+
+/// The longest request head read (a scrape's is a few hundred bytes).
+pub const MAX_HEAD: usize = 16 * 1024;
 
 static GIT_COMMIT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
@@ -47,8 +61,20 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Listens on `addr` (TCP) and serves `render()` on `GET /metrics`.
+    /// Listens on `addr` (TCP) and serves `render()` on `GET /metrics`, within [`DEFAULT_LIMITS`].
     pub fn bind<R>(addr: SocketAddr, render: R) -> anyhow::Result<MetricsServer>
+    where
+        R: Fn() -> String + Send + 'static,
+    {
+        Self::bind_with(addr, DEFAULT_LIMITS, render)
+    }
+
+    /// [`MetricsServer::bind`] with other limits.
+    pub fn bind_with<R>(
+        addr: SocketAddr,
+        limits: Limits,
+        render: R,
+    ) -> anyhow::Result<MetricsServer>
     where
         R: Fn() -> String + Send + 'static,
     {
@@ -56,19 +82,21 @@ impl MetricsServer {
             .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("braid-metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Ok(conn) = conn {
-                        let _ = serve_one(conn, &render);
-                    }
-                }
-            })?;
+        // One render at a time (it walks shared state; scrapes are rare), each connection in its
+        // own thread so that a slow client waits alone.
+        let render = Mutex::new(render);
+        let thread = spawn_acceptor(
+            "braid-metrics",
+            listener,
+            limits.max_conns,
+            stop.clone(),
+            move |conn| {
+                let _ = serve_one(conn, limits.deadline, &|| {
+                    (render.lock().unwrap_or_else(|p| p.into_inner()))()
+                });
+            },
+            refuse,
+        )?;
         Ok(MetricsServer {
             addr,
             stop,
@@ -81,19 +109,55 @@ impl MetricsServer {
     }
 }
 
-fn serve_one(mut conn: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+/// Too many connections: a `503` at once, without reading the request (never blocks: a short
+/// write to a fresh socket fits its buffer; non-blocking in case it does not).
+fn refuse(mut conn: TcpStream) {
+    let _ = conn.set_nonblocking(true);
+    // Read what already came, so that closing does not reset the connection (and lose the 503).
+    let _ = conn.read(&mut [0u8; 4096]);
+    let body = "too many connections; retry\n";
+    let _ = conn.write_all(format!(
+        "HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ).as_bytes());
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+}
+
+fn serve_one(
+    conn: TcpStream,
+    deadline: Duration,
+    render: &dyn Fn() -> String,
+) -> std::io::Result<()> {
     conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut out = conn.try_clone()?;
+    let mut reader = DeadlineReader::new(conn, Instant::now() + deadline);
+    let head = read_head(&mut reader)?;
+    out.write_all(&response(&head, render))
+}
+
+/// Reads up to the end of the request head (an empty line), at most [`MAX_HEAD`] bytes.
+fn read_head(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        let n = conn.read(&mut buf)?;
-        if n == 0 || head.len() > 16 * 1024 {
+    while !head_complete(&head) && head.len() <= MAX_HEAD {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
             break;
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let text = String::from_utf8_lossy(&head);
+    Ok(head)
+}
+
+fn head_complete(head: &[u8]) -> bool {
+    head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n")
+}
+
+/// The whole reply to the request head `head` (any bytes; only the request line is read):
+/// `GET`/`HEAD /metrics` gets `render()`, other paths 404, other methods 405. `render` is called
+/// only for a metrics request.
+pub fn response(head: &[u8], render: &dyn Fn() -> String) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
     let mut parts = text.lines().next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
@@ -123,7 +187,7 @@ fn serve_one(mut conn: TcpStream, render: &dyn Fn() -> String) -> std::io::Resul
     if method != "HEAD" {
         resp.extend_from_slice(body.as_bytes());
     }
-    conn.write_all(&resp)
+    resp
 }
 
 impl Drop for MetricsServer {
@@ -140,12 +204,14 @@ impl Drop for MetricsServer {
 mod tests {
     use super::*;
 
+    /// A scrape: the reply as text (whatever arrived before the server closed).
     fn get(addr: SocketAddr, path: &str) -> String {
-        let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        let mut s = connect(addr);
+        // One write: a refused connection is closed at once, a second write would fail.
+        let _ = s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).to_string()
     }
 
     #[test]
@@ -158,6 +224,133 @@ mod tests {
         assert!(r.starts_with("HTTP/1.0 200 OK"), "{r}");
         assert!(r.ends_with("x_total 1\n# EOF\n"));
         assert!(get(srv.local_addr(), "/nope").starts_with("HTTP/1.0 404"));
+    }
+
+    fn connect(addr: SocketAddr) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_slow_client_does_not_block_a_scrape() {
+        let srv = MetricsServer::bind("127.0.0.1:0".parse().unwrap(), || {
+            "x_total 1\n# EOF\n".to_string()
+        })
+        .unwrap();
+        // Two clients that connected and then trickle (or send nothing at all).
+        let mut slow = connect(srv.local_addr());
+        slow.write_all(b"GET /met").unwrap();
+        let _silent = connect(srv.local_addr());
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        let r = get(srv.local_addr(), "/metrics");
+        assert!(r.ends_with("x_total 1\n# EOF\n"), "{r}");
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "the scrape waited {:?} behind the slow clients",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_slow_loris_is_cut_at_the_deadline() {
+        let limits = Limits {
+            max_conns: 4,
+            deadline: Duration::from_millis(300),
+        };
+        let srv = MetricsServer::bind_with("127.0.0.1:0".parse().unwrap(), limits, || {
+            "x 1\n".to_string()
+        })
+        .unwrap();
+        let mut s = connect(srv.local_addr());
+        let start = Instant::now();
+        // A byte every 50 ms never completes the head; the server hangs up at its deadline.
+        let mut cut = false;
+        for b in b"GET /metrics HTTP/1.0\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if s.write_all(&[*b]).is_err() {
+                cut = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            if start.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        let mut rest = Vec::new();
+        let r = s.read_to_end(&mut rest);
+        assert!(
+            cut || matches!(r, Ok(0)) || r.is_err(),
+            "not cut: {r:?} {rest:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn too_many_connections_are_refused_not_queued() {
+        let limits = Limits {
+            max_conns: 2,
+            deadline: Duration::from_secs(10),
+        };
+        let srv = MetricsServer::bind_with("127.0.0.1:0".parse().unwrap(), limits, || {
+            "x 1\n".to_string()
+        })
+        .unwrap();
+        let _held: Vec<TcpStream> = (0..2).map(|_| connect(srv.local_addr())).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        let r = get(srv.local_addr(), "/metrics");
+        assert!(r.starts_with("HTTP/1.0 503"), "{r}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // Once a slot is free, scrapes are served again.
+        drop(_held);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let r = get(srv.local_addr(), "/metrics");
+            if r.starts_with("HTTP/1.0 200") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{r}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn response_answers_any_head() {
+        let render = || "m 1\n".to_string();
+        let ok =
+            String::from_utf8(response(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n", &render)).unwrap();
+        assert!(
+            ok.starts_with("HTTP/1.0 200 OK\r\n") && ok.ends_with("\r\n\r\nm 1\n"),
+            "{ok}"
+        );
+        let head = String::from_utf8(response(b"HEAD /metrics HTTP/1.0\n\n", &render)).unwrap();
+        assert!(
+            head.contains("Content-Length: 4\r\n") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        let called = std::cell::Cell::new(false);
+        let spy = || {
+            called.set(true);
+            String::new()
+        };
+        for (req, want) in [
+            (&b"POST /metrics HTTP/1.0\r\n\r\n"[..], "HTTP/1.0 405"),
+            (b"GET /nope HTTP/1.0\r\n\r\n", "HTTP/1.0 404"),
+            (b"", "HTTP/1.0 405"),
+            (b"\xff\xfe GET", "HTTP/1.0 405"),
+        ] {
+            let r = String::from_utf8_lossy(&response(req, &spy)).to_string();
+            assert!(r.starts_with(want), "{req:?} -> {r}");
+        }
+        assert!(
+            !called.get(),
+            "render ran for a request that is not a scrape"
+        );
     }
 
     #[test]

@@ -226,7 +226,10 @@ pub fn split(hdr: &VirtioNetHdr, packet: &[u8], out: &mut Segments) -> Result<()
         }
         tcp[13] = f;
         tcp[16..18].fill(0);
-        let c = !fold(sum16(&seg[ip_len..], pseudo_sum(seg, v6, TCP, total - ip_len)));
+        let c = !fold(sum16(
+            &seg[ip_len..],
+            pseudo_sum(seg, v6, TCP, total - ip_len),
+        ));
         seg[ip_len + 16..ip_len + 18].copy_from_slice(&c.to_be_bytes());
         out.ranges.push(start..out.buf.len());
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use braid_lb::dsr::{Action, DsrBalancer, DsrConfig, DsrStats, DsrTimers, Mac, Transport};
 use braid_lb::BackendTable;
 
-use packet::{with_empty_vnet, FrameBatch, InterfaceInfo, PacketSocket};
+use packet::{with_empty_vnet, with_empty_vnet_tagged, FrameBatch, InterfaceInfo, PacketSocket};
 
 /// What DSR mode needs from the configuration.
 #[derive(Debug, Clone)]
@@ -45,6 +45,10 @@ pub struct DsrStatus {
     pub send_errors: u64,
     /// Frames dropped before we could read them (receive queue full: the balancer is too slow).
     pub socket_drops: u64,
+    /// The interface is down or gone: the data path waits for it to come back.
+    pub interface_down: bool,
+    /// Times the socket was reopened after the interface went down or away.
+    pub interface_restarts: u64,
 }
 
 impl DsrStatus {
@@ -63,6 +67,10 @@ impl DsrStatus {
             "ignored": s.ignored,
             "malformed": s.malformed,
             "flows_moved": s.flows_moved,
+            "flows_evicted": s.flows_evicted,
+            "untracked_packets": s.untracked,
+            "interface_down": self.interface_down,
+            "interface_restarts": self.interface_restarts,
             "send_errors": self.send_errors,
             "socket_drops": self.socket_drops,
             "active_flows": self.active_flows,
@@ -106,6 +114,28 @@ impl DsrStatus {
             "flows_moved",
             "Flows moved from a backend that went down to a live one",
             counter(s.flows_moved),
+        );
+        reg.register(
+            "flows_evicted",
+            "Flows pushed out of the full flow table (least recently used first)",
+            counter(s.flows_evicted),
+        );
+        reg.register(
+            "untracked_packets",
+            "Mid-connection TCP packets of unknown flows, forwarded by hash without creating a flow",
+            counter(s.untracked),
+        );
+        reg.register(
+            "interface_restarts",
+            "Times the data path reopened its interface after it went down or away",
+            counter(self.interface_restarts),
+        );
+        let down: Gauge = Gauge::default();
+        down.set(i64::from(self.interface_down));
+        reg.register(
+            "interface_down",
+            "1 while the DSR interface is down or gone (nothing is forwarded)",
+            down,
         );
         reg.register(
             "neighbor_replies",
@@ -229,8 +259,13 @@ impl Dsr {
 
     /// Runs until `stop` is set. `table` is shared with the health checker and the control socket;
     /// `status` is refreshed for `braid status`.
+    ///
+    /// The interface may go down, or away and come back (a flap, a driver reset, a re-created
+    /// VLAN or bond): the socket then reports an error, the loop says so, keeps its flows, polls
+    /// the interface every [`REOPEN_INTERVAL`] and, once it is up again, opens a fresh socket,
+    /// announces the VIP again and carries on.
     pub fn run(
-        self,
+        mut self,
         table: Arc<Mutex<BackendTable>>,
         status: Arc<Mutex<DsrStatus>>,
         stop: Arc<AtomicBool>,
@@ -244,10 +279,12 @@ impl Dsr {
         {
             tracing::warn!(interface = %self.iface.name, "IPv6 backends but no IPv6 address on the interface: their MACs cannot be resolved");
         }
-        let mut lb = DsrBalancer::new(cfg, self.settings.timers);
-        let mut batch = FrameBatch::new(64);
-        let mut send_errors = 0u64;
-        let mut socket_drops = 0u64;
+        let mut path = DataPath {
+            lb: DsrBalancer::new(cfg, self.settings.timers),
+            counters: Counters::default(),
+            table,
+            status,
+        };
         tracing::info!(
             interface = %self.iface.name,
             mac = %fmt_mac(self.iface.mac),
@@ -255,10 +292,123 @@ impl Dsr {
             port = self.settings.port,
             "DSR data path running"
         );
-        let announce: Vec<Vec<u8>> = lb.announce().iter().map(|f| with_empty_vnet(f)).collect();
-        let refs: Vec<&[u8]> = announce.iter().map(|f| f.as_slice()).collect();
-        self.sock.send_batch(&refs);
+        while !stop.load(Ordering::Relaxed) {
+            let err = path.serve(&self.sock, &self.iface, &stop);
+            let Err(err) = err else { break };
+            tracing::warn!(
+                interface = %self.iface.name,
+                error = %err,
+                "DSR interface down or gone: forwarding stops until it is back"
+            );
+            path.counters.interface_down = true;
+            path.publish(&self.iface);
+            match self.reopen(&mut path, &stop) {
+                Some((iface, sock)) => {
+                    self.iface = iface;
+                    self.sock = sock;
+                    path.counters.interface_down = false;
+                    path.counters.interface_restarts += 1;
+                    tracing::info!(interface = %self.iface.name, "DSR interface back: forwarding again");
+                }
+                None => break, // stopped while waiting
+            }
+        }
+        path.counters.socket_drops += self.sock.take_drops();
+        path.publish(&self.iface);
+        Ok(())
+    }
 
+    /// Waits until the interface exists and is up, then opens a new socket on it (the interface
+    /// may have a new index or MAC if it was re-created). `None`: `stop` was set meanwhile.
+    fn reopen(
+        &self,
+        path: &mut DataPath,
+        stop: &AtomicBool,
+    ) -> Option<(InterfaceInfo, PacketSocket)> {
+        let mut last_error = String::new();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(REOPEN_INTERVAL);
+            // Flows still idle out and `braid status` stays current while we wait.
+            let now = Instant::now();
+            let _ = path.lb.poll_transmit(&mut lock(&path.table), now);
+            path.publish(&self.iface);
+            let attempt = InterfaceInfo::lookup(&self.settings.interface).and_then(|iface| {
+                if !iface.up {
+                    anyhow::bail!("{} is down", iface.name);
+                }
+                let sock = PacketSocket::open(iface.index)?;
+                if let IpAddr::V6(v6) = self.settings.vip {
+                    sock.join_multicast(braid_lb::dsr::solicited_node_mac(v6))?;
+                }
+                Ok((iface, sock))
+            });
+            match attempt {
+                Ok((iface, sock)) => {
+                    path.lb.set_interface(iface.mac, iface.ipv4, iface.ipv6);
+                    return Some((iface, sock));
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if e != last_error {
+                        tracing::debug!(error = %e, "DSR interface not back yet");
+                        last_error = e;
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+/// How often a DSR data path whose interface went down checks whether it is back.
+pub const REOPEN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Counters of the runtime itself (the balancer's own are in [`DsrStats`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    send_errors: u64,
+    socket_drops: u64,
+    interface_down: bool,
+    interface_restarts: u64,
+}
+
+/// What survives a reopened socket: the balancer (flows, learned MACs), counters, shared state.
+struct DataPath {
+    lb: DsrBalancer,
+    counters: Counters,
+    table: Arc<Mutex<BackendTable>>,
+    status: Arc<Mutex<DsrStatus>>,
+}
+
+impl DataPath {
+    fn publish(&self, iface: &InterfaceInfo) {
+        publish(
+            &self.lb,
+            &lock(&self.table),
+            iface,
+            self.counters,
+            &self.status,
+        );
+    }
+
+    /// Serves frames on `sock` until `stop` is set (`Ok`) or the socket fails (`Err`: the
+    /// interface went down or away).
+    fn serve(
+        &mut self,
+        sock: &PacketSocket,
+        iface: &InterfaceInfo,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let announce: Vec<Vec<u8>> = self
+            .lb
+            .announce()
+            .iter()
+            .map(|f| with_empty_vnet(f))
+            .collect();
+        let refs: Vec<&[u8]> = announce.iter().map(|f| f.as_slice()).collect();
+        sock.send_batch(&refs);
+
+        let mut batch = FrameBatch::new(64);
         let mut next_housekeeping = Instant::now();
         let mut last_publish = Instant::now();
         let mut forwards: Vec<usize> = Vec::with_capacity(64);
@@ -267,18 +417,19 @@ impl Dsr {
             let now = Instant::now();
             if now >= next_housekeeping {
                 let requests = {
-                    let mut t = lock(&table);
-                    let r = lb.poll_transmit(&mut t, now);
-                    socket_drops += self.sock.take_drops();
-                    publish(&lb, &t, &self.iface, (send_errors, socket_drops), &status);
+                    let mut t = lock(&self.table);
+                    let r = self.lb.poll_transmit(&mut t, now);
+                    self.counters.socket_drops += sock.take_drops();
+                    publish(&self.lb, &t, iface, self.counters, &self.status);
                     last_publish = now;
                     r
                 };
                 let frames: Vec<Vec<u8>> = requests.iter().map(|f| with_empty_vnet(f)).collect();
                 let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
-                let out = self.sock.send_batch(&refs);
-                send_errors += out.dropped as u64;
-                let next = lb
+                let out = sock.send_batch(&refs);
+                self.counters.send_errors += out.dropped as u64;
+                let next = self
+                    .lb
                     .poll_timeout()
                     .unwrap_or(now + Duration::from_millis(200));
                 next_housekeeping = next
@@ -286,12 +437,12 @@ impl Dsr {
                     .max(now + Duration::from_millis(1));
             }
             let wait = next_housekeeping.saturating_duration_since(Instant::now());
-            if !wait_readable(self.sock.as_raw_fd(), wait)? {
+            if !wait_readable(sock.as_raw_fd(), wait)? {
                 continue;
             }
             // Drain what is queued, a batch at a time (bounded so housekeeping still runs).
             for _ in 0..64 {
-                let n = self.sock.recv_batch(&mut batch)?;
+                let n = sock.recv_batch(&mut batch)?;
                 if n == 0 {
                     break;
                 }
@@ -299,25 +450,29 @@ impl Dsr {
                 forwards.clear();
                 replies.clear();
                 {
-                    let mut t = lock(&table);
-                    lb.sync_backends(&t, now);
+                    let mut t = lock(&self.table);
+                    self.lb.sync_backends(&t, now);
                     for i in 0..n {
+                        let vlan = batch.vlan(i);
                         let frame = batch.frame_mut(i);
                         if frame.is_empty() {
                             continue;
                         }
-                        match lb.handle_frame(frame, &mut t, now) {
+                        match self.lb.handle_frame(frame, &mut t, now) {
                             Action::Forward { .. } => forwards.push(i),
-                            Action::Reply(r) => replies.push(with_empty_vnet(&r)),
+                            Action::Reply(r) => replies.push(with_empty_vnet_tagged(&r, vlan)),
                             Action::None | Action::Drop(_) => {}
                         }
                     }
                 }
+                // A frame that came tagged leaves tagged (one that cannot take its tag back is
+                // not sent: untagged, it would land on another VLAN).
+                forwards.retain(|&i| batch.restore_vlan(i));
                 let mut out: Vec<&[u8]> = forwards.iter().map(|&i| batch.with_vnet(i)).collect();
                 out.extend(replies.iter().map(|r| r.as_slice()));
-                let res = self.sock.send_batch(&out);
+                let res = sock.send_batch(&out);
                 if res.dropped > 0 {
-                    send_errors += res.dropped as u64;
+                    self.counters.send_errors += res.dropped as u64;
                     if let Some(e) = res.last_error {
                         tracing::debug!(error = %e, "send failed");
                     }
@@ -328,25 +483,11 @@ impl Dsr {
             }
             // Keep `braid status` fresh under load too (at most every 50 ms).
             if last_publish.elapsed() >= Duration::from_millis(50) {
-                socket_drops += self.sock.take_drops();
-                publish(
-                    &lb,
-                    &lock(&table),
-                    &self.iface,
-                    (send_errors, socket_drops),
-                    &status,
-                );
+                self.counters.socket_drops += sock.take_drops();
+                self.publish(iface);
                 last_publish = Instant::now();
             }
         }
-        socket_drops += self.sock.take_drops();
-        publish(
-            &lb,
-            &lock(&table),
-            &self.iface,
-            (send_errors, socket_drops),
-            &status,
-        );
         Ok(())
     }
 }
@@ -360,7 +501,7 @@ fn publish(
     lb: &DsrBalancer,
     table: &BackendTable,
     iface: &InterfaceInfo,
-    (send_errors, socket_drops): (u64, u64),
+    counters: Counters,
     status: &Mutex<DsrStatus>,
 ) {
     let (active, closing) = lb.flow_count();
@@ -390,8 +531,10 @@ fn publish(
         active_flows: active,
         closing_flows: closing,
         neighbors,
-        send_errors,
-        socket_drops,
+        send_errors: counters.send_errors,
+        socket_drops: counters.socket_drops,
+        interface_down: counters.interface_down,
+        interface_restarts: counters.interface_restarts,
     };
 }
 

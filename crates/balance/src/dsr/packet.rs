@@ -7,13 +7,19 @@
 //! (`CHECKSUM_PARTIAL`, common on veth and with TSO) or a GRO/TSO super-frame bigger than the MTU
 //! leaves exactly as it came: checksummed and segmented by the kernel on the way out.
 //! `PACKET_IGNORE_OUTGOING` keeps our own transmissions out of our receive queue.
+//!
+//! VLANs: the kernel (or the NIC) strips the outer 802.1Q tag of a received frame before a packet
+//! socket sees it and reports it beside the frame (`PACKET_AUXDATA`: `tp_vlan_tci`, valid when
+//! `TP_STATUS_VLAN_VALID`). The socket asks for that report, and a frame forwarded or answered on
+//! behalf of a tagged one gets its tag back ([`FrameBatch::restore_vlan`]), so it leaves on the
+//! VLAN it came from instead of the untagged one.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use braid_lb::dsr::Mac;
+use braid_lb::dsr::{insert_vlan_tag, Mac, VlanTag};
 
 /// Size of `struct virtio_net_hdr` (without `num_buffers`).
 pub const VNET_HDR_LEN: usize = 10;
@@ -28,6 +34,42 @@ const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_OUTGOING: u8 = 4;
+const PACKET_AUXDATA: libc::c_int = 8;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+/// `virtio_net_hdr.flags`: the checksum at `csum_start + csum_offset` is still to be filled in.
+const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+/// Room for one `PACKET_AUXDATA` control message (`CMSG_SPACE(sizeof(tpacket_auxdata))` = 40).
+const CMSG_BUF_LEN: usize = 64;
+
+/// `struct tpacket_auxdata` (<linux/if_packet.h>).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct TpacketAuxdata {
+    tp_status: u32,
+    tp_len: u32,
+    tp_snaplen: u32,
+    tp_mac: u16,
+    tp_net: u16,
+    tp_vlan_tci: u16,
+    tp_vlan_tpid: u16,
+}
+
+/// The VLAN tag the kernel stripped from a frame, from its `PACKET_AUXDATA` report.
+fn vlan_of(aux: &TpacketAuxdata) -> Option<VlanTag> {
+    if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
+        return None;
+    }
+    let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 && aux.tp_vlan_tpid != 0 {
+        aux.tp_vlan_tpid
+    } else {
+        VlanTag::TPID_8021Q
+    };
+    Some(VlanTag {
+        tpid,
+        tci: aux.tp_vlan_tci,
+    })
+}
 
 /// What the balancer needs to know about its interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +81,8 @@ pub struct InterfaceInfo {
     pub ipv4: Option<Ipv4Addr>,
     /// The interface's IPv6 link-local address, else its first IPv6 address (source of NS).
     pub ipv6: Option<Ipv6Addr>,
+    /// Administratively up with a carrier (`IFF_UP` and `IFF_RUNNING`).
+    pub up: bool,
 }
 
 impl InterfaceInfo {
@@ -50,9 +94,12 @@ impl InterfaceInfo {
         let mut mac = None;
         let mut ipv4 = None;
         let mut v6: Vec<Ipv6Addr> = Vec::new();
+        let mut up = false;
         let addrs = nix::ifaddrs::getifaddrs()
             .map_err(|e| anyhow::anyhow!("cannot list addresses of {name:?}: {e}"))?;
         for a in addrs.filter(|a| a.interface_name == name) {
+            use nix::net::if_::InterfaceFlags as F;
+            up |= a.flags.contains(F::IFF_UP | F::IFF_RUNNING);
             let Some(addr) = a.address else { continue };
             if let Some(link) = addr.as_link_addr() {
                 if let Some(m) = link.addr() {
@@ -79,6 +126,7 @@ impl InterfaceInfo {
             mac,
             ipv4,
             ipv6,
+            up,
         })
     }
 
@@ -142,6 +190,7 @@ impl PacketSocket {
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         setsockopt_int(raw, libc::SOL_PACKET, PACKET_VNET_HDR, 1, "PACKET_VNET_HDR")?;
+        setsockopt_int(raw, libc::SOL_PACKET, PACKET_AUXDATA, 1, "PACKET_AUXDATA")?;
         // Linux >= 4.20; without it our own frames come back and are ignored by MAC anyway.
         let _ = setsockopt_int(
             raw,
@@ -231,12 +280,13 @@ impl PacketSocket {
     pub fn recv_batch(&self, batch: &mut FrameBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         batch.len = 0;
+        // Each buffer keeps 4 bytes spare for a VLAN tag put back on send.
         let mut iovs: Vec<libc::iovec> = batch
             .bufs
             .iter_mut()
             .map(|b| libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
+                iov_len: b.len() - 4,
             })
             .collect();
         // SAFETY: sockaddr_ll is plain old data.
@@ -250,6 +300,8 @@ impl PacketSocket {
                 hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
                 hdr.msg_iov = &mut iovs[i];
                 hdr.msg_iovlen = 1;
+                hdr.msg_control = batch.ctrl[i].as_mut_ptr().cast();
+                hdr.msg_controllen = CMSG_BUF_LEN as _;
                 libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
@@ -284,6 +336,7 @@ impl PacketSocket {
             } else {
                 msgs[i].msg_len as usize
             };
+            batch.vlans[i] = auxdata(&msgs[i].msg_hdr).as_ref().and_then(vlan_of);
         }
         batch.len = got;
         Ok(got)
@@ -350,6 +403,28 @@ impl PacketSocket {
     }
 }
 
+/// The `PACKET_AUXDATA` control message of a received message, if any.
+fn auxdata(hdr: &libc::msghdr) -> Option<TpacketAuxdata> {
+    // SAFETY: `hdr` was filled by recvmmsg; the CMSG_* macros stay within msg_control's
+    // msg_controllen bytes, and the data is copied out unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(hdr);
+        while !c.is_null() {
+            let len = (*c).cmsg_len as usize;
+            if (*c).cmsg_level == libc::SOL_PACKET
+                && (*c).cmsg_type == PACKET_AUXDATA
+                && len >= libc::CMSG_LEN(std::mem::size_of::<TpacketAuxdata>() as u32) as usize
+            {
+                return Some(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(c).cast::<TpacketAuxdata>(),
+                ));
+            }
+            c = libc::CMSG_NXTHDR(hdr, c);
+        }
+    }
+    None
+}
+
 /// What [`PacketSocket::send_batch`] did.
 #[derive(Debug, Default)]
 pub struct SendOutcome {
@@ -363,6 +438,10 @@ pub struct SendOutcome {
 pub struct FrameBatch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
+    /// The VLAN tag the kernel stripped from each frame.
+    vlans: Vec<Option<VlanTag>>,
+    /// Control-message room of each frame (8-byte aligned, as `cmsghdr` wants).
+    ctrl: Vec<[u64; CMSG_BUF_LEN / 8]>,
     len: usize,
 }
 
@@ -371,6 +450,8 @@ impl FrameBatch {
         FrameBatch {
             bufs: vec![vec![0u8; FRAME_BUF_LEN]; n.max(1)],
             lens: vec![0; n.max(1)],
+            vlans: vec![None; n.max(1)],
+            ctrl: vec![[0; CMSG_BUF_LEN / 8]; n.max(1)],
             len: 0,
         }
     }
@@ -402,6 +483,77 @@ impl FrameBatch {
     pub fn with_vnet(&self, i: usize) -> &[u8] {
         &self.bufs[i][..self.lens[i]]
     }
+
+    /// The VLAN tag the kernel stripped from frame `i` (`None`: it came untagged).
+    pub fn vlan(&self, i: usize) -> Option<VlanTag> {
+        self.vlans[i]
+    }
+
+    /// Puts frame `i`'s stripped VLAN tag back (call after rewriting it, before sending it), so
+    /// that it leaves on the VLAN it came from. False if the frame could not take it (then it
+    /// must not be sent: untagged, it would land on another VLAN).
+    pub fn restore_vlan(&mut self, i: usize) -> bool {
+        let Some(tag) = self.vlans[i] else {
+            return true;
+        };
+        let l = self.lens[i];
+        if l <= VNET_HDR_LEN {
+            return false;
+        }
+        let buf = &mut self.bufs[i];
+        match retag(buf, l, tag) {
+            Some(n) => {
+                self.lens[i] = n;
+                self.vlans[i] = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sets frame `i` (a test's stand-in for a received one): `frame` after an empty
+    /// `virtio_net_hdr`, with the VLAN tag the kernel would have reported.
+    #[cfg(test)]
+    fn set(&mut self, i: usize, vnet: [u8; VNET_HDR_LEN], frame: &[u8], vlan: Option<VlanTag>) {
+        self.bufs[i][..VNET_HDR_LEN].copy_from_slice(&vnet);
+        self.bufs[i][VNET_HDR_LEN..VNET_HDR_LEN + frame.len()].copy_from_slice(frame);
+        self.lens[i] = VNET_HDR_LEN + frame.len();
+        self.vlans[i] = vlan;
+        self.len = self.len.max(i + 1);
+    }
+}
+
+/// Inserts `tag` into the frame in `buf[VNET_HDR_LEN..len]` and moves the offsets of its
+/// `virtio_net_hdr` (checksum start, header length) 4 bytes on with it. The new length.
+fn retag(buf: &mut [u8], len: usize, tag: VlanTag) -> Option<usize> {
+    let n = insert_vlan_tag(&mut buf[VNET_HDR_LEN..], len - VNET_HDR_LEN, tag)?;
+    // struct virtio_net_hdr { u8 flags, gso_type; u16 hdr_len, gso_size, csum_start,
+    // csum_offset; } in the host's byte order (the socket's, as the kernel wrote it).
+    fn bump(buf: &mut [u8], at: usize) {
+        let v = u16::from_ne_bytes([buf[at], buf[at + 1]]).saturating_add(4);
+        buf[at..at + 2].copy_from_slice(&v.to_ne_bytes());
+    }
+    if buf[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
+        bump(buf, 6);
+    }
+    if buf[1] != 0 {
+        bump(buf, 2); // a GSO frame: its headers got 4 bytes longer
+    }
+    Some(VNET_HDR_LEN + n)
+}
+
+/// [`with_empty_vnet`] with `vlan` put back (an answer to a tagged request).
+pub fn with_empty_vnet_tagged(frame: &[u8], vlan: Option<VlanTag>) -> Vec<u8> {
+    let mut v = with_empty_vnet(frame);
+    if let Some(tag) = vlan {
+        let len = v.len();
+        v.resize(len + 4, 0);
+        match retag(&mut v, len, tag) {
+            Some(n) => v.truncate(n),
+            None => v.truncate(len),
+        }
+    }
+    v
 }
 
 /// Prefixes a frame built by the balancer (ARP, NDP) with an all-zero `virtio_net_hdr` (no
@@ -411,4 +563,88 @@ pub fn with_empty_vnet(frame: &[u8]) -> Vec<u8> {
     v.extend_from_slice(&[0u8; VNET_HDR_LEN]);
     v.extend_from_slice(frame);
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aux(status: u32, tci: u16, tpid: u16) -> TpacketAuxdata {
+        TpacketAuxdata {
+            tp_status: status,
+            tp_vlan_tci: tci,
+            tp_vlan_tpid: tpid,
+            ..TpacketAuxdata::default()
+        }
+    }
+
+    #[test]
+    fn auxdata_says_which_vlan_a_frame_came_on() {
+        assert_eq!(vlan_of(&aux(0, 100, 0)), None, "no VLAN_VALID: untagged");
+        assert_eq!(
+            vlan_of(&aux(TP_STATUS_VLAN_VALID, 100, 0)),
+            Some(VlanTag {
+                tpid: 0x8100,
+                tci: 100
+            })
+        );
+        // Priority-tagged (VLAN 0) is still a tag; an 802.1ad TPID is kept.
+        assert_eq!(
+            vlan_of(&aux(
+                TP_STATUS_VLAN_VALID | TP_STATUS_VLAN_TPID_VALID,
+                3 << 13,
+                0x88a8
+            )),
+            Some(VlanTag {
+                tpid: 0x88a8,
+                tci: 3 << 13
+            })
+        );
+    }
+
+    #[test]
+    fn a_forwarded_frame_gets_its_vlan_tag_back_and_its_offload_offsets_follow() {
+        let mut frame = vec![0u8; 60];
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        frame[14] = 0x45;
+        // NEEDS_CSUM, GSO TCPv4, hdr_len 54, gso_size 1448, csum_start 34, csum_offset 16.
+        let mut vnet = [0u8; VNET_HDR_LEN];
+        vnet[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+        vnet[1] = 1;
+        vnet[2..4].copy_from_slice(&54u16.to_ne_bytes());
+        vnet[4..6].copy_from_slice(&1448u16.to_ne_bytes());
+        vnet[6..8].copy_from_slice(&34u16.to_ne_bytes());
+        vnet[8..10].copy_from_slice(&16u16.to_ne_bytes());
+        let tag = VlanTag {
+            tpid: 0x8100,
+            tci: 100,
+        };
+        let mut b = FrameBatch::new(2);
+        b.set(0, vnet, &frame, Some(tag));
+        b.set(1, [0; VNET_HDR_LEN], &frame, None);
+        assert_eq!(b.vlan(0), Some(tag));
+        assert!(b.restore_vlan(0) && b.restore_vlan(1));
+        let out = b.with_vnet(0);
+        assert_eq!(out.len(), VNET_HDR_LEN + 64);
+        let f = &out[VNET_HDR_LEN..];
+        assert_eq!(&f[12..18], &[0x81, 0x00, 0, 100, 0x08, 0x00]);
+        assert_eq!(f[18], 0x45);
+        let u16_at = |at: usize| u16::from_ne_bytes([out[at], out[at + 1]]);
+        assert_eq!(
+            (u16_at(2), u16_at(4), u16_at(6), u16_at(8)),
+            (58, 1448, 38, 16)
+        );
+        // Restoring twice does not tag twice; an untagged frame is left alone.
+        assert!(b.restore_vlan(0));
+        assert_eq!(b.with_vnet(0).len(), VNET_HDR_LEN + 64);
+        assert_eq!(&b.with_vnet(1)[VNET_HDR_LEN..], &frame[..]);
+        // An answer (ARP reply) to a tagged request is tagged too, with an empty vnet header.
+        let r = with_empty_vnet_tagged(&frame, Some(tag));
+        assert_eq!(&r[..VNET_HDR_LEN], &[0; VNET_HDR_LEN]);
+        assert_eq!(&r[VNET_HDR_LEN + 12..VNET_HDR_LEN + 16], &[0x81, 0, 0, 100]);
+        assert_eq!(
+            with_empty_vnet_tagged(&frame, None),
+            with_empty_vnet(&frame)
+        );
+    }
 }
