@@ -12,6 +12,7 @@
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
 //! - [`pmtu`]: path MTU discovery per link (RFC 8899 probing; ICMP lowers, never raises).
+//! - [`routes`]: a concentrator's prefix table (longest match: routing and source checks) and address pool.
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
@@ -35,6 +36,7 @@ pub mod netem;
 pub mod pmtu;
 pub mod reorder;
 pub mod replay;
+pub mod routes;
 pub mod sched;
 pub mod sim;
 pub mod wire;
