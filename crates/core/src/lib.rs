@@ -10,7 +10,8 @@
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
-//! - [`reorder`]: the receiver's reorder buffer.
+//! - [`reorder`]: the receiver's reorder buffer (and which gaps to ask for again).
+//! - [`arq`]: the sender's ring of sent packets for in-tunnel loss repair (NACK, reinjection).
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
 //! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
 //!   and the lab's emulator.
@@ -21,6 +22,7 @@
 //! daemon, a seeded ChaCha in the simulator: runs are reproducible).
 #![deny(unsafe_code)]
 
+pub mod arq;
 pub mod crypto;
 pub mod endpoint;
 pub mod fuzzing;
