@@ -106,38 +106,52 @@ fn wide_rate_and_delay_spread() {
     );
 }
 
-/// Two 20 Mbit/s links, 10 and 40 ms, 1% loss on the 10 ms one. In-tunnel loss repair (NACK
-/// and retransmission, `braid_core::arq`) keeps the links' random loss from the inner TCP: every
-/// hole is repaired or almost. Measured: CUBIC 42.1% / 52.6% (was 6.9% / 5.0% without repair;
-/// what CUBIC still sees is the scheduler's queue-full drops, i.e. congestion), BBR 75.1% /
-/// 59.3%.
+/// Two 20 Mbit/s links, 10 and 40 ms, 1% loss on the 10 ms one. Measured: CUBIC 3.8% / 3.3%
+/// (the scheduler keeps 99% on the lossy link and the inner TCP sees its losses: 1% is under the
+/// loss pull-back threshold, `sched::PULLBACK_LOSS`), BBR 71.6% / 67.5%.
 #[test]
 fn equal_rates_one_lossy() {
     check(
         3,
         &[
-            (Cubic, Upload, 0.38, Some(0.8)),
-            (Cubic, Download, 0.45, Some(0.95)),
+            (Cubic, Upload, 0.03, None),
+            (Cubic, Download, 0.03, None),
             (Bbr, Upload, 0.70, Some(1.45)),
-            (Bbr, Download, 0.55, Some(1.1)),
+            (Bbr, Download, 0.63, Some(1.3)),
         ],
     );
-    for cc in CcKind::ALL {
-        for dir in [Upload, Download] {
-            let r = sim::run_tcp(&sim::tcp_scenarios()[3].clone().cc(cc).direction(dir));
-            eprintln!("{} {}: {:?}", cc.name(), dir.name(), r.repair);
-            // The tunnel repairs the holes; few are given up.
-            assert!(r.repair.repaired >= 100, "{:?}", r.repair);
-            assert!(r.repair.given_up * 5 <= r.repair.repaired, "{:?}", r.repair);
-        }
+}
+
+/// The same with NACK repair turned on (`endpoint::Config::nack`, off by default because it
+/// costs the scenarios without random loss): the receiver asks for the holes again and the
+/// sender resends them within its repair budget, so the inner TCP sees few of the link's
+/// losses. Measured: CUBIC 34.0% / 36.4% of the sum (3.8% / 3.3% without).
+#[test]
+fn nack_repairs_random_loss() {
+    for dir in [Upload, Download] {
+        let sc = sim::tcp_scenarios()[3].clone().cc(Cubic).direction(dir);
+        let off = sim::run_tcp(&sc);
+        let on = sim::run_tcp(&sc.nack(true));
+        eprintln!("{}\n{}\n{}", sim::TcpReport::TABLE_HEADER, off.table_row(), on.table_row());
+        eprintln!("{:?}", on.repair);
+        assert!(
+            on.of_sum >= 0.25 && on.of_sum >= 5.0 * off.of_sum,
+            "{}: {:.1}% with NACK, {:.1}% without",
+            dir.name(),
+            on.of_sum * 100.0,
+            off.of_sum * 100.0
+        );
+        assert!(on.repair.repaired >= 100, "{:?}", on.repair);
+        assert_eq!(off.repair.repaired + off.repair.resent, 0, "{:?}", off.repair);
     }
 }
 
 /// Failover on the default lab (1, 2, 3 Mbit/s, 10 ms): the 3 Mbit/s link goes dark mid-transfer.
-/// What was in flight on it is asked for again by the receiver (NACK) or reinjected by the sender
-/// when it falls silent (nothing from it for max(3 srtt, 150 ms)) or is declared DOWN. Issue 10
-/// asks for a stall under 300 ms; measured: CUBIC 398 ms and 40 inner retransmissions (602 ms
-/// and 77 before the silence rule), so the floor here is what is reached, not the goal yet.
+/// What was in flight on it is reinjected by the sender when the link falls silent (nothing from
+/// it for max(3 srtt, 150 ms)) or is declared DOWN, and the link is avoided from then on.
+/// Measured: CUBIC stall 481 ms, 168 inner retransmissions (956 ms and 709 with no ring and no
+/// silence rule, i.e. `repair` off); BBR 236 ms, 63. Issue 10 asks for under 300 ms: the bound
+/// here is what is reached, not the goal.
 #[test]
 fn failover_mid_transfer() {
     for cc in CcKind::ALL {
@@ -150,13 +164,13 @@ fn failover_mid_transfer() {
         eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
         eprintln!("{:?}", r.repair);
         assert!(
-            r.longest_stall_ms < 450.0,
+            r.longest_stall_ms < 600.0,
             "{}: stalled {:.0} ms",
             cc.name(),
             r.longest_stall_ms
         );
         assert!(
-            r.retransmits <= 60,
+            r.retransmits <= 250,
             "{}: {} retransmits",
             cc.name(),
             r.retransmits

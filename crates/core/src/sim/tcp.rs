@@ -701,6 +701,8 @@ pub struct TcpScenario {
     pub equalize_max: Option<Duration>,
     /// Links going dark and coming back (failover), at instants from the start of the run.
     pub events: Vec<(Duration, super::LinkEvent)>,
+    /// Receivers NACK lost gaps (`endpoint::Config::nack`, off by default).
+    pub nack: bool,
 }
 
 impl TcpScenario {
@@ -717,7 +719,12 @@ impl TcpScenario {
             seed: 1,
             equalize_max: None,
             events: Vec::new(),
+            nack: false,
         }
+    }
+    pub fn nack(mut self, on: bool) -> Self {
+        self.nack = on;
+        self
     }
     pub fn event(mut self, at: Duration, e: super::LinkEvent) -> Self {
         self.events.push((at, e));
@@ -886,6 +893,7 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
         probe_interval: None,
         equalize_max: sc.equalize_max,
         warmup: sc.warmup,
+        nack: sc.nack,
     };
     let mut bundle = Bundle::new(&sc.links, &opts);
     for &(at, e) in &sc.events {
