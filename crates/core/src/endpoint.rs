@@ -1053,7 +1053,10 @@ impl Endpoint {
         for &seq in &seqs {
             // Each sequence number is sent again once at most: a second loss of the same
             // packet, or a NACK for a congestion burst, is left to the inner TCP.
-            let once = self.ring.get_mut(seq).is_some_and(|s| s.resent_at.is_none());
+            let once = self
+                .ring
+                .get_mut(seq)
+                .is_some_and(|s| s.resent_at.is_none());
             if once && self.repair_budget >= 1.0 && self.resend(now, seq) {
                 self.repair_budget -= 1.0;
                 self.repair.retransmits_sent += 1;

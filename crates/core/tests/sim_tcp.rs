@@ -132,7 +132,12 @@ fn nack_repairs_random_loss() {
         let sc = sim::tcp_scenarios()[3].clone().cc(Cubic).direction(dir);
         let off = sim::run_tcp(&sc);
         let on = sim::run_tcp(&sc.nack(true));
-        eprintln!("{}\n{}\n{}", sim::TcpReport::TABLE_HEADER, off.table_row(), on.table_row());
+        eprintln!(
+            "{}\n{}\n{}",
+            sim::TcpReport::TABLE_HEADER,
+            off.table_row(),
+            on.table_row()
+        );
         eprintln!("{:?}", on.repair);
         assert!(
             on.of_sum >= 0.25 && on.of_sum >= 5.0 * off.of_sum,
@@ -142,7 +147,12 @@ fn nack_repairs_random_loss() {
             off.of_sum * 100.0
         );
         assert!(on.repair.repaired >= 100, "{:?}", on.repair);
-        assert_eq!(off.repair.repaired + off.repair.resent, 0, "{:?}", off.repair);
+        assert_eq!(
+            off.repair.repaired + off.repair.resent,
+            0,
+            "{:?}",
+            off.repair
+        );
     }
 }
 
