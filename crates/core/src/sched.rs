@@ -1341,12 +1341,77 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_pulls_traffic_off_a_lossy_link_but_not_off_a_congested_one() {
+        let t0 = Instant::now();
+        let count = |links: &[LinkView], id| {
+            let mut s = Adaptive::default();
+            let mut out = Vec::new();
+            for k in 0..2000u64 {
+                s.pick(
+                    t0 + Duration::from_micros(100 * k),
+                    1250,
+                    0,
+                    links,
+                    &mut out,
+                );
+            }
+            out.iter().filter(|&&l| l == id).count()
+        };
+        // Full load on three links; link 3 (50 Mbit/s) loses 10% with no queue: its own loss.
+        let mut links = three_links();
+        assert!(count(&links, 3) > 500);
+        links[2].loss = 0.10;
+        assert_eq!(count(&links, 3), 0, "pulled back");
+        // The same loss with a standing queue is congestion: the link keeps its share.
+        links[2].qdelay = ms(30);
+        assert!(count(&links, 3) > 500);
+        // Every link lossy: none is pulled back.
+        let mut all = three_links();
+        for v in &mut all {
+            v.loss = 0.10;
+        }
+        assert!(count(&all, 3) > 500);
+        // Hysteresis: back under PULLBACK_RECOVER only.
+        let mut s = Adaptive::default();
+        let mut out = Vec::new();
+        let mut links = three_links();
+        links[2].loss = 0.10;
+        s.pick(t0, 1250, 0, &links, &mut out);
+        links[2].loss = 0.03;
+        out.clear();
+        for k in 0..2000u64 {
+            s.pick(
+                t0 + Duration::from_micros(100 * k),
+                1250,
+                0,
+                &links,
+                &mut out,
+            );
+        }
+        assert!(!out.contains(&3), "3% is above PULLBACK_RECOVER");
+        links[2].loss = 0.01;
+        s.pick(t0 + ms(300), 1250, 0, &links, &mut out);
+        out.clear();
+        for k in 0..2000u64 {
+            s.pick(
+                t0 + ms(300) + Duration::from_micros(100 * k),
+                1250,
+                0,
+                &links,
+                &mut out,
+            );
+        }
+        assert!(out.contains(&3), "recovered");
+    }
+
+    #[test]
     fn adaptive_uses_degraded_links_only_when_others_are_much_later() {
         let t0 = Instant::now();
         let mut s = Adaptive::default();
         let mut links = three_links();
         links[0].state = LinkState::Degraded;
-        links[0].loss = 0.15;
+        // Degraded by loss, but under the pull-back threshold (which would leave it unused).
+        links[0].loss = 0.04;
         let mut out = Vec::new();
         for _ in 0..300 {
             s.pick(t0, 1250, 0, &links, &mut out);
