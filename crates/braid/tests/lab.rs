@@ -470,3 +470,66 @@ fn lab_compares_with_mptcp_in_both_directions() {
     let ratio = f(&v["bundle_vs_compare"]);
     assert!((ratio - f(&b["goodput_bps"]) / f(&m["run"]["goodput_bps"])).abs() < 1e-9);
 }
+
+/// Issue 10 item 3: when a link dies mid-transfer, what was in flight on it is reinjected on the
+/// others (counted in the sender's status), the receiver drops the copies it already had, and
+/// the connection goes on. The stall bound has margin for a loaded machine: measured 416 ms
+/// (main before reinjection: 304-498 ms over runs); issue 10 asks for under 300 ms, not reached.
+#[test]
+fn lab_failover_reinjects_what_the_dead_link_carried() {
+    require_root();
+    let v = lab_json(
+        &["--skip-single", "--fail", "link3@4", "--duration", "8"],
+        Duration::from_secs(60),
+    );
+    let fail = &v["bundle"]["fail"];
+    assert!(
+        fail["survived"].as_bool().unwrap(),
+        "{}",
+        v["bundle"]["run"]
+    );
+    let gap = f(&fail["longest_gap_ms"]);
+    assert!(gap < 1000.0, "stalled {gap} ms: {}", v["bundle"]["run"]);
+    // Upload: the client (host A's side) sends the data and reinjects.
+    let repair = &v["bundle"]["client_status"]["repair"];
+    assert!(
+        f(&repair["reinjected"]) >= 1.0,
+        "nothing reinjected: {repair}"
+    );
+}
+
+/// Issue 10 item 4 (loss pull-back): a link losing 10% of its packets is given no traffic while
+/// a clean link is up, so the bundle is not dragged below the clean link alone. Measured:
+/// 80-91% of the clean link alone (raw link, no tunnel overhead; the low end on a loaded
+/// machine), the lossy link carrying only its probes (10-12 kbit/s); before pull-back 83-89%,
+/// with 26-64 kbit/s of data still on the lossy link. The goodput bound is loose (load).
+#[test]
+fn lab_pulls_traffic_off_a_lossy_link() {
+    require_root();
+    let v = lab_json(
+        &[
+            "--link",
+            "10mbit/10ms",
+            "--link",
+            "10mbit/10ms/10%",
+            "--duration",
+            "10",
+        ],
+        Duration::from_secs(60),
+    );
+    let clean_alone = f(&v["links"][0]["single"]["goodput_bps"]);
+    let run = &v["bundle"]["run"];
+    let bundle = f(&run["goodput_bps"]);
+    assert!(
+        bundle >= 0.75 * clean_alone,
+        "bundle {:.2} Mbit/s < 75% of the clean link alone ({:.2}): {run}",
+        bundle / 1e6,
+        clean_alone / 1e6
+    );
+    let lossy = f(&run["link_rates_bps"][1]);
+    assert!(
+        lossy < 20e3,
+        "the lossy link still carries {:.0} kbit/s: {run}",
+        lossy / 1e3
+    );
+}

@@ -21,14 +21,15 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::arq::{RingConfig, SentRing};
 use crate::crypto::{self, Aead, SessionKeys};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
-use crate::reorder::{Arrival, ReorderBuffer, ReorderConfig};
+use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
 use crate::replay::ReplayWindow;
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
-    Body, CipherId, Common, DataRepr, Header, HelloRepr, PacketType, ProbeAckRepr, ProbeRepr,
-    FLAG_UNORDERED,
+    Body, CipherId, Common, DataRepr, Header, HelloRepr, NackRepr, PacketType, ProbeAckRepr,
+    ProbeRepr, SeqRange, FLAG_RETRANSMIT, FLAG_UNORDERED, MAX_NACK_RANGES,
 };
 use crate::LinkId;
 
@@ -60,6 +61,18 @@ pub struct Config {
     /// TCP then sees one steady RTT whatever links the scheduler uses (see [`Endpoint`]'s
     /// receive path).
     pub equalize_max: Duration,
+    /// Failover without loss: a ring of sent packets, from which what was in flight on a link
+    /// that died (or fell silent) is reinjected on the others, and answers to the peer's NACKs
+    /// (see [`crate::arq`]). Default on.
+    pub repair: bool,
+    /// Ask the peer for lost gaps (NACK) and wait for the copy before giving them up. Off by
+    /// default: it repairs random loss (CUBIC on 2 x 20 Mbit/s with 1% loss on one link: 3.8%
+    /// -> 34-51% of the sum in the simulator), but the extra hold on every gap costs the
+    /// scenarios without random loss up to 24 points (10/20/50 Mbit/s CUBIC, LTE BBR); see
+    /// docs/scheduling.md.
+    pub nack: bool,
+    /// Bounds of the ring of sent packets kept for repair.
+    pub ring: RingConfig,
 }
 
 impl Config {
@@ -76,6 +89,9 @@ impl Config {
             rehandshake_after: Duration::from_secs(2),
             forget_link_after: Duration::from_secs(120),
             equalize_max: DEFAULT_EQUALIZE_MAX,
+            repair: true,
+            nack: false,
+            ring: RingConfig::default(),
         }
     }
 }
@@ -147,6 +163,31 @@ pub struct DropStats {
     pub queue_full: u64,
 }
 
+/// In-tunnel loss repair counters (see [`crate::arq`]).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RepairStats {
+    /// Sender: DATA packets sent again in answer to a NACK.
+    pub retransmits_sent: u64,
+    /// Sender: DATA packets sent again because the link that carried them went DOWN.
+    pub reinjected: u64,
+    /// Sender: NACKed sequence numbers no longer (or never) in the ring, or resent too
+    /// recently to send again.
+    pub nack_unserved: u64,
+    /// NACK packets sent (receiver) and received (sender).
+    pub nacks_sent: u64,
+    pub nacks_received: u64,
+    /// Receiver: retransmitted DATA packets that arrived.
+    pub retransmits_received: u64,
+    /// Receiver: retransmissions that filled a hole.
+    pub holes_repaired: u64,
+    /// Receiver: DATA packets dropped because their sequence number was already held or
+    /// delivered.
+    pub duplicates_suppressed: u64,
+    /// Sender: packets in the ring now, and their bytes.
+    pub ring_packets: usize,
+    pub ring_bytes: usize,
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LinkStats {
     pub id: LinkId,
@@ -190,6 +231,8 @@ pub struct BundleStats {
     /// (the spread of the live links' base one-way delays, within `equalize_max`); 0 when off.
     pub equalize_us: u64,
     pub drops: DropStats,
+    /// Loss repair; holes given up after repair are in `reorder.repair_given_up`.
+    pub repair: RepairStats,
 }
 
 /// Outer IPv4 (20) + UDP (8) headers: counted in per-link byte rates so that they measure what
@@ -202,6 +245,24 @@ pub const WIRE_OVERHEAD: usize = IP_UDP_OVERHEAD + crate::wire::DATA_OVERHEAD;
 const TICK: Duration = Duration::from_millis(100);
 /// Extra hold time on top of the measured delay spread, for jitter.
 const REORDER_MARGIN: Duration = Duration::from_millis(3);
+/// Loss repair: what a NACKed hole waits beyond the fastest link's round trip (the NACK goes
+/// out on it, the copy comes back on it).
+const REPAIR_MARGIN: Duration = Duration::from_millis(5);
+/// Answers to NACKs are budgeted (a token bucket): each ordered DATA packet sent adds
+/// `REPAIR_SHARE` of a resend, up to `REPAIR_BURST`. Random loss (a link losing 1-2% of what
+/// it carries, or a few packets late beyond the hold) stays inside the budget and is repaired;
+/// the bursts of drops of a full queue (congestion) soon exceed it, and what is not repaired
+/// reaches the inner TCP as the loss signal it must see. Repairing every congestion drop hid
+/// it from CUBIC, which then filled the links' queues (10/20/50 Mbit/s in the simulator: 1943
+/// queue drops repaired, goodput 91.8% -> 82.7% of the sum).
+const REPAIR_SHARE: f64 = 0.02;
+const REPAIR_BURST: f64 = 8.0;
+/// A link that has brought nothing for `max(3 x srtt, probe interval + SILENCE_SLACK)` while
+/// another one delivers is avoided at once (its packets would be lost), well before its probes
+/// time out and it is declared DOWN.
+const SILENCE_SLACK: Duration = Duration::from_millis(50);
+/// Sequence numbers resent per NACK at most (a range may name up to 65535).
+const MAX_RESEND_PER_NACK: usize = 4096;
 /// Packets shorter than this are not held for delay equalisation: pure TCP acks, DNS, keystrokes
 /// and game updates keep the lowest latency the links give, while bulk-size packets get a delay
 /// that does not depend on which link carried them. For a bulk TCP flow that makes the RTT the
@@ -278,6 +339,11 @@ struct Link {
     /// Last time a DATA packet arrived on this link.
     last_data_rx: Option<Instant>,
     last_rx: Option<Instant>,
+    /// Silent (see [`Endpoint::is_silent`]) at the last look: avoided, and what it carried
+    /// lately was reinjected.
+    silent: bool,
+    /// `last_rx` when the silence check last ran past its deadline (no wake-up for it again).
+    silence_checked: Option<Instant>,
 }
 
 pub struct Endpoint {
@@ -314,6 +380,15 @@ pub struct Endpoint {
     tun_tx_packets: u64,
     tun_tx_bytes: u64,
     drops: DropStats,
+    /// Sender side of loss repair: recently sent ordered DATA.
+    ring: SentRing,
+    /// Resends that NACKs may still ask for (see [`REPAIR_SHARE`]).
+    repair_budget: f64,
+    repair: RepairStats,
+    /// Scratch: ranges to NACK, sequence numbers to reinject, NACK body bytes.
+    nack_ranges: Vec<SeqRange>,
+    resend_seqs: Vec<u64>,
+    nack_buf: Vec<u8>,
 }
 
 const POOL_MAX: usize = 4096;
@@ -360,6 +435,12 @@ impl Endpoint {
             tun_tx_packets: 0,
             tun_tx_bytes: 0,
             drops: DropStats::default(),
+            ring: SentRing::new(config.ring.clone()),
+            repair_budget: REPAIR_BURST,
+            repair: RepairStats::default(),
+            nack_ranges: Vec::new(),
+            resend_seqs: Vec::new(),
+            nack_buf: Vec::new(),
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -394,6 +475,8 @@ impl Endpoint {
             rx_meter: Meter::default(),
             last_data_rx: None,
             last_rx: None,
+            silent: false,
+            silence_checked: None,
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
             // A new link during a handshake: say HELLO on it right away.
@@ -431,6 +514,7 @@ impl Endpoint {
         if let Some(i) = self.link_index(link) {
             if let Some(state) = self.links[i].health.force_down(now) {
                 self.events.push_back(Event::LinkState { link, state });
+                self.reinject(now, i);
             }
         }
     }
@@ -758,12 +842,7 @@ impl Endpoint {
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
         link.last_rx = Some(now);
-        let common = match &body {
-            Body::Data(d) => d.common,
-            Body::Probe(p) => p.common,
-            Body::ProbeAck(a) => a.common,
-            Body::Close(c) => *c,
-        };
+        let common = body.common();
         link.health
             .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
         // What arrived on this link, sent when (reorder rule (b)); ordered DATA tells the
@@ -778,12 +857,17 @@ impl Endpoint {
                 link.last_data_rx = Some(now);
                 let mut buf = self.take_buf();
                 buf.extend_from_slice(d.payload);
+                let retransmit = d.flags & FLAG_RETRANSMIT != 0;
+                if retransmit {
+                    self.repair.retransmits_received += 1;
+                }
                 if d.flags & FLAG_UNORDERED != 0 {
                     self.direct.push_back(buf);
                 } else {
-                    // Equalised delivery: hold until `send_ts + target` in our clock.
+                    // Equalised delivery: hold until `send_ts + target` in our clock. A copy
+                    // sent again is late already: delivered as soon as its turn comes.
                     let release = match self.equalize_rel {
-                        Some(target) if equalized(d.payload) => {
+                        Some(target) if equalized(d.payload) && !retransmit => {
                             let rel = local_ts.wrapping_sub(d.common.ts);
                             let early = target.wrapping_sub(rel) as i32;
                             let early = Duration::from_micros(early.max(0) as u64);
@@ -797,9 +881,15 @@ impl Endpoint {
                         ts: Some(d.common.ts),
                         release,
                     };
-                    let _ = self.reorder.push_arrival(now, arrival, buf);
+                    match self.reorder.push_arrival(now, arrival, buf) {
+                        Pushed::Queued if retransmit => self.repair.holes_repaired += 1,
+                        Pushed::Duplicate => self.repair.duplicates_suppressed += 1,
+                        _ => {}
+                    }
+                    self.send_nacks(now);
                 }
             }
+            Body::Nack(n) => self.handle_nack(now, &n),
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
             Body::ProbeAck(a) => {
                 if let Some(state) = self.links[li].health.on_probe_ack(now, &a) {
@@ -818,6 +908,235 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    // ------------------------------------------------------------------ loss repair
+
+    /// Sets the repair wait (receiver) and the ring's age bound (sender) from the links' RTTs.
+    fn tick_repair(&mut self, now: Instant) {
+        if !self.cfg.repair || !self.cfg.nack {
+            self.reorder.set_repair_wait(Duration::ZERO);
+            return;
+        }
+        // The NACK goes out on our fastest link and the copy comes back on the peer's fastest:
+        // about the lowest round trip, its variation, and a margin.
+        let live = || {
+            self.links
+                .iter()
+                .filter(|l| l.health.state() != LinkState::Down)
+        };
+        let fastest = live()
+            .filter_map(|l| Some(l.health.srtt()? + 4 * l.health.rttvar()?))
+            .min();
+        let wait = fastest.unwrap_or(crate::reorder::INITIAL_TIMEOUT) + REPAIR_MARGIN;
+        self.reorder.set_repair_wait(wait);
+        // A NACK can come up to the reorder buffer's maximum wait after the packet behind the
+        // hole arrived, plus a round trip: older packets are of no use.
+        let slowest = live().filter_map(|l| l.health.srtt()).max();
+        let age = slowest.unwrap_or(Duration::from_millis(500)) * 2 + self.cfg.reorder.max_timeout;
+        self.ring.set_max_age(age.min(Duration::from_secs(3)));
+        self.ring.expire(now);
+    }
+
+    /// Receiver: sends what the reorder buffer wants asked for again, in NACKs of up to
+    /// [`MAX_NACK_RANGES`] ranges on the link with the lowest one-way delay.
+    fn send_nacks(&mut self, now: Instant) {
+        if !self.cfg.repair || self.session.is_none() {
+            return;
+        }
+        self.reorder.scan_losses(now);
+        let mut ranges = std::mem::take(&mut self.nack_ranges);
+        ranges.clear();
+        self.reorder.take_nacks(&mut ranges);
+        if !ranges.is_empty() {
+            if let Some(li) = self.fastest_link(now, None) {
+                let mut buf = std::mem::take(&mut self.nack_buf);
+                for chunk in ranges.chunks(MAX_NACK_RANGES) {
+                    let common = self.next_common(now, li);
+                    let Some(nack) = NackRepr::encode(common, chunk, &mut buf) else {
+                        continue;
+                    };
+                    if self.queue_sealed(li, PacketType::Nack, &Body::Nack(nack)) {
+                        self.repair.nacks_sent += 1;
+                        let len = self.transmits.back().map_or(0, |t| t.payload.len());
+                        self.links[li]
+                            .health
+                            .on_packet_sent(now, common.link_seq, len);
+                    }
+                }
+                self.nack_buf = buf;
+            }
+        }
+        self.nack_ranges = ranges;
+    }
+
+    /// The live link (not DOWN, and not `avoid` unless it is the only one) whose packets
+    /// arrive soonest: lowest base one-way delay plus queueing, then lowest srtt.
+    fn fastest_link(&self, now: Instant, avoid: Option<LinkId>) -> Option<usize> {
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
+        let key = |li: usize| {
+            let v = self.link_view(&self.links[li], min_rtt_all);
+            (v.owd + v.qdelay, v.srtt.unwrap_or(Duration::MAX))
+        };
+        let pick = |allow_avoided: bool| {
+            (0..self.links.len())
+                .filter(|&li| self.links[li].health.state() != LinkState::Down)
+                .filter(|&li| {
+                    allow_avoided || (Some(self.links[li].id) != avoid && !self.is_silent(now, li))
+                })
+                .min_by_key(|&li| key(li))
+        };
+        pick(false).or_else(|| pick(true))
+    }
+
+    /// How long a link may bring nothing before [`is_silent`](Self::is_silent) calls it silent.
+    fn silence_after(&self, li: usize) -> Duration {
+        let floor = self.cfg.health.probe_interval + SILENCE_SLACK;
+        self.links[li]
+            .health
+            .srtt()
+            .map_or(floor, |s| (3 * s).max(floor))
+    }
+
+    /// Link index `li` has brought nothing (not even the peer's probes) for
+    /// [`silence_after`](Self::silence_after) while another link did: it is most likely dead,
+    /// and is avoided before its probes time out.
+    fn is_silent(&self, now: Instant, li: usize) -> bool {
+        if !self.cfg.repair {
+            return false;
+        }
+        let Some(last) = self.links[li].last_rx else {
+            return false;
+        };
+        let after = self.silence_after(li);
+        now.saturating_duration_since(last) >= after
+            && self.links.iter().enumerate().any(|(j, l)| {
+                j != li
+                    && l.last_rx
+                        .is_some_and(|t| now.saturating_duration_since(t) < after)
+            })
+    }
+
+    /// Marks links that fell silent (reinjecting what they carried lately) or spoke again.
+    fn check_silence(&mut self, now: Instant) {
+        for li in 0..self.links.len() {
+            let silent = self.is_silent(now, li);
+            let l = &self.links[li];
+            if l.last_rx.is_some_and(|t| now >= t + self.silence_after(li)) {
+                self.links[li].silence_checked = self.links[li].last_rx;
+            }
+            if silent && !self.links[li].silent {
+                self.links[li].silent = true;
+                self.reinject(now, li);
+            } else if !silent {
+                self.links[li].silent = false;
+            }
+        }
+    }
+
+    /// Sender: a NACK: send the named sequence numbers again from the ring.
+    fn handle_nack(&mut self, now: Instant, nack: &NackRepr<'_>) {
+        if !self.cfg.repair {
+            return;
+        }
+        self.repair.nacks_received += 1;
+        let mut seqs = std::mem::take(&mut self.resend_seqs);
+        seqs.clear();
+        'ranges: for r in nack.ranges() {
+            for k in 0..r.count as u64 {
+                if seqs.len() >= MAX_RESEND_PER_NACK {
+                    break 'ranges;
+                }
+                seqs.push(r.first.wrapping_add(k));
+            }
+        }
+        for &seq in &seqs {
+            // Each sequence number is sent again once at most: a second loss of the same
+            // packet, or a NACK for a congestion burst, is left to the inner TCP.
+            let once = self
+                .ring
+                .get_mut(seq)
+                .is_some_and(|s| s.resent_at.is_none());
+            if once && self.repair_budget >= 1.0 && self.resend(now, seq) {
+                self.repair_budget -= 1.0;
+                self.repair.retransmits_sent += 1;
+            } else {
+                self.repair.nack_unserved += 1;
+            }
+        }
+        self.resend_seqs = seqs;
+    }
+
+    /// Sends ring entry `seq` again, marked as a retransmission, on the fastest live link (from
+    /// the second copy on, other than the one it first went on). False when it is not in the
+    /// ring or was sent again lately.
+    fn resend(&mut self, now: Instant, seq: u64) -> bool {
+        let Some(sent) = self.ring.get_mut(seq) else {
+            return false;
+        };
+        // The first copy goes on the fastest link, whichever it is (random loss seldom strikes
+        // twice, and the fastest link makes the shortest stall); a later one avoids the link
+        // that lost the original, in case that link is dying.
+        let avoid = sent.resent_at.map(|_| sent.link);
+        sent.resent_at = Some(now);
+        let packet = std::mem::take(&mut sent.packet);
+        let sent_ok = match self.fastest_link(now, avoid) {
+            Some(li) => {
+                let common = self.next_common(now, li);
+                let body = Body::Data(DataRepr {
+                    common,
+                    seq,
+                    flags: FLAG_RETRANSMIT,
+                    payload: &packet,
+                });
+                let ok = self.queue_sealed(li, PacketType::Data, &body);
+                if ok {
+                    let len = self.transmits.back().map_or(0, |t| t.payload.len());
+                    self.links[li]
+                        .health
+                        .on_packet_sent(now, common.link_seq, len);
+                }
+                ok
+            }
+            None => false,
+        };
+        if let Some(sent) = self.ring.get_mut(seq) {
+            sent.packet = packet;
+        }
+        sent_ok
+    }
+
+    /// Sender: link index `li` went DOWN or silent: what it carried lately that has not been sent again
+    /// yet goes out on the other links (MPTCP's reinjection). "Lately": within its smoothed RTT
+    /// and the time it took to declare it dead; what reached the peer before is dropped there
+    /// as a duplicate.
+    fn reinject(&mut self, now: Instant, li: usize) {
+        if !self.cfg.repair || self.session.is_none() {
+            return;
+        }
+        let link = &self.links[li];
+        let detection = if link.silent {
+            self.silence_after(li)
+        } else {
+            link.health.dead_after()
+        };
+        let window = link.health.srtt().unwrap_or(Duration::ZERO) + detection;
+        let since = now.checked_sub(window).unwrap_or(self.epoch);
+        let id = link.id;
+        let mut seqs = std::mem::take(&mut self.resend_seqs);
+        seqs.clear();
+        self.ring.sent_on(id, since, &mut seqs);
+        for &seq in &seqs {
+            let fresh = self
+                .ring
+                .get_mut(seq)
+                .is_some_and(|s| s.resent_at.is_none());
+            // The link is DOWN, so `resend` does not pick it.
+            if fresh && self.resend(now, seq) {
+                self.repair.reinjected += 1;
+            }
+        }
+        self.resend_seqs = seqs;
     }
 
     // ------------------------------------------------------------------ send
@@ -988,7 +1307,7 @@ impl Endpoint {
         let mut views = std::mem::take(&mut self.views);
         views.clear();
         for l in &self.links {
-            if l.health.state() != LinkState::Down {
+            if l.health.state() != LinkState::Down && !l.silent {
                 views.push(self.link_view(l, min_rtt_all));
             }
         }
@@ -1018,6 +1337,10 @@ impl Endpoint {
         } else {
             FLAG_UNORDERED
         };
+        if self.cfg.repair && flags & FLAG_UNORDERED == 0 {
+            self.ring.push(now, seq, picks[0], packet);
+            self.repair_budget = (self.repair_budget + REPAIR_SHARE).min(REPAIR_BURST);
+        }
         for &id in &picks {
             let Some(li) = self.link_index(id) else {
                 continue;
@@ -1050,6 +1373,10 @@ impl Endpoint {
             Some(p) => Some(p),
             None => self.reorder.pop(now),
         };
+        if p.is_none() {
+            // Giving up the head gap may have asked for it again instead.
+            self.send_nacks(now);
+        }
         if let Some(p) = &p {
             self.tun_tx_packets += 1;
             self.tun_tx_bytes += p.len() as u64;
@@ -1067,8 +1394,13 @@ impl Endpoint {
             t = t.min(h);
         }
         if self.session.is_some() {
-            for l in &self.links {
+            for (li, l) in self.links.iter().enumerate() {
                 t = t.min(l.health.poll_timeout());
+                if let (false, Some(last), true) = (l.silent, l.last_rx, self.cfg.repair) {
+                    if l.silence_checked != Some(last) {
+                        t = t.min(last + self.silence_after(li));
+                    }
+                }
             }
         }
         if let Some(r) = self.reorder.poll_timeout() {
@@ -1098,6 +1430,9 @@ impl Endpoint {
                         link: self.links[li].id,
                         state,
                     });
+                    if state == LinkState::Down {
+                        self.reinject(now, li);
+                    }
                 }
                 if now >= self.links[li].health.next_probe_at() {
                     let id = self.links[li].id;
@@ -1108,6 +1443,10 @@ impl Endpoint {
         if now >= self.next_tick {
             self.tick(now);
         }
+        if self.session.is_some() {
+            self.check_silence(now);
+        }
+        self.send_nacks(now);
     }
 
     /// Housekeeping every [`TICK`]: rate meters, the reorder hold time, stale links.
@@ -1167,6 +1506,7 @@ impl Endpoint {
         };
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
+        self.tick_repair(now);
         if self.cfg.role == Role::Server {
             let forget = self.cfg.forget_link_after;
             self.links.retain(|l| {
@@ -1258,6 +1598,11 @@ impl Endpoint {
             reorder_timeout_us: self.reorder.timeout().as_micros() as u64,
             equalize_us: self.equalize_add.as_micros() as u64,
             drops: self.drops.clone(),
+            repair: RepairStats {
+                ring_packets: self.ring.len(),
+                ring_bytes: self.ring.bytes(),
+                ..self.repair.clone()
+            },
         }
     }
 

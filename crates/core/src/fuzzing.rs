@@ -453,7 +453,7 @@ pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
 /// Seed inputs for both targets: valid and invalid, written to `fuzz/corpus/<target>/` by
 /// `cargo test -p braid-core --test fuzz_corpus -- --ignored write_seed_corpus`.
 pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
-    use crate::wire::{Common, DataRepr, ProbeAckRepr, ProbeRepr};
+    use crate::wire::{Common, DataRepr, NackRepr, ProbeAckRepr, ProbeRepr, SeqRange};
     let mut out = Vec::new();
     let key = crypto::session_keys(&PSK, CipherId::ChaCha20Poly1305, &[1; 32], &[2; 32], true);
     let common = Common {
@@ -461,6 +461,7 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         ts: 1_000_000,
     };
     let payload: Vec<u8> = (0..100u8).collect();
+    let mut nack_buf = Vec::new();
     let bodies: Vec<(&str, Body<'_>)> = vec![
         (
             "data",
@@ -503,6 +504,23 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             }),
         ),
         ("close", Body::Close(common)),
+        (
+            "nack",
+            Body::Nack(
+                NackRepr::encode(
+                    common,
+                    &[
+                        SeqRange { first: 7, count: 2 },
+                        SeqRange {
+                            first: 100,
+                            count: 1,
+                        },
+                    ],
+                    &mut nack_buf,
+                )
+                .expect("two non-empty ranges"),
+            ),
+        ),
     ];
     for (name, body) in &bodies {
         // parse: the plaintext body alone, and a whole sealed datagram.

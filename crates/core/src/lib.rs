@@ -14,7 +14,8 @@
 //! - [`pmtu`]: path MTU discovery per link (RFC 8899 probing; ICMP lowers, never raises).
 //! - [`routes`]: a concentrator's prefix table (longest match: routing and source checks) and address pool.
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
-//! - [`reorder`]: the receiver's reorder buffer.
+//! - [`reorder`]: the receiver's reorder buffer (and which gaps to ask for again).
+//! - [`arq`]: the sender's ring of sent packets for in-tunnel loss repair (NACK, reinjection).
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
 //! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
 //!   and the lab's emulator.
@@ -25,6 +26,7 @@
 //! daemon, a seeded ChaCha in the simulator: runs are reproducible).
 #![deny(unsafe_code)]
 
+pub mod arq;
 pub mod compress;
 pub mod crypto;
 pub mod endpoint;

@@ -26,13 +26,30 @@
 //! - Every delivered packet's wait (arrival to pop) goes into a log-bucket histogram
 //!   ([`ReorderBuffer::wait_percentile`]).
 //!
+//! - Loss repair (when [`ReorderBuffer::set_repair_wait`] is not zero): a gap that rule (a), (b)
+//!   or (c) would give up is asked for again instead ([`ReorderBuffer::take_nacks`]: the endpoint
+//!   sends a NACK, the peer resends from its ring of sent packets) and waited for `repair_wait`
+//!   more (about one round trip on the fastest link), asked again up to [`REPAIR_TRIES`] times
+//!   in all, and given up at the latest `max_timeout` after the first packet behind it arrived.
+//!   [`ReorderBuffer::scan_losses`] finds such gaps anywhere in the window, not only at the
+//!   head, so that several losses are repaired in parallel.
+//!
 //! Call [`ReorderBuffer::pop`] until `None` after every `push` and `set_links`, and at
 //! [`ReorderBuffer::poll_timeout`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::wire::SeqRange;
 use crate::LinkId;
+
+/// Times a lost gap is asked for (NACKed) before it is given up.
+pub const REPAIR_TRIES: u32 = 3;
+/// Gaps under repair remembered at most (more losses than this at once are given up as without
+/// repair).
+pub const MAX_REPAIRS: usize = 1024;
+/// [`ReorderBuffer::scan_losses`] looks at the window at most this often.
+pub const SCAN_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Largest `capacity` honoured (a slot costs about 50 bytes: 50 MB at this size).
 pub const MAX_CAPACITY: usize = 1 << 20;
@@ -81,6 +98,32 @@ pub struct ReorderStats {
     /// Packets that had been received but were dropped to keep memory bounded (only when the
     /// caller lets more than `capacity` packets pile up without popping).
     pub overflow: u64,
+    /// Sequence numbers asked for again (NACKed), first requests only.
+    pub repair_requested: u64,
+    /// NACK retries (a sequence number asked for once more).
+    pub repair_retried: u64,
+    /// Gaps under repair that were given up after all.
+    pub repair_given_up: u64,
+}
+
+/// A run of missing sequence numbers asked for again.
+#[derive(Debug, Clone, Copy)]
+struct Repair {
+    first: u64,
+    /// One past the last.
+    end: u64,
+    /// Asked again (or given up) at this instant.
+    deadline: Instant,
+    tries: u32,
+}
+
+impl Repair {
+    fn covers(&self, seq: u64) -> bool {
+        self.first <= seq && seq < self.end
+    }
+    fn exhausted(&self, now: Instant) -> bool {
+        self.tries >= REPAIR_TRIES && now >= self.deadline
+    }
 }
 
 struct Slot {
@@ -218,6 +261,15 @@ pub struct ReorderBuffer {
     skips: VecDeque<TimeoutSkip>,
     stats: ReorderStats,
     waits: Histogram,
+    /// Loss repair: how long to wait for a NACKed gap (`ZERO`: repair off).
+    repair_wait: Duration,
+    /// Gaps under repair, by sequence number.
+    repairs: VecDeque<Repair>,
+    /// Ranges to NACK, drained by the endpoint.
+    nacks: Vec<SeqRange>,
+    /// Highest sequence number pushed (+1): the end of the window worth scanning.
+    high: u128,
+    next_scan: Option<Instant>,
 }
 
 impl ReorderBuffer {
@@ -244,6 +296,11 @@ impl ReorderBuffer {
             skips: VecDeque::new(),
             stats: ReorderStats::default(),
             waits: Histogram::new(),
+            repair_wait: Duration::ZERO,
+            repairs: VecDeque::new(),
+            nacks: Vec::new(),
+            high: 0,
+            next_scan: None,
         }
     }
 
@@ -297,6 +354,7 @@ impl ReorderBuffer {
             None => self.link_max.push((link, seq)),
         }
         let pos = seq as u128;
+        self.high = self.high.max(pos + 1);
         if pos < self.next {
             return if self.next - pos <= self.cap as u128 && self.bit(seq) {
                 self.stats.duplicates += 1;
@@ -391,6 +449,13 @@ impl ReorderBuffer {
         }
         self.next = to;
         self.prune_arrivals();
+        while self
+            .repairs
+            .front()
+            .is_some_and(|r| r.end as u128 <= self.next)
+        {
+            self.repairs.pop_front();
+        }
     }
 
     fn prune_arrivals(&mut self) {
@@ -563,6 +628,26 @@ impl ReorderBuffer {
         {
             s += 1;
         }
+        // Loss repair: ask for the run again and wait, unless asked enough already or the first
+        // packet behind it has waited the configured maximum.
+        if !self.repair_wait.is_zero() && s > self.next {
+            let waited_max = self
+                .arrivals
+                .front()
+                .is_some_and(|&(_, t)| now >= t + self.cfg.max_timeout);
+            let head = self.next as u64;
+            let exhausted = self
+                .repairs
+                .iter()
+                .find(|r| r.covers(head))
+                .is_some_and(|r| r.exhausted(now));
+            if !waited_max && !exhausted && self.request_repair(now, head, s) {
+                return None;
+            }
+            if self.repairs.iter().any(|r| r.covers(head)) {
+                self.stats.repair_given_up += 1;
+            }
+        }
         if timed_out && !passed_in_time {
             self.stats.timeouts += 1;
             if self.skips.len() == SKIP_LOG {
@@ -579,9 +664,158 @@ impl ReorderBuffer {
         }
         self.pop(now)
     }
+    /// Loss repair: wait this long for a NACKed gap before asking again (about one round trip
+    /// on the fastest link, plus margin). `ZERO` turns repair off.
+    pub fn set_repair_wait(&mut self, wait: Duration) {
+        self.repair_wait = wait.min(self.cfg.max_timeout);
+        if wait.is_zero() {
+            self.repairs.clear();
+        }
+    }
+
+    /// The ranges to NACK since the last call (appended to `out`).
+    pub fn take_nacks(&mut self, out: &mut Vec<SeqRange>) {
+        out.append(&mut self.nacks);
+    }
+
+    /// Asks for the missing run `[first, end)` (`end` > `first`, both in the window): a new
+    /// repair, or one more try of a repair whose wait ran out. Returns whether the run is
+    /// (still) under repair, i.e. worth waiting for.
+    fn request_repair(&mut self, now: Instant, first: u64, end: u128) -> bool {
+        let end = end.min(u64::MAX as u128) as u64;
+        if let Some(r) = self.repairs.iter_mut().find(|r| r.covers(first)) {
+            if now < r.deadline {
+                return true;
+            }
+            if r.tries >= REPAIR_TRIES {
+                return false;
+            }
+            r.tries += 1;
+            r.deadline = now + self.repair_wait;
+            // Only what is still missing is asked for again.
+            let (lo, hi) = (first.max(r.first), end.min(r.end));
+            self.stats.repair_retried += hi.saturating_sub(lo);
+            push_ranges(&mut self.nacks, lo, hi);
+            return true;
+        }
+        if self.repairs.len() >= MAX_REPAIRS {
+            return false;
+        }
+        // Keep `repairs` sorted by sequence number (new gaps are usually the highest).
+        let at = self.repairs.partition_point(|r| r.first < first);
+        // A run never overlaps an existing repair: stop at the next one.
+        let end = match self.repairs.get(at) {
+            Some(r) => end.min(r.first),
+            None => end,
+        };
+        if end <= first {
+            return true;
+        }
+        self.repairs.insert(
+            at,
+            Repair {
+                first,
+                end,
+                deadline: now + self.repair_wait,
+                tries: 1,
+            },
+        );
+        self.stats.repair_requested += end - first;
+        push_ranges(&mut self.nacks, first, end);
+        true
+    }
+
+    /// Loss repair: finds the gaps in the window (not only the head one) that rule (a) or (b)
+    /// says are lost, or that have waited the hold timeout, and asks for them
+    /// ([`take_nacks`](Self::take_nacks)); retries those whose wait ran out. At most every
+    /// [`SCAN_INTERVAL`]; costs O(window).
+    pub fn scan_losses(&mut self, now: Instant) {
+        if self.repair_wait.is_zero() || !self.started || self.held == 0 {
+            return;
+        }
+        if self.next_scan.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_scan = Some(now + SCAN_INTERVAL);
+        let timeout = self.timeout();
+        let end = self.high.min(self.next + self.cap as u128);
+        let mut s = self.next;
+        while s < end {
+            if self.slots[self.idx(s as u64)].is_some() {
+                s += 1;
+                continue;
+            }
+            // A gap [s, e) and the held packet at e.
+            let mut e = s;
+            while e < end && self.slots[self.idx(e as u64)].is_none() {
+                e += 1;
+            }
+            let Some(slot) = (e < end)
+                .then(|| self.slots[self.idx(e as u64)].as_ref())
+                .flatten()
+            else {
+                break;
+            };
+            let behind = slot.ts.map(|ts| (ts, slot.link));
+            let lost = now >= slot.arrival + timeout
+                || behind.is_some_and(|b| self.passed_in_time_by_all_links(b))
+                || self.passed_by_all_links(e - 1);
+            let gap = (s as u64, e.min(u64::MAX as u128) as u64);
+            let under_repair = self
+                .repairs
+                .iter()
+                .any(|r| r.first < gap.1 && gap.0 < r.end);
+            if lost || under_repair {
+                // The gap, piece by piece where it meets repairs already asked for.
+                let mut x = gap.0;
+                while x < gap.1 {
+                    self.request_repair(now, x, e);
+                    x = match self.repairs.iter().find(|r| r.covers(x)) {
+                        Some(r) => r.end,
+                        None => self
+                            .repairs
+                            .iter()
+                            .map(|r| r.first)
+                            .find(|&f| f > x)
+                            .unwrap_or(gap.1),
+                    }
+                    .min(gap.1);
+                }
+            }
+            s = e;
+        }
+        // Repairs whose wait ran out and that no gap met were filled: nothing more to ask.
+        for r in &mut self.repairs {
+            if now >= r.deadline {
+                r.tries = REPAIR_TRIES;
+            }
+        }
+    }
+
     /// When the head-of-line gap's wait runs out (call `pop` then). An instant in the past when
     /// a packet is deliverable now; `None` when nothing is held.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let repair = self.poll_repair();
+        match (self.poll_hold(), repair) {
+            (Some(h), Some(r)) => Some(h.min(r)),
+            (h, r) => h.or(r),
+        }
+    }
+
+    /// The next repair deadline (ask again, or give up), of a gap still in the window.
+    fn poll_repair(&self) -> Option<Instant> {
+        if self.held == 0 {
+            return None;
+        }
+        let next_scan = self.next_scan?;
+        self.repairs
+            .iter()
+            .filter(|r| r.tries < REPAIR_TRIES)
+            .map(|r| r.deadline.max(next_scan))
+            .min()
+    }
+
+    fn poll_hold(&self) -> Option<Instant> {
         if let Some(s) = self.ready.front() {
             return Some(s.arrival);
         }
@@ -592,7 +826,12 @@ impl ReorderBuffer {
             return Some(s.release);
         }
         let &(_, first) = self.arrivals.front()?;
-        let due = first + self.timeout();
+        let mut due = first + self.timeout();
+        // A head gap under repair is given up at its repair deadline (see `poll_repair`), not
+        // before, and at the latest at the maximum wait.
+        if let Some(r) = self.repairs.iter().find(|r| r.covers(self.next as u64)) {
+            due = due.max(r.deadline).min(first + self.cfg.max_timeout);
+        }
         // While a link that may bring the missing packet keeps delivering, the gap is not given
         // up (see `pop`): the next look is when it stops counting as flowing.
         let flowing_until = self.first_held_ts().and_then(|behind| {
@@ -632,7 +871,10 @@ impl ReorderBuffer {
         self.link_max.clear();
         self.link_ts.clear();
         self.skips.clear();
+        self.repairs.clear();
+        self.nacks.clear();
         self.next = next as u128;
+        self.high = self.next;
         self.started = true;
     }
     pub fn depth(&self) -> usize {
@@ -653,6 +895,15 @@ impl ReorderBuffer {
     /// Forgets the wait histogram (e.g. between measurement phases).
     pub fn clear_waits(&mut self) {
         self.waits.clear();
+    }
+}
+
+/// Appends `[first, end)` as ranges of at most `u16::MAX` sequence numbers.
+fn push_ranges(out: &mut Vec<SeqRange>, mut first: u64, end: u64) {
+    while first < end {
+        let count = (end - first).min(u16::MAX as u64) as u16;
+        out.push(SeqRange { first, count });
+        first += count as u64;
     }
 }
 

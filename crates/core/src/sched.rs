@@ -396,6 +396,15 @@ pub const RECONCILE_GAIN: f64 = 0.5;
 pub const MAX_DECREASE: f64 = 0.8;
 /// Added to the predicted arrival on a DEGRADED link (used only when the others are that late).
 pub const DEGRADED_PENALTY: Duration = Duration::from_millis(50);
+/// Loss pull-back: a link whose loss estimate reaches this, without a standing queue (at least
+/// [`QDELAY_HIGH`]) seen on it for [`PULLBACK_QUIET`], is given no traffic while another link
+/// is not pulled back (only its probes keep measuring it) ...
+pub const PULLBACK_LOSS: f64 = 0.05;
+/// ... until its loss falls back under this.
+pub const PULLBACK_RECOVER: f64 = 0.02;
+/// Loss on a link that queued this recently is a full queue's (congestion: the inner TCP must
+/// see it, and the link is not at fault), not the link's own.
+pub const PULLBACK_QUIET: Duration = Duration::from_secs(2);
 
 /// The bundle's own queue limit, in time. When even the best link would hold a packet longer
 /// than `clamp(largest srtt, MIN_QUEUE_LIMIT, MAX_VIRTUAL_QUEUE)`, `adaptive` drops it at the
@@ -428,6 +437,11 @@ struct AdaptiveLink {
     demand: bool,
     /// The configured bandwidth last seen (a change resets the rate to it).
     configured: Option<u64>,
+    /// Loss pull-back (see [`PULLBACK_LOSS`]): too lossy to carry traffic while a cleaner
+    /// link is present.
+    pulled_back: bool,
+    /// Last time the peer reported a standing queue on the link.
+    queued_at: Option<Instant>,
 }
 
 impl AdaptiveLink {
@@ -446,6 +460,24 @@ impl AdaptiveLink {
             startup: v.bandwidth_bps.is_none(),
             demand: false,
             configured: v.bandwidth_bps,
+            pulled_back: false,
+            queued_at: None,
+        }
+    }
+
+    /// Updates the loss pull-back state from the link's loss estimate (with hysteresis).
+    fn update_pullback(&mut self, now: Instant, v: &LinkView) {
+        let loss = sane(v.loss);
+        if v.qdelay >= QDELAY_HIGH {
+            self.queued_at = Some(now);
+        }
+        let congested = self
+            .queued_at
+            .is_some_and(|t| now.saturating_duration_since(t) < PULLBACK_QUIET);
+        if loss >= PULLBACK_LOSS && !congested {
+            self.pulled_back = true;
+        } else if loss < PULLBACK_RECOVER {
+            self.pulled_back = false;
         }
     }
 
@@ -609,6 +641,19 @@ impl Scheduler for Adaptive {
     ) {
         self.table.prune(now);
         let floor = self.delivery_floor(len, links);
+        // Loss pull-back: a lossy link carries nothing while a clean one is present. Random
+        // loss on one link reaches the inner TCP as loss of the whole flow: CUBIC halves its
+        // window for it, and the bundle fell below what the clean links carry alone (lab, 10
+        // Mbit/s + 10 Mbit/s with 10% loss: 83% of the clean link alone).
+        let mut clean = false;
+        for v in links {
+            let i = self
+                .table
+                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+            let st = &mut self.table.entries[i].2;
+            st.update_pullback(now, v);
+            clean |= !st.pulled_back;
+        }
         let mut best: Option<(usize, f64, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
@@ -616,6 +661,11 @@ impl Scheduler for Adaptive {
                 .table
                 .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
             let st = &mut self.table.entries[i].2;
+            if clean && st.pulled_back {
+                // Its virtual queue drains; its rate is kept for when it comes back.
+                st.drain(now);
+                continue;
+            }
             st.drain(now);
             st.adjust(now, v);
             limit = limit.max(v.srtt.unwrap_or(Duration::ZERO));
@@ -636,18 +686,22 @@ impl Scheduler for Adaptive {
             }
         }
         let Some((i, _, queue)) = best else { return };
+        // The links in use: not pulled back (unless all are).
+        let table = &self.table;
+        let in_use = |v: &&LinkView| !clean || table.get(v.id).is_some_and(|st| !st.pulled_back);
         // Drop at the sender only once every link's rate has been measured (its start-up ended
         // with a standing queue): a guessed rate must not throttle the traffic that would reveal
         // the real one.
         let measured = links
             .iter()
-            .all(|v| self.table.get(v.id).is_some_and(|st| !st.startup));
+            .filter(in_use)
+            .all(|v| table.get(v.id).is_some_and(|st| !st.startup));
         // ...and only when the peer measures a real standing queue on every link too: a virtual
         // queue inflated by a rate learned too low (a back-off during the inner TCP's start-up
         // reads a delivery rate that lags) must not drop packets the links could carry, which
         // would leave the inner TCP with a window below the path's capacity.
         let real_limit = limit.min(MAX_VIRTUAL_QUEUE) / 2;
-        let really_full = links.iter().all(|v| v.qdelay >= real_limit);
+        let really_full = links.iter().filter(in_use).all(|v| v.qdelay >= real_limit);
         if measured && really_full && queue > limit.min(MAX_VIRTUAL_QUEUE).as_secs_f64() {
             // Every link is full: drop at the sender (see MIN_QUEUE_LIMIT).
             self.mark_demand(links.iter());
@@ -1287,12 +1341,77 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_pulls_traffic_off_a_lossy_link_but_not_off_a_congested_one() {
+        let t0 = Instant::now();
+        let count = |links: &[LinkView], id| {
+            let mut s = Adaptive::default();
+            let mut out = Vec::new();
+            for k in 0..2000u64 {
+                s.pick(
+                    t0 + Duration::from_micros(100 * k),
+                    1250,
+                    0,
+                    links,
+                    &mut out,
+                );
+            }
+            out.iter().filter(|&&l| l == id).count()
+        };
+        // Full load on three links; link 3 (50 Mbit/s) loses 10% with no queue: its own loss.
+        let mut links = three_links();
+        assert!(count(&links, 3) > 500);
+        links[2].loss = 0.10;
+        assert_eq!(count(&links, 3), 0, "pulled back");
+        // The same loss with a standing queue is congestion: the link keeps its share.
+        links[2].qdelay = ms(30);
+        assert!(count(&links, 3) > 500);
+        // Every link lossy: none is pulled back.
+        let mut all = three_links();
+        for v in &mut all {
+            v.loss = 0.10;
+        }
+        assert!(count(&all, 3) > 500);
+        // Hysteresis: back under PULLBACK_RECOVER only.
+        let mut s = Adaptive::default();
+        let mut out = Vec::new();
+        let mut links = three_links();
+        links[2].loss = 0.10;
+        s.pick(t0, 1250, 0, &links, &mut out);
+        links[2].loss = 0.03;
+        out.clear();
+        for k in 0..2000u64 {
+            s.pick(
+                t0 + Duration::from_micros(100 * k),
+                1250,
+                0,
+                &links,
+                &mut out,
+            );
+        }
+        assert!(!out.contains(&3), "3% is above PULLBACK_RECOVER");
+        links[2].loss = 0.01;
+        s.pick(t0 + ms(300), 1250, 0, &links, &mut out);
+        out.clear();
+        for k in 0..2000u64 {
+            s.pick(
+                t0 + ms(300) + Duration::from_micros(100 * k),
+                1250,
+                0,
+                &links,
+                &mut out,
+            );
+        }
+        assert!(out.contains(&3), "recovered");
+    }
+
+    #[test]
     fn adaptive_uses_degraded_links_only_when_others_are_much_later() {
         let t0 = Instant::now();
         let mut s = Adaptive::default();
         let mut links = three_links();
         links[0].state = LinkState::Degraded;
-        links[0].loss = 0.15;
+        // Degraded by loss, but under the pull-back threshold (which would leave it unused).
+        links[0].loss = 0.04;
         let mut out = Vec::new();
         for _ in 0..300 {
             s.pick(t0, 1250, 0, &links, &mut out);

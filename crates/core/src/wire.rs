@@ -24,6 +24,7 @@
 //! PROBE-ACK         (44): common | probe id (4) | echo ts (4) | hold us (4) | rx link seq max (4)
 //!                         | rx packets (4) | rx bytes (8) | qdelay us (4) | owd offset us (i32)
 //! CLOSE              (8): common
+//! NACK        (8 + 10k): common | k ranges of: first seq (8) | count (2), 1 <= k <= 64, count >= 1
 //! ```
 //!
 //! Emitting is the caller's side of the contract: `emit` writes into a buffer of at least
@@ -45,6 +46,10 @@ pub const DATA_OVERHEAD: usize = HEADER_LEN + DATA_HEADER_LEN + TAG_LEN;
 pub const HELLO_LEN: usize = 40;
 pub const PROBE_LEN: usize = COMMON_LEN + 4;
 pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
+/// Bytes of one NACK range: first missing bundle seq (8) + count (2).
+pub const NACK_RANGE_LEN: usize = 10;
+/// Most ranges in one NACK (a NACK body is at most 8 + 640 bytes).
+pub const MAX_NACK_RANGES: usize = 64;
 /// Largest PROBE padding (the `padding` field of [`ProbeRepr`] is a `u16`).
 pub const MAX_PROBE_PADDING: usize = u16::MAX as usize;
 /// Smallest datagram that can possibly authenticate: a header and a tag around an empty body.
@@ -52,6 +57,9 @@ pub const MIN_DATAGRAM_LEN: usize = HEADER_LEN + TAG_LEN;
 
 /// DATA flag: deliver without waiting for earlier sequence numbers (set by `flow-hash`).
 pub const FLAG_UNORDERED: u8 = 0x01;
+/// DATA flag: a copy of a packet sent before (an answer to a NACK, or reinjected off a link that
+/// died); the receiver counts it and drops it if it already has the sequence number.
+pub const FLAG_RETRANSMIT: u8 = 0x02;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -62,6 +70,7 @@ pub enum PacketType {
     Probe = 4,
     ProbeAck = 5,
     Close = 6,
+    Nack = 7,
 }
 
 impl PacketType {
@@ -74,6 +83,7 @@ impl PacketType {
             4 => PacketType::Probe,
             5 => PacketType::ProbeAck,
             6 => PacketType::Close,
+            7 => PacketType::Nack,
             _ => return None,
         })
     }
@@ -144,6 +154,12 @@ mod field {
     pub const ACK_RX_BYTES: Field = 28..36;
     pub const ACK_QDELAY_US: Field = 36..40;
     pub const ACK_OWD_OFFSET_US: Field = 40..44;
+
+    // NACK.
+    pub const NACK_RANGES: Rest = 8..;
+    // Within one range.
+    pub const RANGE_FIRST: Field = 0..8;
+    pub const RANGE_COUNT: Field = 8..10;
 }
 
 // Callers index only after a length check, so the `try_into`s below cannot fail.
@@ -478,6 +494,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
 
     /// DATA: at least 17 bytes. PROBE: 12 to 12 + 65535. PROBE-ACK: exactly 44. CLOSE: exactly 8.
+    /// NACK: 8 + 10k bytes, 1 <= k <= 64 (a length between two multiples: `Malformed`).
     /// HELLO / HELLO-ACK are not session bodies: `Malformed`.
     pub fn check_len(&self) -> Result<(), WireError> {
         let n = self.buffer.as_ref().len();
@@ -486,6 +503,15 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
             PacketType::Probe => (PROBE_LEN, PROBE_LEN + MAX_PROBE_PADDING),
             PacketType::ProbeAck => (PROBE_ACK_LEN, PROBE_ACK_LEN),
             PacketType::Close => (COMMON_LEN, COMMON_LEN),
+            PacketType::Nack => {
+                if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(NACK_RANGE_LEN) {
+                    return Err(WireError::Malformed);
+                }
+                (
+                    COMMON_LEN + NACK_RANGE_LEN,
+                    COMMON_LEN + NACK_RANGE_LEN * MAX_NACK_RANGES,
+                )
+            }
             PacketType::Hello | PacketType::HelloAck => return Err(WireError::Malformed),
         };
         if n < min {
@@ -558,6 +584,10 @@ impl<'a> BodyPacket<&'a [u8]> {
     pub fn data_payload(&self) -> &'a [u8] {
         &self.buffer[field::DATA_PAYLOAD]
     }
+    /// NACK ranges, raw (a whole number of [`NACK_RANGE_LEN`]-byte ranges after `check_len`).
+    pub fn nack_ranges(&self) -> &'a [u8] {
+        &self.buffer[field::NACK_RANGES]
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> BodyPacket<T> {
@@ -605,12 +635,59 @@ pub struct ProbeAckRepr {
     pub owd_offset_us: i32,
 }
 
+/// A run of missing bundle sequence numbers: `first`, `first + 1`, ... (`count` of them, >= 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqRange {
+    pub first: u64,
+    pub count: u16,
+}
+
+/// NACK: the receiver asks for bundle sequence numbers it has not received and believes lost.
+/// `ranges` holds the encoded ranges (parse checks them; [`NackRepr::encode`] writes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NackRepr<'a> {
+    pub common: Common,
+    ranges: &'a [u8],
+}
+
+impl<'a> NackRepr<'a> {
+    /// Encodes `ranges` (1 to [`MAX_NACK_RANGES`], each count >= 1) into `buf` (cleared first)
+    /// and returns a NACK over them, or `None` when `ranges` is empty, too long or has an empty
+    /// range.
+    pub fn encode(common: Common, ranges: &[SeqRange], buf: &'a mut Vec<u8>) -> Option<Self> {
+        if ranges.is_empty()
+            || ranges.len() > MAX_NACK_RANGES
+            || ranges.iter().any(|r| r.count == 0)
+        {
+            return None;
+        }
+        buf.clear();
+        for r in ranges {
+            buf.extend_from_slice(&r.first.to_be_bytes());
+            buf.extend_from_slice(&r.count.to_be_bytes());
+        }
+        Some(NackRepr {
+            common,
+            ranges: buf,
+        })
+    }
+
+    /// The ranges asked for, in the order sent.
+    pub fn ranges(&self) -> impl Iterator<Item = SeqRange> + 'a {
+        self.ranges.chunks_exact(NACK_RANGE_LEN).map(|c| SeqRange {
+            first: get_u64(c, field::RANGE_FIRST),
+            count: get_u16(c, field::RANGE_COUNT),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Body<'a> {
     Data(DataRepr<'a>),
     Probe(ProbeRepr),
     ProbeAck(ProbeAckRepr),
     Close(Common),
+    Nack(NackRepr<'a>),
 }
 
 impl<'a> Body<'a> {
@@ -650,6 +727,14 @@ impl<'a> Body<'a> {
                 owd_offset_us: p.ack_owd_offset_us(),
             }),
             PacketType::Close => Body::Close(common),
+            PacketType::Nack => {
+                let ranges = p.nack_ranges();
+                let nack = NackRepr { common, ranges };
+                if nack.ranges().any(|r| r.count == 0) {
+                    return Err(WireError::Malformed);
+                }
+                Body::Nack(nack)
+            }
             // Rejected by check_len already.
             PacketType::Hello | PacketType::HelloAck => return Err(WireError::Malformed),
         })
@@ -662,6 +747,7 @@ impl<'a> Body<'a> {
             Body::Probe(_) => PacketType::Probe,
             Body::ProbeAck(_) => PacketType::ProbeAck,
             Body::Close(_) => PacketType::Close,
+            Body::Nack(_) => PacketType::Nack,
         }
     }
 
@@ -671,6 +757,7 @@ impl<'a> Body<'a> {
             Body::Probe(p) => p.common,
             Body::ProbeAck(a) => a.common,
             Body::Close(c) => *c,
+            Body::Nack(n) => n.common,
         }
     }
 
@@ -681,6 +768,7 @@ impl<'a> Body<'a> {
             Body::Probe(p) => PROBE_LEN + p.padding as usize,
             Body::ProbeAck(_) => PROBE_ACK_LEN,
             Body::Close(_) => COMMON_LEN,
+            Body::Nack(n) => COMMON_LEN + n.ranges.len(),
         }
     }
 
@@ -709,6 +797,7 @@ impl<'a> Body<'a> {
                 put_u32(buf, field::ACK_OWD_OFFSET_US, a.owd_offset_us as u32);
             }
             Body::Close(_) => {}
+            Body::Nack(n) => buf[field::NACK_RANGES].copy_from_slice(n.ranges),
         }
     }
 }
@@ -757,7 +846,7 @@ mod tests {
         b[0] = 2;
         assert_eq!(Header::parse(&b), Err(WireError::Version(2)));
         b[0] = 1;
-        for t in [0u8, 7, 255] {
+        for t in [0u8, 8, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -845,12 +934,74 @@ mod tests {
     }
 
     #[test]
+    fn nack_bytes_and_checks() {
+        let ranges = [
+            SeqRange {
+                first: 0x0102_0304_0506_0708,
+                count: 3,
+            },
+            SeqRange {
+                first: 9,
+                count: 0xfffe,
+            },
+        ];
+        let mut buf = Vec::new();
+        let nack = NackRepr::encode(Common { link_seq: 1, ts: 2 }, &ranges, &mut buf).unwrap();
+        let body = Body::Nack(nack);
+        assert_eq!(body.ptype(), PacketType::Nack);
+        let mut b = vec![0u8; body.buffer_len()];
+        body.emit(&mut b);
+        let want: Vec<u8> = [
+            &[0, 0, 0, 1][..],
+            &[0, 0, 0, 2],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &[0, 3],
+            &[0, 0, 0, 0, 0, 0, 0, 9],
+            &[0xff, 0xfe],
+        ]
+        .concat();
+        assert_eq!(b, want);
+        let Ok(Body::Nack(parsed)) = Body::parse(PacketType::Nack, &b) else {
+            panic!("NACK does not parse");
+        };
+        assert_eq!(parsed.ranges().collect::<Vec<_>>(), ranges);
+        // No range, a partial range, a zero count, too many ranges: all refused.
+        assert_eq!(
+            Body::parse(PacketType::Nack, &b[..8]),
+            Err(WireError::Truncated)
+        );
+        assert_eq!(
+            Body::parse(PacketType::Nack, &b[..27]),
+            Err(WireError::Malformed)
+        );
+        let mut zero = b.clone();
+        zero[17] = 0;
+        zero[16] = 0;
+        assert_eq!(
+            Body::parse(PacketType::Nack, &zero),
+            Err(WireError::Malformed)
+        );
+        let long = vec![1u8; 8 + 10 * (MAX_NACK_RANGES + 1)];
+        assert_eq!(
+            Body::parse(PacketType::Nack, &long),
+            Err(WireError::Malformed)
+        );
+        assert!(Body::parse(PacketType::Nack, &long[..8 + 10 * MAX_NACK_RANGES]).is_ok());
+        let mut buf = Vec::new();
+        let c = Common::default();
+        assert!(NackRepr::encode(c, &[], &mut buf).is_none());
+        assert!(NackRepr::encode(c, &[SeqRange { first: 1, count: 0 }], &mut buf).is_none());
+        let many = vec![SeqRange { first: 1, count: 1 }; MAX_NACK_RANGES + 1];
+        assert!(NackRepr::encode(c, &many, &mut buf).is_none());
+    }
+
+    #[test]
     fn from_u8_covers_every_value() {
         for v in 0..=255u8 {
             if let Some(t) = PacketType::from_u8(v) {
                 assert_eq!(t as u8, v);
             } else {
-                assert!(v == 0 || v > 6);
+                assert!(v == 0 || v > 7);
             }
             if let Some(c) = CipherId::from_u8(v) {
                 assert_eq!(c as u8, v);
@@ -865,7 +1016,7 @@ mod tests {
     }
 
     fn arb_ptype() -> impl Strategy<Value = PacketType> {
-        (1u8..=6).prop_map(|v| PacketType::from_u8(v).unwrap())
+        (1u8..=7).prop_map(|v| PacketType::from_u8(v).unwrap())
     }
 
     /// A body with an owned payload (DataRepr borrows).
@@ -875,6 +1026,7 @@ mod tests {
         Probe(ProbeRepr),
         ProbeAck(ProbeAckRepr),
         Close(Common),
+        Nack(Common, Vec<u8>),
     }
 
     impl OwnedBody {
@@ -889,6 +1041,7 @@ mod tests {
                 OwnedBody::Probe(p) => Body::Probe(*p),
                 OwnedBody::ProbeAck(a) => Body::ProbeAck(*a),
                 OwnedBody::Close(c) => Body::Close(*c),
+                OwnedBody::Nack(c, ranges) => Body::Nack(NackRepr { common: *c, ranges }),
             }
         }
     }
@@ -928,6 +1081,19 @@ mod tests {
                 }
             ),
             arb_common().prop_map(OwnedBody::Close),
+            (
+                arb_common(),
+                proptest::collection::vec((any::<u64>(), 1u16..), 1..=MAX_NACK_RANGES)
+            )
+                .prop_map(|(c, ranges)| {
+                    let ranges: Vec<SeqRange> = ranges
+                        .into_iter()
+                        .map(|(first, count)| SeqRange { first, count })
+                        .collect();
+                    let mut buf = Vec::new();
+                    NackRepr::encode(c, &ranges, &mut buf).unwrap();
+                    OwnedBody::Nack(c, buf)
+                }),
         ]
     }
 
@@ -974,7 +1140,7 @@ mod tests {
                 prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
             }
             let _ = HelloRepr::parse(&bytes);
-            for t in 1..=6u8 {
+            for t in 1..=7u8 {
                 let t = PacketType::from_u8(t).unwrap();
                 if let Ok(body) = Body::parse(t, &bytes) {
                     // Whatever parses, re-emits to the same bytes (the encoding is canonical).

@@ -106,9 +106,9 @@ fn wide_rate_and_delay_spread() {
     );
 }
 
-/// Two 20 Mbit/s links, 10 and 40 ms, 1% loss on the 10 ms one. Measured: CUBIC 3.8% / 3.6%
-/// (the scheduler keeps 99% on the lossy link and the inner TCP sees its losses: far below
-/// the clean link alone, the gap issue 10 item 4 names), BBR 72.9% / 65.9%.
+/// Two 20 Mbit/s links, 10 and 40 ms, 1% loss on the 10 ms one. Measured: CUBIC 3.8% / 3.3%
+/// (the scheduler keeps 99% on the lossy link and the inner TCP sees its losses: 1% is under the
+/// loss pull-back threshold, `sched::PULLBACK_LOSS`), BBR 71.6% / 67.5%.
 #[test]
 fn equal_rates_one_lossy() {
     check(
@@ -120,6 +120,81 @@ fn equal_rates_one_lossy() {
             (Bbr, Download, 0.63, Some(1.3)),
         ],
     );
+}
+
+/// The same with NACK repair turned on (`endpoint::Config::nack`, off by default because it
+/// costs the scenarios without random loss): the receiver asks for the holes again and the
+/// sender resends them within its repair budget, so the inner TCP sees few of the link's
+/// losses. Measured: CUBIC 34.0% / 36.4% of the sum (3.8% / 3.3% without).
+#[test]
+fn nack_repairs_random_loss() {
+    for dir in [Upload, Download] {
+        let sc = sim::tcp_scenarios()[3].clone().cc(Cubic).direction(dir);
+        let off = sim::run_tcp(&sc);
+        let on = sim::run_tcp(&sc.nack(true));
+        eprintln!(
+            "{}\n{}\n{}",
+            sim::TcpReport::TABLE_HEADER,
+            off.table_row(),
+            on.table_row()
+        );
+        eprintln!("{:?}", on.repair);
+        assert!(
+            on.of_sum >= 0.25 && on.of_sum >= 5.0 * off.of_sum,
+            "{}: {:.1}% with NACK, {:.1}% without",
+            dir.name(),
+            on.of_sum * 100.0,
+            off.of_sum * 100.0
+        );
+        assert!(on.repair.repaired >= 100, "{:?}", on.repair);
+        assert_eq!(
+            off.repair.repaired + off.repair.resent,
+            0,
+            "{:?}",
+            off.repair
+        );
+    }
+}
+
+/// Failover on the default lab (1, 2, 3 Mbit/s, 10 ms): the 3 Mbit/s link goes dark mid-transfer.
+/// What was in flight on it is reinjected by the sender when the link falls silent (nothing from
+/// it for max(3 srtt, 150 ms)) or is declared DOWN, and the link is avoided from then on.
+/// Measured: CUBIC stall 481 ms, 168 inner retransmissions (956 ms and 709 with no ring and no
+/// silence rule, i.e. `repair` off); BBR 236 ms, 63. Issue 10 asks for under 300 ms: the bound
+/// here is what is reached, not the goal.
+#[test]
+fn failover_mid_transfer() {
+    for cc in CcKind::ALL {
+        let sc = sim::tcp_scenarios()[0]
+            .clone()
+            .cc(cc)
+            .duration(Duration::from_secs(12))
+            .event(Duration::from_secs(8), sim::LinkEvent::Dark(2));
+        let r = sim::run_tcp(&sc);
+        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
+        eprintln!("{:?}", r.repair);
+        assert!(
+            r.longest_stall_ms < 600.0,
+            "{}: stalled {:.0} ms",
+            cc.name(),
+            r.longest_stall_ms
+        );
+        assert!(
+            r.retransmits <= 250,
+            "{}: {} retransmits",
+            cc.name(),
+            r.retransmits
+        );
+        assert!(r.repair.resent + r.repair.reinjected > 0, "{:?}", r.repair);
+        // The two links left carry 3 Mbit/s: over the 7 s after warm-up, 3 s on 6 Mbit/s and 4 s
+        // on 3, at least half of the 4.3 Mbit/s average.
+        assert!(
+            r.goodput_bps > 2.2e6,
+            "{}: {:.2} Mbit/s",
+            cc.name(),
+            r.goodput_bps / 1e6
+        );
+    }
 }
 
 /// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Measured: CUBIC

@@ -13,7 +13,8 @@
 //! `braid_link_{delivery_rate,sched_rate,bandwidth}_bytes_per_second`, `braid_link_priority`.
 //! Bundle: `braid_session_up`, `braid_links`, `braid_links_up`, `braid_reorder_depth`,
 //! `braid_reorder_max_depth`, `braid_reorder_timeout_seconds`, `braid_equalize_seconds`,
-//! `braid_reorder_*_total`, `braid_drops_total` (label `reason`),
+//! `braid_reorder_*_total`, `braid_repair_*_total` and `braid_repair_ring_bytes` (in-tunnel
+//! loss repair), `braid_drops_total` (label `reason`),
 //! `braid_tun_{rx,tx}_{packets,bytes}_total`. And `braid_build_info`.
 
 use std::sync::atomic::AtomicU64;
@@ -246,6 +247,56 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "reorder_timeouts",
         "Times the reorder buffer stopped waiting for a gap",
         &[(b.clone(), s.reorder.timeouts)],
+    );
+    let rp = &s.repair;
+    for (name, help, v) in [
+        (
+            "repair_retransmits_sent",
+            "DATA packets sent again in answer to a NACK",
+            rp.retransmits_sent,
+        ),
+        (
+            "repair_reinjected",
+            "DATA packets sent again off a link that went DOWN",
+            rp.reinjected,
+        ),
+        (
+            "repair_nacks_sent",
+            "NACK packets sent (holes asked for again)",
+            rp.nacks_sent,
+        ),
+        (
+            "repair_nacks_received",
+            "NACK packets received",
+            rp.nacks_received,
+        ),
+        (
+            "repair_retransmits_received",
+            "Retransmitted DATA packets received",
+            rp.retransmits_received,
+        ),
+        (
+            "repair_holes_repaired",
+            "Reorder holes filled by a retransmission",
+            rp.holes_repaired,
+        ),
+        (
+            "repair_holes_given_up",
+            "Holes asked for again and given up after all",
+            s.reorder.repair_given_up,
+        ),
+        (
+            "repair_duplicates_suppressed",
+            "DATA packets dropped as already held or delivered",
+            rp.duplicates_suppressed,
+        ),
+    ] {
+        r.counter(name, help, &[(b.clone(), v)]);
+    }
+    r.gauge(
+        "repair_ring_bytes",
+        "Bytes of sent packets kept for retransmission",
+        &[(b.clone(), rp.ring_bytes as f64)],
     );
     let reason = |r: &str, v: u64| {
         let mut l = bundle(n);

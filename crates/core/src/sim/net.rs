@@ -211,6 +211,8 @@ pub struct BundleOptions {
     pub equalize_max: Option<Duration>,
     /// Counters start here (set-up, learning before).
     pub warmup: Duration,
+    /// Receivers ask for lost gaps again (`endpoint::Config::nack`).
+    pub nack: bool,
 }
 
 /// Per-direction counters of one link, from the end of the warm-up.
@@ -270,6 +272,7 @@ impl Bundle {
         let endpoint = |role, salt: u64| {
             let mut cfg = Config::new(role, [7u8; 32]);
             cfg.scheduler = opts.scheduler.clone();
+            cfg.nack = opts.nack;
             if let Some(e) = opts.equalize_max {
                 cfg.equalize_max = e;
             }

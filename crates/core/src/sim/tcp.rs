@@ -699,6 +699,10 @@ pub struct TcpScenario {
     /// Bound of delay equalisation at both ends (default
     /// [`crate::endpoint::DEFAULT_EQUALIZE_MAX`]; zero turns it off).
     pub equalize_max: Option<Duration>,
+    /// Links going dark and coming back (failover), at instants from the start of the run.
+    pub events: Vec<(Duration, super::LinkEvent)>,
+    /// Receivers NACK lost gaps (`endpoint::Config::nack`, off by default).
+    pub nack: bool,
 }
 
 impl TcpScenario {
@@ -714,7 +718,17 @@ impl TcpScenario {
             start: Duration::from_secs(1),
             seed: 1,
             equalize_max: None,
+            events: Vec::new(),
+            nack: false,
         }
+    }
+    pub fn nack(mut self, on: bool) -> Self {
+        self.nack = on;
+        self
+    }
+    pub fn event(mut self, at: Duration, e: super::LinkEvent) -> Self {
+        self.events.push((at, e));
+        self
     }
     pub fn cc(mut self, cc: CcKind) -> Self {
         self.cc = cc;
@@ -776,6 +790,7 @@ impl TcpScenario {
             rtos: flow.sender.rtos,
             longest_stall_ms: r.longest_stall.max(tail).as_secs_f64() * 1e3,
             links,
+            repair: TunnelRepair::default(),
         }
     }
 }
@@ -811,6 +826,20 @@ pub struct TcpReport {
     pub longest_stall_ms: f64,
     /// Per link, in the data's direction: share of the data packets, drops.
     pub links: Vec<LinkReport>,
+    /// In-tunnel loss repair of the data's direction, over the whole run.
+    pub repair: TunnelRepair,
+}
+
+/// In-tunnel loss repair in one direction (see [`crate::arq`]).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TunnelRepair {
+    /// Data sender: packets sent again on NACK, and reinjected off a link that went down.
+    pub resent: u64,
+    pub reinjected: u64,
+    /// Data receiver: holes filled by a copy, holes given up anyway, duplicates dropped.
+    pub repaired: u64,
+    pub given_up: u64,
+    pub duplicates: u64,
 }
 
 impl TcpReport {
@@ -864,12 +893,28 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
         probe_interval: None,
         equalize_max: sc.equalize_max,
         warmup: sc.warmup,
+        nack: sc.nack,
     };
     let mut bundle = Bundle::new(&sc.links, &opts);
+    for &(at, e) in &sc.events {
+        bundle.schedule(at, e);
+    }
     let mut flow = sc.flow();
     drive(&mut bundle, &mut flow, sc.duration);
-    let links = bundle.link_reports(sc.direction.data_from());
-    sc.report(&flow, links)
+    let from = sc.direction.data_from();
+    let links = bundle.link_reports(from);
+    let mut report = sc.report(&flow, links);
+    let end = bundle.instant(sc.duration);
+    let tx = bundle.endpoint(from).stats(end);
+    let rx = bundle.endpoint(from.other()).stats(end);
+    report.repair = TunnelRepair {
+        resent: tx.repair.retransmits_sent,
+        reinjected: tx.repair.reinjected,
+        repaired: rx.repair.holes_repaired,
+        given_up: rx.reorder.repair_given_up,
+        duplicates: rx.repair.duplicates_suppressed,
+    };
+    report
 }
 
 /// Runs the same flow over link `link` of the scenario alone, without braid.

@@ -1,0 +1,202 @@
+//! The sender's side of in-tunnel loss repair: a bounded ring of recently sent ordered DATA
+//! packets, from which a NACKed sequence number is sent again (on another link), and from which
+//! what was in flight on a link that died is reinjected on the others.
+//!
+//! The ring is ordered by bundle sequence number (packets enter in the order they are
+//! numbered) and bounded twice: by bytes ([`RingConfig::max_bytes`]) and by age (a packet older
+//! than [`SentRing::set_max_age`] is of no use: the receiver gave up on it long ago). Buffers of
+//! evicted packets are kept for reuse, so a steady flow allocates nothing per packet.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::LinkId;
+
+/// Bounds of the ring.
+#[derive(Debug, Clone)]
+pub struct RingConfig {
+    /// Inner packet bytes held at most. Default 8 MiB.
+    pub max_bytes: usize,
+    /// Age bound before the endpoint sets one from the links' round trips. Default 1 s.
+    pub max_age: Duration,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            max_bytes: 8 << 20,
+            max_age: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One packet sent.
+#[derive(Debug)]
+pub struct Sent {
+    pub seq: u64,
+    /// The link it went out on first.
+    pub link: LinkId,
+    pub at: Instant,
+    /// When it was last sent again (answers to NACKs are rate-limited by it).
+    pub resent_at: Option<Instant>,
+    /// The inner IP packet.
+    pub packet: Vec<u8>,
+}
+
+/// Spare buffers kept at most.
+const SPARE_MAX: usize = 1024;
+
+pub struct SentRing {
+    cfg: RingConfig,
+    max_age: Duration,
+    entries: VecDeque<Sent>,
+    bytes: usize,
+    spare: Vec<Vec<u8>>,
+}
+
+impl SentRing {
+    pub fn new(cfg: RingConfig) -> Self {
+        SentRing {
+            max_age: cfg.max_age,
+            cfg,
+            entries: VecDeque::new(),
+            bytes: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Packets older than `age` are dropped (on the next `push` or `expire`).
+    pub fn set_max_age(&mut self, age: Duration) {
+        self.max_age = age;
+    }
+    pub fn max_age(&self) -> Duration {
+        self.max_age
+    }
+
+    /// Remembers `packet`, sent at `now` as `seq` on `link`. Sequence numbers must grow (a
+    /// lower or equal one is ignored). A packet larger than the byte bound is not kept.
+    pub fn push(&mut self, now: Instant, seq: u64, link: LinkId, packet: &[u8]) {
+        if self.entries.back().is_some_and(|e| e.seq >= seq) || packet.len() > self.cfg.max_bytes {
+            return;
+        }
+        self.expire(now);
+        while self.bytes + packet.len() > self.cfg.max_bytes {
+            self.evict_front();
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(packet);
+        self.bytes += buf.len();
+        self.entries.push_back(Sent {
+            seq,
+            link,
+            at: now,
+            resent_at: None,
+            packet: buf,
+        });
+    }
+
+    /// Drops packets older than the age bound.
+    pub fn expire(&mut self, now: Instant) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|e| now.saturating_duration_since(e.at) > self.max_age)
+        {
+            self.evict_front();
+        }
+    }
+
+    fn evict_front(&mut self) {
+        if let Some(e) = self.entries.pop_front() {
+            self.bytes -= e.packet.len();
+            if self.spare.len() < SPARE_MAX {
+                self.spare.push(e.packet);
+            }
+        }
+    }
+
+    /// The packet sent as `seq`, if still held.
+    pub fn get_mut(&mut self, seq: u64) -> Option<&mut Sent> {
+        let i = self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?;
+        self.entries.get_mut(i)
+    }
+
+    /// Sequence numbers first sent on `link` at or after `since`, oldest first (appended to `out`).
+    pub fn sent_on(&self, link: LinkId, since: Instant, out: &mut Vec<u64>) {
+        let start = self.entries.partition_point(|e| e.at < since);
+        out.extend(
+            self.entries
+                .range(start..)
+                .filter(|e| e.link == link)
+                .map(|e| e.seq),
+        );
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    /// Inner packet bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn finds_packets_by_seq_and_link() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig::default());
+        for seq in 0..10u64 {
+            r.push(
+                t0 + ms(seq),
+                seq * 2,
+                (seq % 2) as LinkId,
+                &[seq as u8; 100],
+            );
+        }
+        assert_eq!(r.len(), 10);
+        assert_eq!(r.get_mut(6).unwrap().packet, vec![3u8; 100]);
+        assert!(r.get_mut(7).is_none());
+        // A sequence number that does not grow is ignored.
+        r.push(t0 + ms(20), 18, 0, &[1]);
+        assert_eq!(r.len(), 10);
+        let mut on1 = Vec::new();
+        r.sent_on(1, t0 + ms(4), &mut on1);
+        assert_eq!(on1, vec![10, 14, 18]);
+    }
+
+    #[test]
+    fn bounded_by_bytes_and_age() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig {
+            max_bytes: 1000,
+            max_age: ms(50),
+        });
+        for seq in 0..100u64 {
+            r.push(t0, seq, 0, &[0; 300]);
+            assert!(r.bytes() <= 1000);
+        }
+        assert_eq!(r.len(), 3);
+        assert!(r.get_mut(99).is_some() && r.get_mut(96).is_none());
+        r.push(t0 + ms(40), 100, 0, &[0; 10]);
+        r.expire(t0 + ms(51));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.bytes(), 10);
+        // Too big for the ring: not kept.
+        r.push(t0 + ms(52), 101, 0, &[0; 1001]);
+        assert!(r.get_mut(101).is_none());
+        // Buffers are reused: the spare list never exceeds its bound.
+        assert!(r.spare.len() <= SPARE_MAX);
+    }
+}
