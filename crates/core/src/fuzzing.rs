@@ -20,15 +20,26 @@ use std::time::{Duration, Instant};
 
 use rand_core::SeedableRng;
 
-use crate::crypto::{self, Aead};
+use crate::crypto::{self, Aead, HandshakeKey};
 use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
 use crate::wire::{
-    Body, CipherId, Header, HelloRepr, Packet, PacketType, HEADER_LEN, MIN_DATAGRAM_LEN,
+    Body, CipherId, Header, HelloAckRepr, HelloRepr, Packet, PacketType, HEADER_LEN,
+    MIN_DATAGRAM_LEN,
 };
 use crate::LinkId;
 
 /// The harness's pre-shared key.
 pub const PSK: [u8; 32] = [0x5a; 32];
+
+/// The harness endpoints' wall clock at creation (fixed, so that runs are reproducible):
+/// 2020-09-13, in seconds since the Unix epoch.
+pub const WALL_CLOCK_SECS: u64 = 1_600_000_000;
+
+fn config(role: Role) -> Config {
+    let mut c = Config::new(role, PSK);
+    c.wall_clock = std::time::UNIX_EPOCH + Duration::from_secs(WALL_CLOCK_SECS);
+    c
+}
 
 /// Runs every parser over `data`. Panics if a parser accepts bytes that its `emit` does not
 /// reproduce exactly, or if opening with a fixed key misbehaves on a short datagram.
@@ -51,13 +62,23 @@ pub fn parse_any(data: &[u8]) {
             "header not canonical"
         );
         // Opening with a wrong key must be an error, never a panic, whatever the length.
-        let key = Aead::new(CipherId::ChaCha20Poly1305, &[0; 32]);
         let mut copy = data.to_vec();
-        let r = crypto::open(&key, &h, &mut copy);
-        if data.len() < MIN_DATAGRAM_LEN {
-            assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+        if h.ptype.is_handshake() {
+            let key = crypto::handshake_key(&[0; 32], CipherId::ChaCha20Poly1305);
+            let r = crypto::open_handshake(&key, &h, &mut copy);
+            if crate::wire::handshake_datagram_len(h.ptype) != Some(data.len()) || h.counter != 0 {
+                assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+            } else {
+                assert!(r.is_err(), "random bytes authenticated");
+            }
         } else {
-            assert!(r.is_err(), "random bytes authenticated");
+            let key = Aead::new(CipherId::ChaCha20Poly1305, &[0; 32]);
+            let r = crypto::open(&key, &h, &mut copy);
+            if data.len() < MIN_DATAGRAM_LEN {
+                assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+            } else {
+                assert!(r.is_err(), "random bytes authenticated");
+            }
         }
     }
     // Each body parser over the whole input and over what follows a header, as after `open`.
@@ -67,6 +88,11 @@ pub fn parse_any(data: &[u8]) {
             let mut out = vec![0u8; hello.buffer_len()];
             hello.emit(&mut out);
             assert_eq!(out, bytes, "hello not canonical");
+        }
+        if let Ok(ack) = HelloAckRepr::parse(bytes) {
+            let mut out = vec![0u8; ack.buffer_len()];
+            ack.emit(&mut out);
+            assert_eq!(out, bytes, "hello-ack not canonical");
         }
         for t in 1..=6u8 {
             let Some(ptype) = PacketType::from_u8(t) else {
@@ -153,7 +179,7 @@ struct Harness {
     now: Instant,
     client: Endpoint,
     server: Endpoint,
-    hs_key: Aead,
+    hs_key: HandshakeKey,
     /// Client HELLO salts by client session id.
     hellos: HashMap<u32, [u8; 32]>,
     keys: Option<Observed>,
@@ -177,9 +203,9 @@ impl Harness {
     fn new() -> Harness {
         let now = Instant::now();
         let rng = |seed| Box::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-        let mut client = Endpoint::new(Config::new(Role::Client, PSK), now, rng(1))
+        let mut client = Endpoint::new(config(Role::Client), now, rng(1))
             .expect("default client config is valid");
-        let server = Endpoint::new(Config::new(Role::Server, PSK), now, rng(2))
+        let server = Endpoint::new(config(Role::Server), now, rng(2))
             .expect("default server config is valid");
         for id in 1..=2 {
             client
@@ -212,23 +238,25 @@ impl Harness {
             return;
         }
         let mut copy = datagram.to_vec();
-        let Ok(plain) = crypto::open(&self.hs_key, &header, &mut copy) else {
-            return;
-        };
-        let Ok(hello) = HelloRepr::parse(plain) else {
+        let Ok(plain) = crypto::open_handshake(&self.hs_key, &header, &mut copy) else {
             return;
         };
         match header.ptype {
             PacketType::Hello => {
-                self.hellos.insert(hello.session, hello.salt);
+                if let Ok(hello) = HelloRepr::parse(plain) {
+                    self.hellos.insert(hello.session, hello.salt);
+                }
             }
             _ => {
                 // HELLO-ACK: header.session is the client's id.
+                let Ok(ack) = HelloAckRepr::parse(plain) else {
+                    return;
+                };
                 if let Some(cs) = self.hellos.get(&header.session) {
-                    let (c2s, s2c) = crypto::session_key_bytes(&PSK, cs, &hello.salt);
+                    let (c2s, s2c) = crypto::session_key_bytes(&PSK, cs, &ack.salt);
                     self.keys = Some(Observed {
                         client_id: header.session,
-                        server_id: hello.session,
+                        server_id: ack.session,
                         c2s,
                         s2c,
                     });
@@ -321,12 +349,6 @@ impl Harness {
         } else {
             (&k.s2c, k.client_id)
         };
-        // Handshake types are sealed under the handshake key, everything else under the session.
-        let aead = if ptype.is_handshake() {
-            crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305)
-        } else {
-            Aead::new(CipherId::ChaCha20Poly1305, key)
-        };
         let header = Header {
             ptype,
             link,
@@ -344,7 +366,20 @@ impl Harness {
             },
         };
         let mut d = Vec::new();
-        crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        // Handshake types are sealed under a handshake key, everything else under the session.
+        if ptype.is_handshake() {
+            let packet_salt = [counter as u8; 32];
+            crypto::seal_handshake_plaintext(
+                &self.hs_key,
+                &header,
+                &packet_salt,
+                plaintext,
+                &mut d,
+            );
+        } else {
+            let aead = Aead::new(CipherId::ChaCha20Poly1305, key);
+            crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        }
         // A well-formed HELLO from the fuzzer starts a session the harness can then speak in.
         self.observe(&d);
         if to_server {
@@ -525,6 +560,9 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         session: 9,
         salt: [3; 32],
         cipher: CipherId::ChaCha20Poly1305,
+        // Newer than the harness client's first HELLO (its clock starts at `WALL_CLOCK_SECS`),
+        // older than those it makes a second or more later.
+        timestamp: (WALL_CLOCK_SECS + 1) * 1_000_000_000,
     };
     let mut hb = vec![0u8; hello.buffer_len()];
     hello.emit(&mut hb);
@@ -534,11 +572,12 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         ptype: PacketType::Hello,
         link: 1,
         session: 0,
-        counter: 0x1234,
+        counter: 0,
     };
     crypto::seal_hello(
         &crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305),
         &hh,
+        &[0x77; 32],
         &hello,
         &mut hd,
     );

@@ -6,7 +6,8 @@
 //!
 //! Where things live:
 //! - [`wire`]: every byte on the wire, as checked views and validated `Repr`s (see `docs/protocol.md`).
-//! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the anti-replay window.
+//! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the per-link anti-replay
+//!   windows and nonce counters, [`ratelimit`]: the server's HELLO-ACK budget.
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
@@ -27,6 +28,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod inner;
 pub mod netem;
+pub mod ratelimit;
 pub mod reorder;
 pub mod replay;
 pub mod sched;
