@@ -73,6 +73,8 @@ struct Net {
     dir: tempfile::TempDir,
     procs: Vec<(String, Child)>,
     key: String,
+    /// More namespaces a test made (deleted with the others).
+    extra_ns: Vec<String>,
 }
 
 impl Net {
@@ -86,6 +88,7 @@ impl Net {
             dir: tempfile::tempdir().unwrap(),
             procs: Vec::new(),
             key: keygen(),
+            extra_ns: Vec::new(),
         };
         ip(&["netns", "add", &net.client]);
         ip(&["netns", "add", &net.server]);
@@ -326,6 +329,9 @@ impl Drop for Net {
         }
         let _ = run("ip", &["netns", "del", &self.client]);
         let _ = run("ip", &["netns", "del", &self.server]);
+        for ns in &self.extra_ns {
+            let _ = run("ip", &["netns", "del", ns]);
+        }
     }
 }
 
@@ -1207,4 +1213,165 @@ fn replayed_hello_while_the_server_restarts_does_not_stop_the_tunnel() {
         "replayed HELLOs not counted as replays: {drops}"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// `VmRSS` and `VmHWM` of process `pid`, KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Mean rate of an iperf3 run after its first second (slow start), Mbit/s.
+fn steady_mbps(intervals: &[f64], interval_s: f64) -> f64 {
+    let skip = (1.0 / interval_s).round() as usize;
+    let rest = intervals.get(skip..).unwrap_or(&[]);
+    if rest.is_empty() {
+        return 0.0;
+    }
+    rest.iter().sum::<f64>() * 8.0 / (rest.len() as f64 * interval_s) / 1e6
+}
+
+/// Issue 13, the hostile peer: while a genuine 3-link client runs one TCP transfer, an attacker
+/// with its own link to the server sends garbage (random bytes, some with braid-looking headers),
+/// truncated copies, exact replays and shuffled replays of captured genuine datagrams (HELLOs
+/// included) from 200 source addresses, at full rate. The machine has 2 cores, so the genuine
+/// client's links are shaped (tbf, 8 Mbit/s each: the tunnel is link-bound, not CPU-bound) and
+/// "full rate" means the attacker saturates its own link: 20 Mbit/s (tbf), offered above that
+/// (12 000 datagrams/s averaging ~250 bytes: ~24 Mbit/s offered). The server's memory must stay bounded and the
+/// transfer must lose less than 10 % of its throughput. `scripts/bench-hostile.sh` runs this
+/// test and prints the figures (BENCHMARKS.md).
+#[test]
+fn hostile_peer_flood_leaves_memory_bounded_and_throughput_intact() {
+    let started = Instant::now();
+    let mut net = Net::new("x", 3);
+    let (cns, sns) = (net.client.clone(), net.server.clone());
+    let tc = |ns: &str, dev: &str, rate: &str| {
+        let o = run(
+            "ip",
+            &[
+                "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                "burst", "16kb", "latency", "50ms",
+            ],
+        );
+        assert!(o.status.success(), "tc on {dev}: {o:?}");
+    };
+    for i in 1..=3 {
+        tc(&cns, &format!("c{i}"), "8mbit");
+    }
+    // The attacker: its own namespace and link to the server, 200 addresses.
+    let ans = format!("brt{}xa", std::process::id());
+    ip(&["netns", "add", &ans]);
+    net.extra_ns.push(ans.clone());
+    ip(&[
+        "link", "add", "a1", "netns", &ans, "type", "veth", "peer", "name", "sa1", "netns", &sns,
+    ]);
+    let batch: String = (1..=200)
+        .map(|i| format!("addr add 198.18.100.{i}/24 dev a1\n"))
+        .collect();
+    let batch_file = net.write("attacker-addrs", &batch);
+    ip(&["-n", &ans, "-batch", batch_file.to_str().unwrap()]);
+    ip(&["-n", &sns, "addr", "add", "198.18.100.254/24", "dev", "sa1"]);
+    ip(&["-n", &ans, "link", "set", "a1", "up"]);
+    ip(&["-n", &ans, "link", "set", "lo", "up"]);
+    ip(&["-n", &sns, "link", "set", "sa1", "up"]);
+    tc(&ans, "a1", "20mbit");
+
+    // Capture genuine traffic (HELLOs, then session packets) on one of the server's links.
+    let cap = net.path("captured.bin");
+    let cap_s = cap.to_str().unwrap().to_string();
+    net.attack_tool("sniff", &sns, &["sniff", "s1", "5050", &cap_s, "4"]);
+    std::thread::sleep(Duration::from_millis(300));
+    net.start_pair(3);
+    assert!(net.ping(3), "no ping; {}", net.why());
+    assert!(
+        net.wait_exit("sniff", Duration::from_secs(8)).is_some(),
+        "sniffer did not finish: {}",
+        net.log("sniff")
+    );
+    assert!(
+        std::fs::metadata(&cap).map_or(0, |m| m.len()) > 500,
+        "too little captured"
+    );
+    let server_pid = net
+        .procs
+        .iter()
+        .find(|(l, _)| l == "server")
+        .unwrap()
+        .1
+        .id();
+    let session = net.status("c.sock").unwrap()["session"].clone();
+
+    const SECS: u32 = 8;
+    const IV: f64 = 0.5;
+    let t = Transfer::start(&net, 5301, SECS, IV);
+    let (ok, iv, _) = t.finish(Duration::from_secs(SECS as u64 + 10));
+    assert!(ok, "baseline transfer failed; {}", net.why());
+    let base = steady_mbps(&iv, IV);
+    let (rss_before, hwm_before) = memory_kib(server_pid);
+
+    net.attack_tool(
+        "flood",
+        &ans,
+        &[
+            "flood",
+            &cap_s,
+            "198.18.100.254",
+            "5050",
+            "198.18.100",
+            "200",
+            "12000",
+            &(SECS + 2).to_string(),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Transfer::start(&net, 5302, SECS, IV);
+    let (ok, iv, _) = t.finish(Duration::from_secs(SECS as u64 + 10));
+    let attacked = steady_mbps(&iv, IV);
+    let (rss_after, hwm_after) = memory_kib(server_pid);
+    assert!(
+        net.wait_exit("flood", Duration::from_secs(5)).is_some(),
+        "flood did not end: {}",
+        net.log("flood")
+    );
+    let flood = std::fs::read_to_string(net.path("flood.out")).unwrap_or_default();
+    let st = net.status("s.sock").unwrap();
+    let drop_pct = (1.0 - attacked / base) * 100.0;
+    eprintln!(
+        "hostile: baseline {base:.1} Mbit/s, under attack {attacked:.1} Mbit/s ({drop_pct:+.1} % lost); \
+         server VmRSS {rss_before} -> {rss_after} KiB, VmHWM {hwm_before} -> {hwm_after} KiB; \
+         attacker {}; server drops {}",
+        flood.trim(),
+        st["drops"]
+    );
+    assert!(ok, "transfer under attack failed; {}", net.why());
+    assert!(base > 10.0, "baseline too low to judge: {base:.1} Mbit/s");
+    assert!(
+        attacked > base * 0.9,
+        "throughput fell from {base:.1} to {attacked:.1} Mbit/s under attack"
+    );
+    assert!(
+        hwm_after < hwm_before + 16 * 1024,
+        "server memory grew under attack: VmHWM {hwm_before} -> {hwm_after} KiB"
+    );
+    let fl: Value = serde_json::from_str(flood.trim()).unwrap_or(Value::Null);
+    assert!(
+        fl["mbps"].as_f64().unwrap_or(0.0) > 20.0,
+        "the attacker did not offer more than its link: {flood}"
+    );
+    let c = net.status("c.sock").unwrap();
+    assert_eq!(c["session"], session, "the genuine session was replaced");
+    assert_eq!(links_up(&c), 3, "{}", net.why());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 }

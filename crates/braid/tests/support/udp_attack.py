@@ -123,6 +123,7 @@ def flood(path, dst, port, prefix, nsrc, pps, seconds):
     kinds = {"garbage": garbage, "truncated": truncated, "replayed": captured or [b""], "reordered": shuffled}
     order = ["garbage", "truncated", "replayed", "reordered"]
     sent = {k: 0 for k in order}
+    sent_bytes = 0
     errors = 0
     batch = 64
     gap = batch / float(pps)
@@ -138,6 +139,7 @@ def flood(path, dst, port, prefix, nsrc, pps, seconds):
             try:
                 socks[i % len(socks)].sendto(d, target)
                 sent[kind] += 1
+                sent_bytes += len(d) + 28
             except OSError:
                 errors += 1
             i += 1
@@ -147,7 +149,19 @@ def flood(path, dst, port, prefix, nsrc, pps, seconds):
             time.sleep(pause)
     took = time.monotonic() - start
     total = sum(sent.values())
-    print(json.dumps({"sent": sent, "errors": errors, "seconds": round(took, 2), "pps": round(total / took)}))
+    print(
+        json.dumps(
+            {
+                "sent": sent,
+                "errors": errors,
+                "seconds": round(took, 2),
+                "pps": round(total / took),
+                # IP bytes offered per second (UDP payload + 28), in Mbit/s.
+                "mbps": round(sent_bytes * 8 / took / 1e6, 1),
+                "sources": len(socks),
+            }
+        )
+    )
 
 
 def main():
