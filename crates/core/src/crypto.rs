@@ -1,11 +1,25 @@
 //! Keys and sealing (normative text: `docs/protocol.md`, "Key schedule").
 //!
-//! - Handshake key: `HKDF-SHA256(salt = "braid v1 handshake", ikm = psk)` expanded with info
-//!   `"braid v1 hello"`; seals HELLO / HELLO-ACK (nonce = 4 zero bytes || random counter).
+//! - Handshake keys: one per HELLO / HELLO-ACK packet. `hs_prk = HKDF-Extract(salt =
+//!   "braid v2 handshake", ikm = psk)` (computed once), and the packet's key is
+//!   `HKDF-Expand(hs_prk, info = "braid v2 hello" || packet_salt)`, where `packet_salt` is 32
+//!   random bytes the sender puts in clear after the header. Each key seals exactly one packet,
+//!   so the nonce is all zeros.
 //! - Session keys: `prk = HKDF-Extract(salt = client_salt || server_salt, ikm = psk)`;
-//!   client-to-server key = Expand(prk, "braid v1 c2s"), server-to-client = Expand(prk, "braid v1 s2c").
-//! - Nonce for session packets: 4 zero bytes || the header's 64-bit counter (big-endian).
-//! - AAD: the 16-byte outer header.
+//!   client-to-server key = Expand(prk, "braid v2 c2s"), server-to-client = Expand(prk, "braid v2 s2c").
+//! - Nonce for session packets: 2 zero bytes || the header's 16-bit link id || its 64-bit
+//!   counter (big-endian). Each link has its own counter, so links never share a nonce.
+//! - AAD: the 16-byte outer header (handshake packets: header and packet salt, 48 bytes).
+//!
+//! Why a key per handshake packet: v1 sealed every HELLO under one key fixed for the PSK's life,
+//! with 64-bit random nonces; after ~2^32 handshake packets under one PSK a nonce repeats (the
+//! birthday bound), and a repeated nonce under ChaCha20-Poly1305 or AES-GCM reveals the XOR of
+//! two plaintexts and lets the Poly1305 / GHASH key be recovered, i.e. forgeries. The other
+//! usual cure, XChaCha20-Poly1305's 192-bit nonces, is not in `ring` and has no AES-GCM
+//! counterpart, while braid lets the operator pick either AEAD. Deriving a fresh key from a 256-bit
+//! random salt works with both, keeps the nonce fixed (no nonce to get wrong), and costs one
+//! HMAC-SHA256 per handshake packet (the PRK of the PSK is computed once). 256-bit salts do not
+//! collide in any number of handshakes that could ever be sent.
 //!
 //! Every expanded key is 32 bytes whichever AEAD uses it (both ChaCha20-Poly1305 and AES-256-GCM
 //! take 32-byte keys); the cipher is fixed by configuration on both ends.
@@ -13,16 +27,20 @@
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
 
-use crate::wire::{Body, CipherId, Header, HelloRepr, WireError, HEADER_LEN, TAG_LEN};
+use crate::wire::{
+    handshake_datagram_len, Body, CipherId, Header, HelloAckRepr, HelloRepr, WireError, HEADER_LEN,
+    PACKET_SALT_LEN, TAG_LEN,
+};
+use crate::LinkId;
 
-/// HKDF salt of the handshake key.
-pub const HANDSHAKE_SALT: &[u8] = b"braid v1 handshake";
-/// HKDF info of the handshake key.
-pub const HANDSHAKE_INFO: &[u8] = b"braid v1 hello";
+/// HKDF salt of the handshake PRK.
+pub const HANDSHAKE_SALT: &[u8] = b"braid v2 handshake";
+/// HKDF info prefix of a handshake packet's key (the packet salt follows it).
+pub const HANDSHAKE_INFO: &[u8] = b"braid v2 hello";
 /// HKDF info of the client-to-server session key.
-pub const C2S_INFO: &[u8] = b"braid v1 c2s";
+pub const C2S_INFO: &[u8] = b"braid v2 c2s";
 /// HKDF info of the server-to-client session key.
-pub const S2C_INFO: &[u8] = b"braid v1 s2c";
+pub const S2C_INFO: &[u8] = b"braid v2 s2c";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CryptoError {
@@ -90,10 +108,40 @@ fn expand(prk: &hkdf::Prk, info: &[u8]) -> [u8; 32] {
     out
 }
 
-/// The raw handshake key bytes (exposed for known-answer tests and interoperability checks).
-pub fn handshake_key_bytes(psk: &[u8; 32]) -> [u8; 32] {
-    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, HANDSHAKE_SALT).extract(psk);
-    expand(&prk, HANDSHAKE_INFO)
+/// The handshake PRK of a PSK, from which each HELLO / HELLO-ACK gets its own key.
+pub struct HandshakeKey {
+    prk: hkdf::Prk,
+    cipher: CipherId,
+}
+
+impl std::fmt::Debug for HandshakeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandshakeKey")
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandshakeKey {
+    fn key_bytes(&self, packet_salt: &[u8; PACKET_SALT_LEN]) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        self.prk
+            .expand(&[HANDSHAKE_INFO, packet_salt], Len32)
+            .and_then(|okm| okm.fill(&mut out))
+            .expect("HKDF-SHA256 expand of 32 bytes");
+        out
+    }
+
+    /// The key that seals (or opens) the one handshake packet carrying `packet_salt`.
+    pub fn packet_key(&self, packet_salt: &[u8; PACKET_SALT_LEN]) -> Aead {
+        Aead::new(self.cipher, &self.key_bytes(packet_salt))
+    }
+}
+
+/// The raw key bytes of the handshake packet carrying `packet_salt` (exposed for known-answer
+/// tests and interoperability checks).
+pub fn handshake_key_bytes(psk: &[u8; 32], packet_salt: &[u8; PACKET_SALT_LEN]) -> [u8; 32] {
+    handshake_key(psk, CipherId::ChaCha20Poly1305).key_bytes(packet_salt)
 }
 
 /// The raw session key bytes, `(client-to-server, server-to-client)`.
@@ -109,9 +157,12 @@ pub fn session_key_bytes(
     (expand(&prk, C2S_INFO), expand(&prk, S2C_INFO))
 }
 
-/// The key that seals HELLO and HELLO-ACK.
-pub fn handshake_key(psk: &[u8; 32], cipher: CipherId) -> Aead {
-    Aead::new(cipher, &handshake_key_bytes(psk))
+/// The handshake PRK of `psk` (one HKDF-Extract; each packet's key is then one Expand).
+pub fn handshake_key(psk: &[u8; 32], cipher: CipherId) -> HandshakeKey {
+    HandshakeKey {
+        prk: hkdf::Salt::new(hkdf::HKDF_SHA256, HANDSHAKE_SALT).extract(psk),
+        cipher,
+    }
 }
 
 /// Derives a session's keys. `is_client` selects which direction is `send`.
@@ -130,8 +181,11 @@ pub fn session_keys(
     }
 }
 
-fn nonce(counter: u64) -> Nonce {
+/// Session nonce: 2 zero bytes || link id || counter. Each link counts on its own, so the pair
+/// (link, counter) is what must never repeat under one key.
+fn nonce(link: LinkId, counter: u64) -> Nonce {
     let mut n = [0u8; aead::NONCE_LEN];
+    n[2..4].copy_from_slice(&link.to_be_bytes());
     n[4..].copy_from_slice(&counter.to_be_bytes());
     Nonce::assume_unique_for_key(n)
 }
@@ -153,7 +207,7 @@ fn seal_with(
     fill(body);
     let tag = key
         .key
-        .seal_in_place_separate_tag(nonce(header.counter), Aad::from(&*hdr), body)
+        .seal_in_place_separate_tag(nonce(header.link, header.counter), Aad::from(&*hdr), body)
         // ring fails only for inputs longer than the AEAD's limit (~256 GiB): not a datagram.
         .expect("AEAD seal of a datagram-sized body");
     tag_out.copy_from_slice(tag.as_ref());
@@ -165,9 +219,109 @@ pub fn seal(key: &Aead, header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
     seal_with(key, header, body.buffer_len(), out, |b| body.emit(b))
 }
 
-/// Writes a complete HELLO or HELLO-ACK datagram into `out`.
-pub fn seal_hello(key: &Aead, header: &Header, hello: &HelloRepr, out: &mut Vec<u8>) {
-    seal_with(key, header, hello.buffer_len(), out, |b| hello.emit(b))
+/// Lays out a handshake datagram (header with counter 0, packet salt, plaintext written by
+/// `fill`, tag) in `out` and seals it under the packet's own key, with a zero nonce and the
+/// header and salt as AAD.
+fn seal_handshake_with(
+    key: &HandshakeKey,
+    header: &Header,
+    packet_salt: &[u8; PACKET_SALT_LEN],
+    body_len: usize,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]),
+) {
+    const AAD_LEN: usize = HEADER_LEN + PACKET_SALT_LEN;
+    out.clear();
+    out.resize(AAD_LEN + body_len + TAG_LEN, 0);
+    let (aad, rest) = out.split_at_mut(AAD_LEN);
+    Header {
+        counter: 0,
+        ..*header
+    }
+    .emit(aad);
+    aad[HEADER_LEN..].copy_from_slice(packet_salt);
+    let (body, tag_out) = rest.split_at_mut(body_len);
+    fill(body);
+    let tag = key
+        .packet_key(packet_salt)
+        .key
+        .seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key([0; aead::NONCE_LEN]),
+            Aad::from(&*aad),
+            body,
+        )
+        .expect("AEAD seal of a handshake body");
+    tag_out.copy_from_slice(tag.as_ref());
+}
+
+/// Writes a complete HELLO datagram into `out` (`header.counter` is ignored: handshake packets
+/// carry 0). `packet_salt` MUST be fresh random bytes.
+pub fn seal_hello(
+    key: &HandshakeKey,
+    header: &Header,
+    packet_salt: &[u8; PACKET_SALT_LEN],
+    hello: &HelloRepr,
+    out: &mut Vec<u8>,
+) {
+    seal_handshake_with(key, header, packet_salt, hello.buffer_len(), out, |b| {
+        hello.emit(b)
+    })
+}
+
+/// Writes a complete HELLO-ACK datagram into `out`, as [`seal_hello`].
+pub fn seal_hello_ack(
+    key: &HandshakeKey,
+    header: &Header,
+    packet_salt: &[u8; PACKET_SALT_LEN],
+    ack: &HelloAckRepr,
+    out: &mut Vec<u8>,
+) {
+    seal_handshake_with(key, header, packet_salt, ack.buffer_len(), out, |b| {
+        ack.emit(b)
+    })
+}
+
+/// A handshake datagram around an arbitrary plaintext (for the fuzz harness).
+pub fn seal_handshake_plaintext(
+    key: &HandshakeKey,
+    header: &Header,
+    packet_salt: &[u8; PACKET_SALT_LEN],
+    plaintext: &[u8],
+    out: &mut Vec<u8>,
+) {
+    seal_handshake_with(key, header, packet_salt, plaintext.len(), out, |b| {
+        b.copy_from_slice(plaintext)
+    })
+}
+
+/// Opens a HELLO or HELLO-ACK datagram in place and returns its plaintext body (to be parsed
+/// with `HelloRepr::parse` / `HelloAckRepr::parse`). Before any cryptographic work: a datagram
+/// whose length is not exactly the type's (`wire::handshake_datagram_len`), or whose header
+/// counter is not 0, is a `WireError`.
+pub fn open_handshake<'a>(
+    key: &HandshakeKey,
+    header: &Header,
+    datagram: &'a mut [u8],
+) -> Result<&'a [u8], CryptoError> {
+    let want = handshake_datagram_len(header.ptype).ok_or(WireError::Malformed)?;
+    if datagram.len() < want {
+        return Err(WireError::Truncated.into());
+    }
+    if datagram.len() > want || header.counter != 0 {
+        return Err(WireError::Malformed.into());
+    }
+    let (aad, sealed) = datagram.split_at_mut(HEADER_LEN + PACKET_SALT_LEN);
+    let mut packet_salt = [0u8; PACKET_SALT_LEN];
+    packet_salt.copy_from_slice(&aad[HEADER_LEN..]);
+    key.packet_key(&packet_salt)
+        .key
+        .open_in_place(
+            Nonce::assume_unique_for_key([0; aead::NONCE_LEN]),
+            Aad::from(&*aad),
+            sealed,
+        )
+        .map(|p| &*p)
+        .map_err(|_| CryptoError::Auth)
 }
 
 /// Writes a complete datagram whose plaintext body is `plaintext`, whatever its bytes (used by
@@ -178,11 +332,12 @@ pub fn seal_plaintext(key: &Aead, header: &Header, plaintext: &[u8], out: &mut V
     })
 }
 
-/// Opens a datagram in place. Returns the plaintext body bytes (to be parsed with
-/// `Body::parse(header.ptype, ..)` or `HelloRepr::parse`). The caller has already parsed the
+/// Opens a session datagram (DATA, PROBE, PROBE-ACK, CLOSE) in place. Returns the plaintext
+/// body bytes (to be parsed with `Body::parse(header.ptype, ..)`). The caller has already parsed the
 /// header with `Header::parse` (to choose the key) and passes it in.
 ///
-/// The AAD is the datagram's own first 16 bytes; the nonce comes from `header.counter`.
+/// The AAD is the datagram's own first 16 bytes; the nonce comes from `header.link` and
+/// `header.counter`.
 /// A datagram shorter than header + tag is `WireError::Truncated`; anything that does not
 /// authenticate is `CryptoError::Auth` (and the buffer's body bytes are then unspecified).
 pub fn open<'a>(
@@ -196,7 +351,7 @@ pub fn open<'a>(
     let (hdr, sealed) = datagram.split_at_mut(HEADER_LEN);
     let plain = key
         .key
-        .open_in_place(nonce(header.counter), Aad::from(&*hdr), sealed)
+        .open_in_place(nonce(header.link, header.counter), Aad::from(&*hdr), sealed)
         .map_err(|_| CryptoError::Auth)?;
     Ok(plain)
 }
@@ -204,7 +359,7 @@ pub fn open<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Common, DataRepr, PacketType, ProbeAckRepr, ProbeRepr};
+    use crate::wire::{Common, DataRepr, HelloAckRepr, PacketType, ProbeAckRepr, ProbeRepr};
 
     const PSK: [u8; 32] = [0x42; 32];
     const CIPHERS: [CipherId; 2] = [CipherId::ChaCha20Poly1305, CipherId::Aes256Gcm];
@@ -293,20 +448,84 @@ mod tests {
                 ptype: PacketType::Hello,
                 link: 1,
                 session: 0,
-                counter: 0xfeed_f00d_1234,
+                counter: 0,
             };
             let hello = HelloRepr {
                 session: 99,
                 salt: [5; 32],
                 cipher,
+                timestamp: 1_700_000_000_000_000_000,
             };
             let mut out = Vec::new();
-            seal_hello(&k, &header, &hello, &mut out);
-            assert_eq!(out.len(), HEADER_LEN + 40 + TAG_LEN);
+            seal_hello(&k, &header, &[6; 32], &hello, &mut out);
+            assert_eq!(out.len(), crate::wire::HELLO_DATAGRAM_LEN);
+            assert_eq!(
+                &out[HEADER_LEN..HEADER_LEN + 32],
+                &[6; 32],
+                "packet salt in clear"
+            );
             let h = Header::parse(&out).unwrap();
-            let plain = open(&handshake_key(&PSK, cipher), &h, &mut out).unwrap();
+            let mut copy = out.clone();
+            let plain = open_handshake(&handshake_key(&PSK, cipher), &h, &mut copy).unwrap();
             assert_eq!(HelloRepr::parse(plain), Ok(hello));
+            // Every byte, packet salt included, is authenticated.
+            for i in 2..out.len() {
+                let mut d = out.clone();
+                d[i] ^= 1;
+                let h = Header::parse(&d).unwrap();
+                assert!(open_handshake(&k, &h, &mut d).is_err(), "byte {i}");
+            }
+            // A wrong length or a non-zero counter is refused before any crypto.
+            for n in [0, HEADER_LEN, out.len() - 1] {
+                let mut d = out[..n.max(HEADER_LEN)].to_vec();
+                let h = Header::parse(&d).unwrap();
+                assert_eq!(
+                    open_handshake(&k, &h, &mut d),
+                    Err(CryptoError::Wire(WireError::Truncated))
+                );
+            }
+            let mut d = out.clone();
+            d.push(0);
+            assert_eq!(
+                open_handshake(&k, &h, &mut d),
+                Err(CryptoError::Wire(WireError::Malformed))
+            );
+            let mut d = out.clone();
+            let h1 = Header { counter: 1, ..h };
+            assert_eq!(
+                open_handshake(&k, &h1, &mut d),
+                Err(CryptoError::Wire(WireError::Malformed))
+            );
+            // A HELLO-ACK is shorter than a HELLO, and is no HELLO.
+            let ack = HelloAckRepr {
+                session: 7,
+                salt: [8; 32],
+                cipher,
+            };
+            let ah = Header {
+                ptype: PacketType::HelloAck,
+                session: 99,
+                ..header
+            };
+            let mut a = Vec::new();
+            seal_hello_ack(&k, &ah, &[9; 32], &ack, &mut a);
+            assert!(a.len() < out.len());
+            let mut a2 = a.clone();
+            assert_eq!(
+                HelloAckRepr::parse(open_handshake(&k, &ah, &mut a2).unwrap()),
+                Ok(ack)
+            );
+            assert!(open_handshake(&k, &header, &mut a).is_err());
         }
+    }
+
+    /// Two handshake packets never share a key: the key depends on the packet salt.
+    #[test]
+    fn each_handshake_packet_has_its_own_key() {
+        let a = handshake_key_bytes(&PSK, &[1; 32]);
+        let b = handshake_key_bytes(&PSK, &[2; 32]);
+        assert_ne!(a, b);
+        assert_ne!(a, handshake_key_bytes(&[0x43; 32], &[1; 32]));
     }
 
     #[test]
@@ -377,8 +596,19 @@ mod tests {
             ),
             Err(CryptoError::Auth)
         );
-        // Handshake key does not open session traffic and vice versa.
-        let hk = handshake_key(&PSK, CipherId::ChaCha20Poly1305);
+        // The same counter on another link is another nonce.
+        let mut d6 = d.clone();
+        let other_link = Header { link: 4, ..h };
+        assert_eq!(
+            open(
+                &Aead::new(CipherId::ChaCha20Poly1305, &[1; 32]),
+                &other_link,
+                &mut d6
+            ),
+            Err(CryptoError::Auth)
+        );
+        // A handshake packet's key does not open session traffic.
+        let hk = handshake_key(&PSK, CipherId::ChaCha20Poly1305).packet_key(&[0; 32]);
         let sk = session_keys(&PSK, CipherId::ChaCha20Poly1305, &[0; 32], &[0; 32], true);
         let mut d5 = Vec::new();
         seal(&sk.send, &data_header(1), &data_body(b"x"), &mut d5);
@@ -408,7 +638,7 @@ mod tests {
         // Salts are ordered (client, server): swapping them is a different session.
         let swapped = session_key_bytes(&PSK, &[2; 32], &[1; 32]);
         assert_ne!(c, swapped);
-        assert_ne!(c.0, handshake_key_bytes(&PSK));
+        assert_ne!(c.0, handshake_key_bytes(&PSK, &[1; 32]));
 
         let client = session_keys(&PSK, CipherId::ChaCha20Poly1305, &[1; 32], &[2; 32], true);
         let server = session_keys(&PSK, CipherId::ChaCha20Poly1305, &[1; 32], &[2; 32], false);
@@ -435,7 +665,8 @@ mod tests {
         let psk: [u8; 32] = core::array::from_fn(|i| i as u8);
         let cs: [u8; 32] = core::array::from_fn(|i| 0x40 + i as u8);
         let ss: [u8; 32] = core::array::from_fn(|i| 0x80 + i as u8);
-        let hs = handshake_key_bytes(&psk);
+        let ps: [u8; 32] = core::array::from_fn(|i| 0xc0 + i as u8);
+        let hs = handshake_key_bytes(&psk, &ps);
         let (c2s, s2c) = session_key_bytes(&psk, &cs, &ss);
         assert_eq!(hex(&hs), KAT_HANDSHAKE, "handshake key");
         assert_eq!(hex(&c2s), KAT_C2S, "c2s key");
@@ -452,6 +683,8 @@ mod tests {
             KAT_S2C,
             KAT_SEALED_CHACHA,
             KAT_SEALED_AES,
+            KAT_HELLO_CHACHA,
+            KAT_HELLO_AES,
         ] {
             assert!(doc.contains(v), "docs/protocol.md lacks {v}");
         }
@@ -464,9 +697,9 @@ mod tests {
         }
     }
 
-    const KAT_HANDSHAKE: &str = "774351de603fc5cf835412ff823b395b25f9dec48f56eb3422dd354d2556b197";
-    const KAT_C2S: &str = "037e0a9dc3e95cb091b876b162a4cc858f18350c5a01829fe5329fa3481e88be";
-    const KAT_S2C: &str = "31c172d9169dd1d3c3dc10b1d2a58c61569ae913d220068d7deaf7f6c3c995f6";
+    const KAT_HANDSHAKE: &str = "795cc1da9b32ff337aa04d168ebd74a289b673bb911fcbfe7d23dce0df2abe7e";
+    const KAT_C2S: &str = "019bfd91ab94bc0458ad44d0a5f6dc766d640428cadfb87083dec8993a21f27d";
+    const KAT_S2C: &str = "94431492034c3d3b07e6c1465594626b27695377f9e084e625be0b39992cb805";
 
     /// Pins a full sealed datagram too (nonce layout and AAD, not just the key schedule).
     #[test]
@@ -488,6 +721,38 @@ mod tests {
         }
     }
 
-    const KAT_SEALED_CHACHA: &str = "010300031234567801020304050607087f0b3ca2683fedbbcb69696c127c7c6eb941f4ae76861d4698c9f6a48d4d4eb1e0d8da6556c6";
-    const KAT_SEALED_AES: &str = "0103000312345678010203040506070868e68fdb5d51e29b88b95c3939504276e5789277c0b7e5d5858b97165098b89f69ec65eb7d32";
+    const KAT_SEALED_CHACHA: &str = "020300031234567801020304050607086e01acb4073c40482a0d4fe9c48fe753eb344bbefb2587c1467138bf714c67257c7f2a7b045f";
+    const KAT_SEALED_AES: &str = "02030003123456780102030405060708df5a5340b6662c259e6240a84692accfb9f244e9a0f4c43985533b210bdc692b114f7c6d0bb8";
+
+    /// A whole HELLO datagram pinned too (packet salt, per-packet key, zero nonce, 48-byte AAD).
+    #[test]
+    fn sealed_hello_known_answer() {
+        let psk: [u8; 32] = core::array::from_fn(|i| i as u8);
+        let cs: [u8; 32] = core::array::from_fn(|i| 0x40 + i as u8);
+        let ps: [u8; 32] = core::array::from_fn(|i| 0xc0 + i as u8);
+        for (cipher, want) in [
+            (CipherId::ChaCha20Poly1305, KAT_HELLO_CHACHA),
+            (CipherId::Aes256Gcm, KAT_HELLO_AES),
+        ] {
+            let header = Header {
+                ptype: PacketType::Hello,
+                link: 1,
+                session: 0,
+                counter: 0,
+            };
+            let hello = HelloRepr {
+                session: 0x0102_0304,
+                salt: cs,
+                // The body says ChaCha20-Poly1305 in both vectors: only the sealing differs.
+                cipher: CipherId::ChaCha20Poly1305,
+                timestamp: 0x0102_0304_0506_0708,
+            };
+            let mut out = Vec::new();
+            seal_hello(&handshake_key(&psk, cipher), &header, &ps, &hello, &mut out);
+            assert_eq!(hex(&out), want, "{cipher:?}");
+        }
+    }
+
+    const KAT_HELLO_CHACHA: &str = "02010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf47fab06e7f9ba38b65ff027f57d35046bd9544c1ef7909b9f8ae5ca72bd0838be8abcc85b12e28fd2678549ec702a1503a297fe57a90be446620cb1f852cdb39";
+    const KAT_HELLO_AES: &str = "02010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf9e8f36e21f94b8125a6186364388908167a6148d63191dc6240709582a0642cde54287717d941455c54ae93ec696a5c96b867c164d07cfeb2f817a82aca04468";
 }

@@ -9,27 +9,38 @@
 //! - sleep until [`Endpoint::poll_timeout`], then call [`Endpoint::handle_timeout`].
 
 //!
-//! Session set-up: the client sends HELLO (sealed under a key derived from the pre-shared key) on
-//! every link until a HELLO-ACK comes back; both sides then derive one key per direction from the
-//! PSK and both random salts. The server keeps its previous session until the first packet
-//! authenticated under the new keys arrives, so a replayed HELLO cannot disturb a working
-//! session, and a restarted client simply gets a new one. A client that has heard nothing
-//! authenticated for [`Config::rehandshake_after`] starts a new handshake (how a restarted server
-//! is re-joined) while still sending under the old keys.
+//! Session set-up: the client sends HELLO (sealed under a key derived from the pre-shared key and
+//! the packet's own random salt) on every link until a HELLO-ACK comes back; both sides then
+//! derive one key per direction from the PSK and both random salts. The server keeps its previous
+//! session until the first packet authenticated under the new keys arrives, and a restarted
+//! client simply gets a new one. A client that has heard nothing authenticated for
+//! [`Config::rehandshake_after`] starts a new handshake (how a restarted server is re-joined)
+//! while still sending under the old keys.
+//!
+//! Replayed HELLOs: each HELLO carries the client's wall-clock timestamp, strictly increasing
+//! from one handshake to the next. The server remembers the newest it accepted and drops any
+//! HELLO that is not newer (unless it is the very HELLO of its pending or current session,
+//! repeated on another link, which gets the same answer again); only a newer HELLO displaces a
+//! pending session. A restarted server has forgotten the newest timestamp, so one replayed old
+//! HELLO may set up a pending session nobody can confirm, but the genuine client's next HELLO is
+//! newer and replaces it, and from then on the replay is stale. HELLO-ACKs for repeats are
+//! rate-limited ([`crate::ratelimit`]) and are smaller than the HELLO that asked for them.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::arq::{RingConfig, SentRing};
-use crate::crypto::{self, Aead, SessionKeys};
+use crate::crypto::{self, HandshakeKey, SessionKeys};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
+use crate::ratelimit::AckLimiter;
 use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
-use crate::replay::ReplayWindow;
+use crate::replay::{LinkCounters, LinkReplay};
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
-    Body, CipherId, Common, DataRepr, Header, HelloRepr, NackRepr, PacketType, ProbeAckRepr,
-    ProbeRepr, SeqRange, FLAG_RETRANSMIT, FLAG_UNORDERED, MAX_NACK_RANGES,
+    Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, NackRepr, PacketType,
+    ProbeAckRepr, ProbeRepr, SeqRange, FLAG_RETRANSMIT, FLAG_UNORDERED, MAX_NACK_RANGES,
+    PACKET_SALT_LEN,
 };
 use crate::LinkId;
 
@@ -73,6 +84,11 @@ pub struct Config {
     pub nack: bool,
     /// Bounds of the ring of sent packets kept for repair.
     pub ring: RingConfig,
+    /// The wall-clock time at the `now` given to [`Endpoint::new`]. Client: HELLO timestamps are
+    /// this plus the time since (so they keep increasing across restarts of the client, as long
+    /// as its clock does not go back). [`Config::new`] reads the system clock for it, the one
+    /// place the core looks at a clock: simulations and tests that run in virtual time set it.
+    pub wall_clock: SystemTime,
 }
 
 impl Config {
@@ -92,6 +108,7 @@ impl Config {
             repair: true,
             nack: false,
             ring: RingConfig::default(),
+            wall_clock: SystemTime::now(),
         }
     }
 }
@@ -288,18 +305,45 @@ struct Session {
     /// The id we put in packets for the peer.
     remote_id: u32,
     keys: SessionKeys,
-    send_counter: u64,
-    replay: ReplayWindow,
+    /// Per-link send counters (with the link id, the AEAD nonce).
+    send_counters: LinkCounters,
+    /// Per-link anti-replay windows.
+    replay: LinkReplay,
     /// Server: the client's HELLO that made this session (answered again if repeated).
     client_salt: [u8; 32],
+    hello_ts: u64,
     /// Server: our HELLO-ACK body, kept to answer repeated HELLOs identically.
-    ack: Option<HelloRepr>,
+    ack: Option<HelloAckRepr>,
+}
+
+impl Session {
+    fn new(local_id: u32, remote_id: u32, keys: SessionKeys, hello: &HelloRepr) -> Session {
+        Session {
+            local_id,
+            remote_id,
+            keys,
+            send_counters: LinkCounters::default(),
+            replay: LinkReplay::new(),
+            client_salt: hello.salt,
+            hello_ts: hello.timestamp,
+            ack: None,
+        }
+    }
+
+    /// Server: whether `hello` is the HELLO this session was made from (repeated by the client
+    /// on another link, or replayed).
+    fn made_by(&self, hello: &HelloRepr) -> bool {
+        self.remote_id == hello.session
+            && self.client_salt == hello.salt
+            && self.hello_ts == hello.timestamp
+    }
 }
 
 /// Client: a handshake in progress.
 struct Hello {
     local_id: u32,
     salt: [u8; 32],
+    timestamp: u64,
 }
 
 /// Smoothed byte-rate meter, updated once per tick.
@@ -350,7 +394,13 @@ pub struct Endpoint {
     cfg: Config,
     epoch: Instant,
     rng: Box<dyn rand_core::RngCore + Send>,
-    hs_key: Aead,
+    hs_key: HandshakeKey,
+    /// Server: the newest HELLO timestamp accepted (HELLOs not newer are stale).
+    newest_hello: Option<u64>,
+    /// Client: the timestamp of the last HELLO made (the next is at least one more).
+    last_hello_ts: u64,
+    /// Server: the budget of HELLO-ACKs answering repeated HELLOs.
+    ack_limiter: AckLimiter,
     sched: Box<dyn Scheduler>,
     links: Vec<Link>,
     session: Option<Session>,
@@ -407,10 +457,15 @@ impl Endpoint {
         sched.set_equalization(config.equalize_max, EQUALIZE_MIN_LEN + WIRE_OVERHEAD);
         let hs_key = crypto::handshake_key(&config.psk, config.cipher);
         let reorder = ReorderBuffer::new(config.reorder.clone());
+        let mut rng = rng;
+        let ack_limiter = AckLimiter::new((rng.next_u64(), rng.next_u64()));
         let mut ep = Endpoint {
             epoch: now,
             rng,
             hs_key,
+            newest_hello: None,
+            last_hello_ts: 0,
+            ack_limiter,
             sched,
             links: Vec::new(),
             session: None,
@@ -562,12 +617,32 @@ impl Endpoint {
         }
     }
 
+    /// The wall-clock time at `now`, in nanoseconds since the Unix epoch.
+    fn wall_ns(&self, now: Instant) -> u64 {
+        let wall = self.cfg.wall_clock + now.saturating_duration_since(self.epoch);
+        wall.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
+    }
+
     fn start_handshake(&mut self, now: Instant) {
         let local_id = self.random_id();
         let mut salt = [0u8; 32];
         self.rng.fill_bytes(&mut salt);
-        self.hello = Some(Hello { local_id, salt });
+        // Strictly newer than any HELLO this endpoint made before, even if the clock stalls.
+        let timestamp = self.wall_ns(now).max(self.last_hello_ts.saturating_add(1));
+        self.last_hello_ts = timestamp;
+        self.hello = Some(Hello {
+            local_id,
+            salt,
+            timestamp,
+        });
         self.next_hello = Some(now);
+    }
+
+    fn packet_salt(&mut self) -> [u8; PACKET_SALT_LEN] {
+        let mut s = [0u8; PACKET_SALT_LEN];
+        self.rng.fill_bytes(&mut s);
+        s
     }
 
     fn send_hellos(&mut self, now: Instant) {
@@ -578,6 +653,7 @@ impl Endpoint {
             session: hello.local_id,
             salt: hello.salt,
             cipher: self.cfg.cipher,
+            timestamp: hello.timestamp,
         };
         let ids: Vec<LinkId> = self.links.iter().map(|l| l.id).collect();
         for id in ids {
@@ -585,10 +661,11 @@ impl Endpoint {
                 ptype: PacketType::Hello,
                 link: id,
                 session: 0,
-                counter: self.rng.next_u64(),
+                counter: 0,
             };
+            let packet_salt = self.packet_salt();
             let mut out = self.take_buf();
-            crypto::seal_hello(&self.hs_key, &header, &repr, &mut out);
+            crypto::seal_hello(&self.hs_key, &header, &packet_salt, &repr, &mut out);
             self.transmits.push_back(Transmit {
                 link: id,
                 dst: None,
@@ -623,80 +700,86 @@ impl Endpoint {
             }
         }
         match header.ptype {
-            PacketType::Hello => self.handle_hello(&header, from, datagram),
+            PacketType::Hello => self.handle_hello(now, &header, from, datagram),
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
         }
     }
 
-    /// Opens and checks a HELLO or HELLO-ACK (sealed under the handshake key), counting why
-    /// it was dropped if it was.
-    fn open_hello(&mut self, header: &Header, datagram: &mut [u8]) -> Option<HelloRepr> {
-        let hello = match crypto::open(&self.hs_key, header, datagram) {
-            Ok(pt) => HelloRepr::parse(pt).ok(),
+    /// Opens a HELLO or HELLO-ACK (sealed under its own handshake key) and returns its
+    /// plaintext, counting why it was dropped if it was. A wrong length costs no cryptography.
+    fn open_handshake<'a>(&mut self, header: &Header, datagram: &'a mut [u8]) -> Option<&'a [u8]> {
+        match crypto::open_handshake(&self.hs_key, header, datagram) {
+            Ok(pt) => Some(pt),
             Err(crypto::CryptoError::Auth) => {
                 self.drops.auth += 1;
-                return None;
+                None
             }
-            Err(_) => None,
-        };
-        match hello {
-            Some(h) if h.cipher == self.cfg.cipher && h.session != 0 => Some(h),
-            _ => {
+            Err(crypto::CryptoError::Wire(_)) => {
                 self.drops.malformed += 1;
                 None
             }
         }
     }
 
-    fn handle_hello(&mut self, header: &Header, from: SocketAddr, datagram: &mut [u8]) {
+    /// Server: a HELLO. New (its timestamp newer than any accepted): a new pending session,
+    /// answered at once. The HELLO of the pending or current session again (the client repeats
+    /// it on every link; or a replay): the same answer, within the rate limits. Anything else is
+    /// stale (a replay of an older HELLO) and dropped.
+    fn handle_hello(
+        &mut self,
+        now: Instant,
+        header: &Header,
+        from: SocketAddr,
+        datagram: &mut [u8],
+    ) {
         if self.cfg.role != Role::Server || header.session != 0 {
             self.drops.malformed += 1;
             return;
         }
-        let Some(hello) = self.open_hello(header, datagram) else {
+        let Some(pt) = self.open_handshake(header, datagram) else {
             return;
         };
-        // A repeated HELLO (sent on every link, or retransmitted) gets the same answer.
-        let same = |s: &Session| s.remote_id == hello.session && s.client_salt == hello.salt;
-        let ack = match (&self.pending, &self.session) {
-            (Some(p), _) if same(p) => p.ack,
-            (_, Some(s)) if same(s) => s.ack,
+        let hello = match HelloRepr::parse(pt) {
+            Ok(h) if h.cipher == self.cfg.cipher && h.session != 0 => h,
+            _ => {
+                self.drops.malformed += 1;
+                return;
+            }
+        };
+        let repeat = match (&self.pending, &self.session) {
+            (Some(p), _) if p.made_by(&hello) => p.ack,
+            (_, Some(s)) if s.made_by(&hello) => s.ack,
             _ => None,
         };
-        let ack = match ack {
-            Some(a) => a,
-            None => {
-                let local_id = self.random_id();
-                let mut salt = [0u8; 32];
-                self.rng.fill_bytes(&mut salt);
-                let keys =
-                    crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &hello.salt, &salt, false);
-                let ack = HelloRepr {
-                    session: local_id,
-                    salt,
-                    cipher: self.cfg.cipher,
-                };
-                self.pending = Some(Session {
-                    local_id,
-                    remote_id: hello.session,
-                    keys,
-                    send_counter: 0,
-                    replay: ReplayWindow::new(),
-                    client_salt: hello.salt,
-                    ack: Some(ack),
-                });
+        let ack = match repeat {
+            Some(ack) => {
+                if !self.ack_limiter.allow(now, from) {
+                    return;
+                }
                 ack
+            }
+            None if self.newest_hello.is_some_and(|n| hello.timestamp <= n) => {
+                // A replayed HELLO (or one from a client whose clock went back).
+                self.drops.replay += 1;
+                return;
+            }
+            None => {
+                // Not rate-limited: an attacker cannot make newer HELLOs without the PSK, so
+                // these are at most one per HELLO the client ever sent.
+                self.newest_hello = Some(hello.timestamp);
+                self.new_pending(&hello)
             }
         };
         let reply = Header {
             ptype: PacketType::HelloAck,
             link: header.link,
             session: hello.session,
-            counter: self.rng.next_u64(),
+            counter: 0,
         };
+        let packet_salt = self.packet_salt();
         let mut out = self.take_buf();
-        crypto::seal_hello(&self.hs_key, &reply, &ack, &mut out);
+        crypto::seal_hello_ack(&self.hs_key, &reply, &packet_salt, &ack, &mut out);
         self.transmits.push_back(Transmit {
             link: header.link,
             dst: Some(from),
@@ -704,12 +787,33 @@ impl Endpoint {
         });
     }
 
+    /// Server: a pending session for a new HELLO (replacing any older pending one).
+    fn new_pending(&mut self, hello: &HelloRepr) -> HelloAckRepr {
+        let local_id = self.random_id();
+        let mut salt = [0u8; 32];
+        self.rng.fill_bytes(&mut salt);
+        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &hello.salt, &salt, false);
+        let ack = HelloAckRepr {
+            session: local_id,
+            salt,
+            cipher: self.cfg.cipher,
+        };
+        let mut pending = Session::new(local_id, hello.session, keys, hello);
+        pending.ack = Some(ack);
+        self.pending = Some(pending);
+        ack
+    }
+
     fn handle_hello_ack(&mut self, now: Instant, header: &Header, datagram: &mut [u8]) {
         if self.cfg.role != Role::Client {
             self.drops.malformed += 1;
             return;
         }
-        let Some((local_id, salt)) = self.hello.as_ref().map(|h| (h.local_id, h.salt)) else {
+        let Some((local_id, salt, timestamp)) = self
+            .hello
+            .as_ref()
+            .map(|h| (h.local_id, h.salt, h.timestamp))
+        else {
             // Late duplicate of an ack we already used.
             self.drops.unknown_session += 1;
             return;
@@ -718,19 +822,24 @@ impl Endpoint {
             self.drops.unknown_session += 1;
             return;
         }
-        let Some(ack) = self.open_hello(header, datagram) else {
+        let Some(pt) = self.open_handshake(header, datagram) else {
             return;
         };
-        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &salt, &ack.salt, true);
-        let session = Session {
-            local_id,
-            remote_id: ack.session,
-            keys,
-            send_counter: 0,
-            replay: ReplayWindow::new(),
-            client_salt: salt,
-            ack: None,
+        let ack = match HelloAckRepr::parse(pt) {
+            Ok(a) if a.cipher == self.cfg.cipher && a.session != 0 => a,
+            _ => {
+                self.drops.malformed += 1;
+                return;
+            }
         };
+        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &salt, &ack.salt, true);
+        let hello = HelloRepr {
+            session: local_id,
+            salt,
+            cipher: self.cfg.cipher,
+            timestamp,
+        };
+        let session = Session::new(local_id, ack.session, keys, &hello);
         self.hello = None;
         self.next_hello = None;
         self.install_session(now, session);
@@ -777,7 +886,7 @@ impl Endpoint {
         }) else {
             return;
         };
-        if !session.replay.check(header.counter) {
+        if !session.replay.check(header.link, header.counter) {
             self.drops.replay += 1;
             return;
         }
@@ -800,7 +909,7 @@ impl Endpoint {
                 return;
             }
         };
-        if !session.replay.update(header.counter) {
+        if !session.replay.update(header.link, header.counter) {
             self.drops.replay += 1;
             return;
         }
@@ -1151,9 +1260,8 @@ impl Endpoint {
             ptype,
             link: link.id,
             session: session.remote_id,
-            counter: session.send_counter,
+            counter: session.send_counters.next(link.id),
         };
-        session.send_counter += 1;
         let mut out = self
             .pool
             .pop()

@@ -14,25 +14,41 @@
 //! - [`decompress_stream`]: the inner header decompressor over a stream of encoded packets.
 //! - [`reassemble_stream`]: the fragment reassembler over arbitrary pieces, sequence numbers and
 //!   time steps.
+//! - [`learn_addresses`]: a server [`Endpoint`] learning its client's links from what arrives:
+//!   sealed packets on any of the 65 536 link ids from many source addresses (NAT rebinding),
+//!   garbage, tampered packets and replays from anywhere. A model says which link ids the server
+//!   must know and at which address; every datagram the server sends must go to the address the
+//!   model says for its link.
 //!
 //! The functions panic only on a broken invariant (a parser that accepts a non-canonical
 //! encoding, an endpoint that panics on input): that is what the fuzzer looks for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rand_core::SeedableRng;
 
-use crate::crypto::{self, Aead};
+use crate::crypto::{self, Aead, HandshakeKey};
 use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
 use crate::wire::{
-    Body, CipherId, Header, HelloRepr, Packet, PacketType, HEADER_LEN, MIN_DATAGRAM_LEN,
+    Body, CipherId, Header, HelloAckRepr, HelloRepr, Packet, PacketType, HEADER_LEN,
+    MIN_DATAGRAM_LEN,
 };
 use crate::LinkId;
 
 /// The harness's pre-shared key.
 pub const PSK: [u8; 32] = [0x5a; 32];
+
+/// The harness endpoints' wall clock at creation (fixed, so that runs are reproducible):
+/// 2020-09-13, in seconds since the Unix epoch.
+pub const WALL_CLOCK_SECS: u64 = 1_600_000_000;
+
+fn config(role: Role) -> Config {
+    let mut c = Config::new(role, PSK);
+    c.wall_clock = std::time::UNIX_EPOCH + Duration::from_secs(WALL_CLOCK_SECS);
+    c
+}
 
 /// Runs every parser over `data`. Panics if a parser accepts bytes that its `emit` does not
 /// reproduce exactly, or if opening with a fixed key misbehaves on a short datagram.
@@ -55,13 +71,23 @@ pub fn parse_any(data: &[u8]) {
             "header not canonical"
         );
         // Opening with a wrong key must be an error, never a panic, whatever the length.
-        let key = Aead::new(CipherId::ChaCha20Poly1305, &[0; 32]);
         let mut copy = data.to_vec();
-        let r = crypto::open(&key, &h, &mut copy);
-        if data.len() < MIN_DATAGRAM_LEN {
-            assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+        if h.ptype.is_handshake() {
+            let key = crypto::handshake_key(&[0; 32], CipherId::ChaCha20Poly1305);
+            let r = crypto::open_handshake(&key, &h, &mut copy);
+            if crate::wire::handshake_datagram_len(h.ptype) != Some(data.len()) || h.counter != 0 {
+                assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+            } else {
+                assert!(r.is_err(), "random bytes authenticated");
+            }
         } else {
-            assert!(r.is_err(), "random bytes authenticated");
+            let key = Aead::new(CipherId::ChaCha20Poly1305, &[0; 32]);
+            let r = crypto::open(&key, &h, &mut copy);
+            if data.len() < MIN_DATAGRAM_LEN {
+                assert!(matches!(r, Err(crypto::CryptoError::Wire(_))));
+            } else {
+                assert!(r.is_err(), "random bytes authenticated");
+            }
         }
     }
     // Each body parser over the whole input and over what follows a header, as after `open`.
@@ -71,6 +97,11 @@ pub fn parse_any(data: &[u8]) {
             let mut out = vec![0u8; hello.buffer_len()];
             hello.emit(&mut out);
             assert_eq!(out, bytes, "hello not canonical");
+        }
+        if let Ok(ack) = HelloAckRepr::parse(bytes) {
+            let mut out = vec![0u8; ack.buffer_len()];
+            ack.emit(&mut out);
+            assert_eq!(out, bytes, "hello-ack not canonical");
         }
         for t in 1..=6u8 {
             let Some(ptype) = PacketType::from_u8(t) else {
@@ -157,7 +188,7 @@ struct Harness {
     now: Instant,
     client: Endpoint,
     server: Endpoint,
-    hs_key: Aead,
+    hs_key: HandshakeKey,
     /// Client HELLO salts by client session id.
     hellos: HashMap<u32, [u8; 32]>,
     keys: Option<Observed>,
@@ -181,9 +212,9 @@ impl Harness {
     fn new() -> Harness {
         let now = Instant::now();
         let rng = |seed| Box::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-        let mut client = Endpoint::new(Config::new(Role::Client, PSK), now, rng(1))
+        let mut client = Endpoint::new(config(Role::Client), now, rng(1))
             .expect("default client config is valid");
-        let server = Endpoint::new(Config::new(Role::Server, PSK), now, rng(2))
+        let server = Endpoint::new(config(Role::Server), now, rng(2))
             .expect("default server config is valid");
         for id in 1..=2 {
             client
@@ -216,23 +247,25 @@ impl Harness {
             return;
         }
         let mut copy = datagram.to_vec();
-        let Ok(plain) = crypto::open(&self.hs_key, &header, &mut copy) else {
-            return;
-        };
-        let Ok(hello) = HelloRepr::parse(plain) else {
+        let Ok(plain) = crypto::open_handshake(&self.hs_key, &header, &mut copy) else {
             return;
         };
         match header.ptype {
             PacketType::Hello => {
-                self.hellos.insert(hello.session, hello.salt);
+                if let Ok(hello) = HelloRepr::parse(plain) {
+                    self.hellos.insert(hello.session, hello.salt);
+                }
             }
             _ => {
                 // HELLO-ACK: header.session is the client's id.
+                let Ok(ack) = HelloAckRepr::parse(plain) else {
+                    return;
+                };
                 if let Some(cs) = self.hellos.get(&header.session) {
-                    let (c2s, s2c) = crypto::session_key_bytes(&PSK, cs, &hello.salt);
+                    let (c2s, s2c) = crypto::session_key_bytes(&PSK, cs, &ack.salt);
                     self.keys = Some(Observed {
                         client_id: header.session,
-                        server_id: hello.session,
+                        server_id: ack.session,
                         c2s,
                         s2c,
                     });
@@ -325,12 +358,6 @@ impl Harness {
         } else {
             (&k.s2c, k.client_id)
         };
-        // Handshake types are sealed under the handshake key, everything else under the session.
-        let aead = if ptype.is_handshake() {
-            crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305)
-        } else {
-            Aead::new(CipherId::ChaCha20Poly1305, key)
-        };
         let header = Header {
             ptype,
             link,
@@ -348,7 +375,20 @@ impl Harness {
             },
         };
         let mut d = Vec::new();
-        crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        // Handshake types are sealed under a handshake key, everything else under the session.
+        if ptype.is_handshake() {
+            let packet_salt = [counter as u8; 32];
+            crypto::seal_handshake_plaintext(
+                &self.hs_key,
+                &header,
+                &packet_salt,
+                plaintext,
+                &mut d,
+            );
+        } else {
+            let aead = Aead::new(CipherId::ChaCha20Poly1305, key);
+            crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
+        }
         // A well-formed HELLO from the fuzzer starts a session the harness can then speak in.
         self.observe(&d);
         if to_server {
@@ -450,7 +490,257 @@ pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
     }
 }
 
-/// Seed inputs for both targets: valid and invalid, written to `fuzz/corpus/<target>/` by
+/// Operation codes of the [`learn_addresses`] input language (the op byte modulo 6).
+pub mod learn_op {
+    /// `link:u16 src:u8 jump:u8 kind:u8`: a fresh packet sealed with the session key on `link`
+    /// (counter `jump` above the link's next), from source `src` (see `learn_src`); `kind` even:
+    /// PROBE, odd: DATA.
+    pub const SEALED: u8 = 0;
+    /// `src:u8 len:u16 bytes`: raw bytes from `src`.
+    pub const RAW: u8 = 1;
+    /// `pick:u8 src:u8 xor:u8 pos:u8`: one of the last sealed datagrams again, from `src`, with
+    /// byte `pos` XORed with `xor` (0: unchanged).
+    pub const REPLAY: u8 = 2;
+    /// `n:u8`: advance time by `(n + 1) * 100` ms and run the server's timers.
+    pub const ADVANCE: u8 = 3;
+    /// `len:u8`: an IP packet into the tunnel at the server.
+    pub const SEND: u8 = 4;
+    /// `link:u16 src:u8 pos:u8`: a fresh sealed packet with one byte flipped (fails
+    /// authentication), from `src`.
+    pub const TAMPERED: u8 = 5;
+}
+
+/// Source address number `x`: 198.18.{x>>4 & 3}.{x & 15}, port 40000 + (x >> 6): 64 hosts,
+/// several ports each (a NAT rebinding changes either).
+pub fn learn_src(x: u8) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(198, 18, (x >> 4) & 3, x & 15)),
+        40_000 + u16::from(x >> 6),
+    )
+}
+
+/// What a [`learn_addresses`] run ended with.
+#[derive(Debug, Clone)]
+pub struct LearnReport {
+    /// Link ids the server knows, with their addresses (sorted by id).
+    pub links: Vec<(LinkId, SocketAddr)>,
+    /// Fresh sealed packets the server took (model), and link ids it has a window for.
+    pub accepted: usize,
+    pub windows: usize,
+    pub server: BundleStats,
+}
+
+/// Everything the server sends goes to its link's learned address.
+fn check_sent(server: &mut Endpoint, model: &HashMap<LinkId, (SocketAddr, Instant)>) {
+    while let Some(t) = server.poll_transmit() {
+        let want = model.get(&t.link).map(|(a, _)| *a);
+        assert_eq!(
+            t.dst, want,
+            "datagram on link {} to the wrong address",
+            t.link
+        );
+        server.recycle(t.payload);
+    }
+}
+
+/// Runs [`learn_addresses_report`]; panics on a broken invariant.
+pub fn learn_addresses(data: &[u8]) {
+    learn_addresses_report(data);
+}
+
+/// A server learning links and addresses under the program in `data` (see [`learn_op`]),
+/// checked against a model after every step:
+/// - it knows exactly the links the model knows, each at the source of the last *fresh,
+///   authenticated* packet on it (garbage, tampered packets and replays from any address change
+///   nothing);
+/// - a session keeps windows for at most [`crate::replay::MAX_LINKS`] link ids, so a packet on a
+///   further id is not taken;
+/// - a link silent for `forget_link_after` is forgotten;
+/// - every datagram the server sends goes to its link's learned address.
+pub fn learn_addresses_report(data: &[u8]) -> LearnReport {
+    use crate::replay::MAX_LINKS;
+    use crate::wire::{Common, DataRepr, ProbeRepr};
+
+    let mut now = Instant::now();
+    let cfg = config(Role::Server);
+    let forget = cfg.forget_link_after;
+    let mut server = Endpoint::new(
+        cfg,
+        now,
+        Box::new(rand_chacha::ChaCha8Rng::seed_from_u64(3)),
+    )
+    .expect("default server config is valid");
+    let hs = crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305);
+
+    // Handshake by hand, as a client holding the PSK: HELLO on link 0, open the HELLO-ACK.
+    let hello = HelloRepr {
+        session: 1,
+        salt: [1; 32],
+        cipher: CipherId::ChaCha20Poly1305,
+        timestamp: WALL_CLOCK_SECS * 1_000_000_000,
+    };
+    let hh = Header {
+        ptype: PacketType::Hello,
+        link: 0,
+        session: 0,
+        counter: 0,
+    };
+    let mut d = Vec::new();
+    crypto::seal_hello(&hs, &hh, &[9; 32], &hello, &mut d);
+    server.handle_datagram(now, None, learn_src(0), &mut d);
+    let mut ack = server.poll_transmit().expect("a HELLO is answered").payload;
+    let ah = Header::parse(&ack).expect("a HELLO-ACK header");
+    let ack = HelloAckRepr::parse(crypto::open_handshake(&hs, &ah, &mut ack).expect("opens"))
+        .expect("a HELLO-ACK body");
+    let keys = crypto::session_keys(
+        &PSK,
+        CipherId::ChaCha20Poly1305,
+        &hello.salt,
+        &ack.salt,
+        true,
+    );
+    let server_id = ack.session;
+
+    let mut model: HashMap<LinkId, (SocketAddr, Instant)> = HashMap::new();
+    let mut windows: HashSet<LinkId> = HashSet::new();
+    let mut next: HashMap<LinkId, u64> = HashMap::new();
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    let mut accepted = 0;
+    let mut seq = 0u64;
+
+    let seal = |link: LinkId, counter: u64, data: bool, seq: u64, out: &mut Vec<u8>| {
+        let common = Common {
+            link_seq: counter as u32,
+            ts: counter as u32,
+        };
+        let payload = [0x45u8; 40];
+        let body = if data {
+            Body::Data(DataRepr {
+                common,
+                seq,
+                flags: crate::wire::FLAG_UNORDERED,
+                payload: &payload,
+            })
+        } else {
+            Body::Probe(ProbeRepr {
+                common,
+                probe_id: counter as u32,
+                padding: 0,
+            })
+        };
+        let header = Header {
+            ptype: body.ptype(),
+            link,
+            session: server_id,
+            counter,
+        };
+        crypto::seal(&keys.send, &header, &body, out);
+    };
+
+    // The first packet under the new keys confirms the session (link 0, from source 0).
+    let mut program = vec![learn_op::SEALED, 0, 0, 0, 0, 0];
+    program.extend_from_slice(data);
+    let mut input = Input { data: &program };
+    let mut steps = 0;
+    while !input.is_empty() && steps < 512 {
+        steps += 1;
+        match input.u8() % 6 {
+            learn_op::SEALED => {
+                let link = input.u16();
+                let src = learn_src(input.u8());
+                let jump = u64::from(input.u8());
+                let is_data = input.u8() & 1 == 1;
+                let counter = next.get(&link).copied().unwrap_or(0) + jump;
+                next.insert(link, counter + 1);
+                let mut d = Vec::new();
+                seal(link, counter, is_data, seq, &mut d);
+                seq += 1;
+                sent.push(d.clone());
+                if sent.len() > 32 {
+                    sent.remove(0);
+                }
+                server.handle_datagram(now, None, src, &mut d);
+                if windows.contains(&link) || windows.len() < MAX_LINKS {
+                    windows.insert(link);
+                    model.insert(link, (src, now));
+                    accepted += 1;
+                }
+            }
+            learn_op::RAW => {
+                let src = learn_src(input.u8());
+                let mut d = input.bytes().to_vec();
+                server.handle_datagram(now, None, src, &mut d);
+            }
+            learn_op::REPLAY => {
+                let pick = input.u8() as usize;
+                let src = learn_src(input.u8());
+                let xor = input.u8();
+                let pos = input.u8() as usize;
+                if !sent.is_empty() {
+                    let mut d = sent[sent.len() - 1 - pick % sent.len()].clone();
+                    let i = pos % d.len();
+                    d[i] ^= xor;
+                    server.handle_datagram(now, None, src, &mut d);
+                }
+            }
+            learn_op::ADVANCE => {
+                now += Duration::from_millis((u64::from(input.u8()) + 1) * 100);
+                server.handle_timeout(now);
+                // Timers probe every link, then forget the silent ones: what was sent went to
+                // the addresses known before forgetting.
+                check_sent(&mut server, &model);
+                model.retain(|_, (_, t)| now.saturating_duration_since(*t) < forget);
+            }
+            learn_op::SEND => {
+                let n = usize::from(input.u8());
+                let mut p = vec![0u8; n.max(20)];
+                p[0] = 0x45;
+                server.send_packet(now, &p);
+            }
+            _ => {
+                let link = input.u16();
+                let src = learn_src(input.u8());
+                let pos = input.u8() as usize;
+                let counter = next.get(&link).copied().unwrap_or(0);
+                let mut d = Vec::new();
+                seal(link, counter, false, seq, &mut d);
+                let i = HEADER_LEN + pos % (d.len() - HEADER_LEN);
+                d[i] ^= 0x20;
+                server.handle_datagram(now, None, src, &mut d);
+            }
+        }
+        check_sent(&mut server, &model);
+        while let Some(p) = server.poll_deliver(now) {
+            server.recycle(p);
+        }
+        while server.poll_event().is_some() {}
+        let mut have: Vec<(LinkId, SocketAddr)> = server
+            .stats(now)
+            .links
+            .iter()
+            .map(|l| (l.id, l.addr.expect("a learned link has an address")))
+            .collect();
+        have.sort();
+        let mut want: Vec<(LinkId, SocketAddr)> =
+            model.iter().map(|(l, (a, _))| (*l, *a)).collect();
+        want.sort();
+        assert_eq!(have, want, "links learned");
+        assert!(have.len() <= MAX_LINKS);
+    }
+    let stats = server.stats(now);
+    LearnReport {
+        links: stats
+            .links
+            .iter()
+            .filter_map(|l| Some((l.id, l.addr?)))
+            .collect(),
+        accepted,
+        windows: windows.len(),
+        server: stats,
+    }
+}
+
+/// Seed inputs for every target: valid and invalid, written to `fuzz/corpus/<target>/` by
 /// `cargo test -p braid-core --test fuzz_corpus -- --ignored write_seed_corpus`.
 pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     use crate::wire::{Common, DataRepr, NackRepr, ProbeAckRepr, ProbeRepr, SeqRange};
@@ -547,6 +837,9 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         session: 9,
         salt: [3; 32],
         cipher: CipherId::ChaCha20Poly1305,
+        // Newer than the harness client's first HELLO (its clock starts at `WALL_CLOCK_SECS`),
+        // older than those it makes a second or more later.
+        timestamp: (WALL_CLOCK_SECS + 1) * 1_000_000_000,
     };
     let mut hb = vec![0u8; hello.buffer_len()];
     hello.emit(&mut hb);
@@ -556,11 +849,12 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         ptype: PacketType::Hello,
         link: 1,
         session: 0,
-        counter: 0x1234,
+        counter: 0,
     };
     crypto::seal_hello(
         &crypto::handshake_key(&PSK, CipherId::ChaCha20Poly1305),
         &hh,
+        &[0x77; 32],
         &hello,
         &mut hd,
     );
@@ -664,6 +958,49 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             255,
         ],
     ));
+
+    // learn: NAT rebinding (link 1 moves host, then port), replays from elsewhere, 100 link ids
+    // (more than a session keeps windows for), garbage, silence past forget_link_after.
+    use learn_op as l;
+    let sealed = |link: u16, src: u8, jump: u8, kind: u8| {
+        let [a, b] = link.to_be_bytes();
+        vec![l::SEALED, a, b, src, jump, kind]
+    };
+    let mut rebind = Vec::new();
+    for src in [1u8, 1, 0x22, 0x62, 0x62] {
+        rebind.extend(sealed(1, src, 0, 0));
+    }
+    rebind.extend([l::REPLAY, 0, 0x33, 0, 0, l::REPLAY, 2, 0x05, 0x80, 20]);
+    rebind.extend([l::SEND, 60, l::ADVANCE, 3]);
+    out.push(("learn", "nat-rebinding-and-replays".into(), rebind));
+    let mut many = Vec::new();
+    for i in 0..100u16 {
+        many.extend(sealed(i * 655, i as u8, (i % 3) as u8, (i % 2) as u8));
+    }
+    many.extend([l::SEND, 100, l::ADVANCE, 9]);
+    out.push(("learn", "many-link-ids".into(), many));
+    let mut junk = vec![l::RAW, 7, 0, 32];
+    junk.extend([2u8, 3, 0, 9, 0, 0, 0, 1]);
+    junk.extend([0u8; 24]);
+    junk.extend([l::TAMPERED, 0, 9, 7, 30]);
+    junk.extend(sealed(9, 8, 0, 1));
+    out.push(("learn", "garbage-and-tampered".into(), junk));
+    let mut silence = sealed(2, 3, 0, 0);
+    silence.extend([
+        l::ADVANCE,
+        255,
+        l::ADVANCE,
+        255,
+        l::ADVANCE,
+        255,
+        l::ADVANCE,
+        255,
+        l::ADVANCE,
+        255,
+    ]);
+    silence.extend(sealed(2, 4, 0, 1));
+    out.push(("learn", "forgotten-then-back".into(), silence));
+    out.push(("learn", "empty".into(), Vec::new()));
     out
 }
 

@@ -8,7 +8,8 @@
 //! - [`wire`]: every byte on the wire, as checked views and validated `Repr`s (see `docs/protocol.md`).
 //! - [`compress`]: inner TCP/IP header compression, robust to reordering and loss.
 //! - [`frag`]: inner packets cut to fit a link and put back together (Multilink PPP style).
-//! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the anti-replay window.
+//! - [`crypto`]: HKDF key schedule and AEAD sealing (ring), [`replay`]: the per-link anti-replay
+//!   windows and nonce counters, [`ratelimit`]: the server's HELLO-ACK budget.
 //! - [`health`]: per-link RTT (RFC 6298), loss, delivery rate, UP/DEGRADED/DOWN with hysteresis.
 //! - [`inner`]: what the endpoint reads of the IP packets it carries (TCP ACK or not).
 //! - [`pmtu`]: path MTU discovery per link (RFC 8899 probing; ICMP lowers, never raises).
@@ -36,6 +37,7 @@ pub mod health;
 pub mod inner;
 pub mod netem;
 pub mod pmtu;
+pub mod ratelimit;
 pub mod reorder;
 pub mod replay;
 pub mod routes;

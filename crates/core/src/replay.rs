@@ -5,9 +5,12 @@
 //! O(1) in the common case and bounded by `BLOCKS` word writes in the worst. Memory is fixed:
 //! `BLOCKS * 8` bytes per receive direction.
 //!
-//! The window is wide because braid stripes one counter sequence over links of different delay:
-//! a packet on a slow link arrives after many later-numbered packets on a fast one. At 1 Gbit/s
-//! of 1400-byte packets (~90 000 packets/s), 32 704 packets is ~360 ms of delay spread.
+//! Each link of a session has its own counter and its own window ([`LinkReplay`]): a link's
+//! packets arrive in about the order they were sent, whatever the other links do, so a slow link
+//! is never judged against a fast one's counters. (Protocol v1 had one counter striped over all
+//! links and one window: a link more than the window behind the fastest, ~360 ms at 1 Gbit/s,
+//! had everything dropped as replays.) The window stays wide, 32 704 packets, for reordering
+//! inside one link (a bonded or multipath uplink, a Wi-Fi retry burst).
 
 /// Words in the ring (a power of two).
 const BLOCKS: usize = 512;
@@ -102,6 +105,84 @@ impl ReplayWindow {
     }
 }
 
+use crate::LinkId;
+
+/// Most link ids one session keeps a window for; packets on a further link id are dropped as
+/// replays (a client has far fewer uplinks than this; the bound keeps a session's memory at
+/// `MAX_LINKS * 4 KiB` whatever an authenticated peer sends).
+pub const MAX_LINKS: usize = 64;
+
+/// One anti-replay window per link id (created on a link's first authenticated packet), at most
+/// [`MAX_LINKS`] of them.
+#[derive(Debug, Clone, Default)]
+pub struct LinkReplay {
+    windows: Vec<(LinkId, ReplayWindow)>,
+}
+
+impl LinkReplay {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn window(&self, link: LinkId) -> Option<&ReplayWindow> {
+        self.windows
+            .iter()
+            .find(|(l, _)| *l == link)
+            .map(|(_, w)| w)
+    }
+
+    /// Cheap pre-check before decrypting: would `counter` on `link` be accepted?
+    pub fn check(&self, link: LinkId, counter: u64) -> bool {
+        match self.window(link) {
+            Some(w) => w.check(counter),
+            None => self.windows.len() < MAX_LINKS,
+        }
+    }
+
+    /// Marks `counter` as seen on `link` (after authentication). False if it was a replay, too
+    /// old, or the link would be one more than [`MAX_LINKS`].
+    pub fn update(&mut self, link: LinkId, counter: u64) -> bool {
+        if let Some((_, w)) = self.windows.iter_mut().find(|(l, _)| *l == link) {
+            return w.update(counter);
+        }
+        if self.windows.len() >= MAX_LINKS {
+            return false;
+        }
+        let mut w = ReplayWindow::new();
+        w.update(counter);
+        self.windows.push((link, w));
+        true
+    }
+
+    /// Links with a window.
+    pub fn links(&self) -> usize {
+        self.windows.len()
+    }
+}
+
+/// A sender's per-link packet counters for one session: `(link, counter)` is the AEAD nonce, so
+/// a link removed and added again within the session continues where it stopped.
+#[derive(Debug, Clone, Default)]
+pub struct LinkCounters {
+    next: Vec<(LinkId, u64)>,
+}
+
+impl LinkCounters {
+    /// The counter for the next packet sealed on `link` (0 for a link's first).
+    pub fn next(&mut self, link: LinkId) -> u64 {
+        let i = match self.next.iter().position(|(l, _)| *l == link) {
+            Some(i) => i,
+            None => {
+                self.next.push((link, 0));
+                self.next.len() - 1
+            }
+        };
+        let c = self.next[i].1;
+        self.next[i].1 += 1;
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +267,52 @@ mod tests {
             doc.contains(&format!("= {WINDOW}`")),
             "docs/protocol.md: window"
         );
+    }
+
+    /// A link far behind the others (a satellite hop next to fibre) is judged on its own
+    /// counters: with one shared window its packets would all be "too old".
+    #[test]
+    fn a_link_far_behind_keeps_its_packets() {
+        let mut r = LinkReplay::new();
+        let mut fast = LinkCounters::default();
+        let mut slow = LinkCounters::default();
+        // The slow link sends its first packets, the fast one 10 windows' worth...
+        let slow_sent: Vec<u64> = (0..100).map(|_| slow.next(2)).collect();
+        for _ in 0..10 * WINDOW {
+            let c = fast.next(1);
+            assert!(r.check(1, c) && r.update(1, c));
+        }
+        // ...and only then do the slow link's packets arrive: every one accepted, once.
+        for &c in &slow_sent {
+            assert!(r.check(2, c), "{c}");
+            assert!(r.update(2, c));
+            assert!(!r.update(2, c));
+        }
+        assert!(!r.check(1, 0), "old fast-link counters are still replays");
+        assert_eq!(r.links(), 2);
+    }
+
+    #[test]
+    fn link_windows_are_bounded() {
+        let mut r = LinkReplay::new();
+        for l in 0..MAX_LINKS as LinkId {
+            assert!(r.update(l, 0));
+        }
+        assert!(!r.check(MAX_LINKS as LinkId, 0));
+        assert!(!r.update(MAX_LINKS as LinkId, 0));
+        assert_eq!(r.links(), MAX_LINKS);
+        // Known links still work.
+        assert!(r.update(3, 1));
+    }
+
+    #[test]
+    fn counters_are_per_link() {
+        let mut c = LinkCounters::default();
+        assert_eq!(c.next(1), 0);
+        assert_eq!(c.next(1), 1);
+        assert_eq!(c.next(7), 0);
+        assert_eq!(c.next(1), 2);
+        assert_eq!(c.next(7), 1);
     }
 
     #[test]

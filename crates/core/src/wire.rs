@@ -13,11 +13,14 @@
 //!  | ver  | type |  link id    | receiver session id      | counter (AEAD nonce)          |
 //!  +------+------+-------------+--------------------------+-------------------------------+
 //! ```
-//! then the sealed body: ciphertext || 16-byte tag. All integers big-endian.
+//! then the sealed body: ciphertext || 16-byte tag. All integers big-endian. HELLO and HELLO-ACK
+//! put a 32-byte random packet salt in clear between the header and the sealed body (it selects
+//! the packet's handshake key, `crypto`), and their whole length is fixed.
 //!
 //! Plaintext bodies (after `crypto::open`):
 //! ```text
-//! HELLO / HELLO-ACK (40): sender session id (4) | salt (32) | cipher (1) | reserved, zero (3)
+//! HELLO-ACK       (40): sender session id (4) | salt (32) | cipher (1) | reserved, zero (3)
+//! HELLO           (48): the same 40 bytes | timestamp (8, ns since the Unix epoch)
 //! common prefix      (8): link seq (4) | ts (4)
 //! DATA         (17 + n): common | seq (8) | flags (1) | payload (n >= 0)
 //! PROBE        (12 + n): common | probe id (4) | n zero bytes of padding (n <= 65535)
@@ -33,7 +36,7 @@
 
 use crate::LinkId;
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 16;
 pub const TAG_LEN: usize = 16;
 /// Sealed-body prefix common to DATA, PROBE, PROBE-ACK and CLOSE: link seq (4) + timestamp (4).
@@ -43,7 +46,19 @@ pub const DATA_HEADER_LEN: usize = COMMON_LEN + 8 + 1;
 /// Bytes braid adds around one tunnelled IP packet (outer header + DATA header + tag),
 /// not counting the outer IP and UDP headers.
 pub const DATA_OVERHEAD: usize = HEADER_LEN + DATA_HEADER_LEN + TAG_LEN;
-pub const HELLO_LEN: usize = 40;
+/// HELLO body: the HELLO-ACK's fields and an 8-byte timestamp.
+pub const HELLO_LEN: usize = 48;
+/// HELLO-ACK body.
+pub const HELLO_ACK_LEN: usize = 40;
+/// The random value in clear after the header of HELLO and HELLO-ACK, from which the packet's
+/// own handshake key is derived (see `crypto`).
+pub const PACKET_SALT_LEN: usize = 32;
+/// A whole HELLO datagram: header, packet salt, sealed body, tag.
+pub const HELLO_DATAGRAM_LEN: usize = HEADER_LEN + PACKET_SALT_LEN + HELLO_LEN + TAG_LEN;
+/// A whole HELLO-ACK datagram. Smaller than a HELLO, so a HELLO-ACK sent to a forged source
+/// address never amplifies the forger's traffic.
+pub const HELLO_ACK_DATAGRAM_LEN: usize = HEADER_LEN + PACKET_SALT_LEN + HELLO_ACK_LEN + TAG_LEN;
+const _: () = assert!(HELLO_ACK_DATAGRAM_LEN < HELLO_DATAGRAM_LEN);
 pub const PROBE_LEN: usize = COMMON_LEN + 4;
 pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
 /// Bytes of one NACK range: first missing bundle seq (8) + count (2).
@@ -131,6 +146,7 @@ mod field {
     pub const HELLO_SALT: Field = 4..36;
     pub const HELLO_CIPHER: usize = 36;
     pub const HELLO_RESERVED: Field = 37..40;
+    pub const HELLO_TIMESTAMP: Field = 40..48;
 
     // Common prefix of session bodies.
     pub const LINK_SEQ: Field = 0..4;
@@ -273,7 +289,8 @@ pub struct Header {
     pub link: LinkId,
     /// The session id chosen by the receiver of this packet (0 in HELLO).
     pub session: u32,
-    /// Per-direction packet counter; the AEAD nonce. Random for HELLO/HELLO-ACK.
+    /// Per-link, per-direction packet counter; with the link id, the AEAD nonce. 0 in HELLO and
+    /// HELLO-ACK (each of those is sealed under a key of its own).
     pub counter: u64,
 }
 
@@ -358,26 +375,35 @@ impl CipherId {
     }
 }
 
-/// A view of a HELLO or HELLO-ACK plaintext body.
+/// A view of a HELLO or HELLO-ACK plaintext body. The two share their first 40 bytes; a HELLO
+/// adds the client's timestamp.
 #[derive(Debug, Clone)]
 pub struct HelloPacket<T: AsRef<[u8]>> {
+    ptype: PacketType,
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> HelloPacket<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        HelloPacket { buffer }
+    /// `ptype` is HELLO or HELLO-ACK (anything else fails `check_len`).
+    pub fn new_unchecked(ptype: PacketType, buffer: T) -> Self {
+        HelloPacket { ptype, buffer }
     }
-    /// Fails unless the body is exactly [`HELLO_LEN`] bytes.
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let p = Self::new_unchecked(buffer);
+    /// Fails unless the body is exactly [`HELLO_LEN`] (HELLO) or [`HELLO_ACK_LEN`] (HELLO-ACK)
+    /// bytes.
+    pub fn new_checked(ptype: PacketType, buffer: T) -> Result<Self, WireError> {
+        let p = Self::new_unchecked(ptype, buffer);
         p.check_len()?;
         Ok(p)
     }
     pub fn check_len(&self) -> Result<(), WireError> {
+        let want = match self.ptype {
+            PacketType::Hello => HELLO_LEN,
+            PacketType::HelloAck => HELLO_ACK_LEN,
+            _ => return Err(WireError::Malformed),
+        };
         match self.buffer.as_ref().len() {
-            n if n < HELLO_LEN => Err(WireError::Truncated),
-            HELLO_LEN => Ok(()),
+            n if n < want => Err(WireError::Truncated),
+            n if n == want => Ok(()),
             _ => Err(WireError::Malformed),
         }
     }
@@ -392,6 +418,10 @@ impl<T: AsRef<[u8]>> HelloPacket<T> {
     }
     pub fn reserved(&self) -> &[u8] {
         &self.buffer.as_ref()[field::HELLO_RESERVED]
+    }
+    /// HELLO only (a HELLO-ACK has no timestamp): panics on a HELLO-ACK view.
+    pub fn timestamp(&self) -> u64 {
+        get_u64(self.buffer.as_ref(), field::HELLO_TIMESTAMP)
     }
 }
 
@@ -408,28 +438,43 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> HelloPacket<T> {
     pub fn clear_reserved(&mut self) {
         self.buffer.as_mut()[field::HELLO_RESERVED].fill(0)
     }
+    pub fn set_timestamp(&mut self, v: u64) {
+        put_u64(self.buffer.as_mut(), field::HELLO_TIMESTAMP, v)
+    }
 }
 
-/// HELLO and HELLO-ACK body (40 bytes): the sender's session id, its random salt, its cipher.
+/// The fields HELLO and HELLO-ACK share, checked: a known cipher, reserved bytes zero.
+fn parse_hello_common<T: AsRef<[u8]>>(
+    p: &HelloPacket<T>,
+) -> Result<(u32, [u8; 32], CipherId), WireError> {
+    if p.reserved().iter().any(|&b| b != 0) {
+        return Err(WireError::Malformed);
+    }
+    let cipher = CipherId::from_u8(p.cipher()).ok_or(WireError::Malformed)?;
+    Ok((p.session(), p.salt(), cipher))
+}
+
+/// HELLO body (48 bytes): the client's session id, its random salt, its cipher, and its
+/// timestamp (nanoseconds since the Unix epoch, strictly increasing from one handshake to the
+/// next: the server drops a HELLO not newer than the newest it accepted, docs/protocol.md §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelloRepr {
     pub session: u32,
     pub salt: [u8; 32],
     pub cipher: CipherId,
+    pub timestamp: u64,
 }
 
 impl HelloRepr {
-    /// Parses a HELLO / HELLO-ACK plaintext: exactly 40 bytes, a known cipher, reserved bytes zero.
+    /// Parses a HELLO plaintext: exactly 48 bytes, a known cipher, reserved bytes zero.
     pub fn parse(body: &[u8]) -> Result<HelloRepr, WireError> {
-        let p = HelloPacket::new_checked(body)?;
-        if p.reserved().iter().any(|&b| b != 0) {
-            return Err(WireError::Malformed);
-        }
-        let cipher = CipherId::from_u8(p.cipher()).ok_or(WireError::Malformed)?;
+        let p = HelloPacket::new_checked(PacketType::Hello, body)?;
+        let (session, salt, cipher) = parse_hello_common(&p)?;
         Ok(HelloRepr {
-            session: p.session(),
-            salt: p.salt(),
+            session,
+            salt,
             cipher,
+            timestamp: p.timestamp(),
         })
     }
 
@@ -437,13 +482,58 @@ impl HelloRepr {
         HELLO_LEN
     }
 
-    /// Writes the 40 body bytes at the start of `buf`.
+    /// Writes the 48 body bytes at the start of `buf`.
     pub fn emit(&self, buf: &mut [u8]) {
-        let mut p = HelloPacket::new_unchecked(&mut buf[..HELLO_LEN]);
+        let mut p = HelloPacket::new_unchecked(PacketType::Hello, &mut buf[..HELLO_LEN]);
         p.set_session(self.session);
         p.set_salt(&self.salt);
         p.set_cipher(self.cipher as u8);
         p.clear_reserved();
+        p.set_timestamp(self.timestamp);
+    }
+}
+
+/// HELLO-ACK body (40 bytes): the server's session id, its random salt, its cipher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloAckRepr {
+    pub session: u32,
+    pub salt: [u8; 32],
+    pub cipher: CipherId,
+}
+
+impl HelloAckRepr {
+    /// Parses a HELLO-ACK plaintext: exactly 40 bytes, a known cipher, reserved bytes zero.
+    pub fn parse(body: &[u8]) -> Result<HelloAckRepr, WireError> {
+        let p = HelloPacket::new_checked(PacketType::HelloAck, body)?;
+        let (session, salt, cipher) = parse_hello_common(&p)?;
+        Ok(HelloAckRepr {
+            session,
+            salt,
+            cipher,
+        })
+    }
+
+    pub const fn buffer_len(&self) -> usize {
+        HELLO_ACK_LEN
+    }
+
+    /// Writes the 40 body bytes at the start of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) {
+        let mut p = HelloPacket::new_unchecked(PacketType::HelloAck, &mut buf[..HELLO_ACK_LEN]);
+        p.set_session(self.session);
+        p.set_salt(&self.salt);
+        p.set_cipher(self.cipher as u8);
+        p.clear_reserved();
+    }
+}
+
+/// The exact datagram length of a handshake packet of type `ptype` (header, packet salt, sealed
+/// body, tag); `None` for session packet types. Checked before any cryptographic work.
+pub const fn handshake_datagram_len(ptype: PacketType) -> Option<usize> {
+    match ptype {
+        PacketType::Hello => Some(HELLO_DATAGRAM_LEN),
+        PacketType::HelloAck => Some(HELLO_ACK_DATAGRAM_LEN),
+        _ => None,
     }
 }
 
@@ -814,7 +904,10 @@ mod tests {
         assert_eq!(PROBE_LEN, 12);
         assert_eq!(PROBE_ACK_LEN, 44);
         assert_eq!(field::ACK_OWD_OFFSET_US.end, PROBE_ACK_LEN);
-        assert_eq!(field::HELLO_RESERVED.end, HELLO_LEN);
+        assert_eq!(field::HELLO_RESERVED.end, HELLO_ACK_LEN);
+        assert_eq!(field::HELLO_TIMESTAMP.end, HELLO_LEN);
+        assert_eq!(HELLO_DATAGRAM_LEN, 112);
+        assert_eq!(HELLO_ACK_DATAGRAM_LEN, 104);
     }
 
     #[test]
@@ -827,7 +920,7 @@ mod tests {
         };
         assert_eq!(
             h.to_bytes(),
-            [1, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            [2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
         );
         assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
     }
@@ -843,9 +936,12 @@ mod tests {
         .to_bytes();
         assert_eq!(Header::parse(&b[..15]), Err(WireError::Truncated));
         assert_eq!(Header::parse(&[]), Err(WireError::Truncated));
-        b[0] = 2;
-        assert_eq!(Header::parse(&b), Err(WireError::Version(2)));
-        b[0] = 1;
+        // Version 1 (before per-link nonces and timestamped HELLOs) is not spoken any more.
+        for v in [0u8, 1, 3, 255] {
+            b[0] = v;
+            assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
+        }
+        b[0] = VERSION;
         for t in [0u8, 8, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
@@ -858,14 +954,17 @@ mod tests {
             session: 0xdead_beef,
             salt: [7; 32],
             cipher: CipherId::Aes256Gcm,
+            timestamp: 0x0102_0304_0506_0708,
         };
         let mut b = [0xffu8; HELLO_LEN];
         h.emit(&mut b);
         assert_eq!(&b[..4], &[0xde, 0xad, 0xbe, 0xef]);
         assert_eq!(&b[4..36], &[7; 32]);
-        assert_eq!(&b[36..], &[2, 0, 0, 0]);
+        assert_eq!(&b[36..40], &[2, 0, 0, 0]);
+        assert_eq!(&b[40..], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(HelloRepr::parse(&b), Ok(h));
-        assert_eq!(HelloRepr::parse(&b[..39]), Err(WireError::Truncated));
+        assert_eq!(HelloRepr::parse(&b[..47]), Err(WireError::Truncated));
+        assert_eq!(HelloRepr::parse(&b[..40]), Err(WireError::Truncated));
         let mut long = b.to_vec();
         long.push(0);
         assert_eq!(HelloRepr::parse(&long), Err(WireError::Malformed));
@@ -875,6 +974,21 @@ mod tests {
         let mut bad = b;
         bad[39] = 1;
         assert_eq!(HelloRepr::parse(&bad), Err(WireError::Malformed));
+
+        let a = HelloAckRepr {
+            session: 0xdead_beef,
+            salt: [7; 32],
+            cipher: CipherId::Aes256Gcm,
+        };
+        let mut c = [0xffu8; HELLO_ACK_LEN];
+        a.emit(&mut c);
+        assert_eq!(&c[..], &b[..40]);
+        assert_eq!(HelloAckRepr::parse(&c), Ok(a));
+        assert_eq!(HelloAckRepr::parse(&b), Err(WireError::Malformed));
+        assert_eq!(HelloRepr::parse(&c), Err(WireError::Truncated));
+        assert_eq!(handshake_datagram_len(PacketType::Hello), Some(112));
+        assert_eq!(handshake_datagram_len(PacketType::HelloAck), Some(104));
+        assert_eq!(handshake_datagram_len(PacketType::Data), None);
     }
 
     #[test]
@@ -1111,12 +1225,16 @@ mod tests {
         }
 
         #[test]
-        fn hello_round_trip(session: u32, salt: [u8; 32], aes: bool) {
+        fn hello_round_trip(session: u32, salt: [u8; 32], aes: bool, timestamp: u64) {
             let cipher = if aes { CipherId::Aes256Gcm } else { CipherId::ChaCha20Poly1305 };
-            let h = HelloRepr { session, salt, cipher };
+            let h = HelloRepr { session, salt, cipher, timestamp };
             let mut b = [0x55u8; HELLO_LEN];
             h.emit(&mut b);
             prop_assert_eq!(HelloRepr::parse(&b), Ok(h));
+            let a = HelloAckRepr { session, salt, cipher };
+            let mut b = [0x55u8; HELLO_ACK_LEN];
+            a.emit(&mut b);
+            prop_assert_eq!(HelloAckRepr::parse(&b), Ok(a));
         }
 
         #[test]
@@ -1140,6 +1258,7 @@ mod tests {
                 prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
             }
             let _ = HelloRepr::parse(&bytes);
+            let _ = HelloAckRepr::parse(&bytes);
             for t in 1..=7u8 {
                 let t = PacketType::from_u8(t).unwrap();
                 if let Ok(body) = Body::parse(t, &bytes) {

@@ -32,6 +32,15 @@ struct Pair {
     delivered_to_client: Vec<Vec<u8>>,
     /// Links whose datagrams are dropped (both ways).
     dark: Vec<u16>,
+    /// An attacker's datagram, replayed to the server after every datagram the client sends
+    /// (from [`attacker_addr`]): a replay at the full rate of the genuine traffic.
+    replay: Option<Vec<u8>>,
+    /// Datagrams the server sent to the attacker.
+    to_attacker: Vec<Vec<u8>>,
+}
+
+fn attacker_addr() -> SocketAddr {
+    "198.18.99.9:666".parse().unwrap()
 }
 
 fn endpoint(role: Role, key: [u8; 32], seed: u64, now: Instant) -> Endpoint {
@@ -77,6 +86,8 @@ impl Pair {
             delivered_to_server: Vec::new(),
             delivered_to_client: Vec::new(),
             dark: Vec::new(),
+            replay: None,
+            to_attacker: Vec::new(),
         }
     }
 
@@ -95,9 +106,18 @@ impl Pair {
                         &mut t.payload,
                     );
                 }
+                if let Some(r) = &self.replay {
+                    let mut d = r.clone();
+                    self.server
+                        .handle_datagram(self.now, None, attacker_addr(), &mut d);
+                }
             }
             while let Some(mut t) = self.server.poll_transmit() {
                 moved = true;
+                if t.dst == Some(attacker_addr()) {
+                    self.to_attacker.push(t.payload);
+                    continue;
+                }
                 let link = (1..=8)
                     .find(|&l| Some(client_addr(l)) == t.dst)
                     .expect("server replies to a client address");
@@ -329,6 +349,127 @@ fn replayed_hello_does_not_disturb_the_session() {
     p.client.send_packet(p.now, &ip_packet(9));
     p.exchange();
     assert_eq!(p.delivered_to_server.last().map(|b| b[20]), Some(9));
+}
+
+/// Issue 13, item 1: a HELLO captured once and replayed without pause (after every genuine
+/// datagram) while the server restarts. Before timestamps, each replay replaced the pending
+/// session the client's HELLO had just set up, so the client's confirmation never matched and
+/// the tunnel never re-formed. Now the restarted server accepts the replay at most once; the
+/// client's next HELLO is newer, wins, and the replay is stale from then on.
+#[test]
+fn replayed_hello_during_server_restart_does_not_lock_the_client_out() {
+    let mut p = Pair::new(2);
+    p.client.handle_timeout(p.now);
+    let captured = p.client.poll_transmit().expect("hello").payload;
+    let hello_len = captured.len();
+    p.run_for(Duration::from_secs(1));
+    assert!(p.server.is_connected());
+    let old = p.client.stats(p.now).session;
+
+    p.replay = Some(captured);
+    p.run_for(Duration::from_millis(500));
+    p.server = endpoint(Role::Server, KEY, 77, p.now);
+    let restart = p.now;
+    // Within the client's silence timeout (2 s) plus a few HELLO intervals.
+    let mut up = None;
+    while p.now < restart + Duration::from_secs(4) {
+        p.run_for(Duration::from_millis(50));
+        let s = p.client.stats(p.now).session;
+        if p.server.is_connected()
+            && s.is_some()
+            && s != old
+            && p.server.stats(p.now).session.is_some()
+        {
+            up = Some(p.now - restart);
+            break;
+        }
+    }
+    let took = up.unwrap_or_else(|| {
+        panic!(
+            "no new session in 4 s under replay: server {:?}",
+            p.server.stats(p.now).drops
+        )
+    });
+    eprintln!("re-formed {took:?} after the restart");
+    assert!(
+        took < Duration::from_millis(2800),
+        "re-formed after {took:?}"
+    );
+    p.delivered_to_server.clear();
+    p.client.send_packet(p.now, &ip_packet(5));
+    p.exchange();
+    assert_eq!(p.delivered_to_server.last().map(|b| b[20]), Some(5));
+    // The replay goes on and stays stale; the session holds.
+    let session = p.server.stats(p.now).session;
+    p.run_for(Duration::from_secs(2));
+    assert_eq!(p.server.stats(p.now).session, session);
+    assert!(p.server.stats(p.now).drops.replay > 20);
+    // What the attacker got back: few answers, each smaller than the HELLO that caused it.
+    assert!(
+        p.to_attacker.len() <= 1 + 16 + 16 * 3,
+        "{} HELLO-ACKs to the replayer",
+        p.to_attacker.len()
+    );
+    assert!(p.to_attacker.iter().all(|d| d.len() < hello_len));
+}
+
+/// HELLOs with a wrong length never reach the cryptography: a HELLO cut short or padded is
+/// dropped as malformed, not as a failed authentication.
+#[test]
+fn hello_of_wrong_length_is_dropped_before_decryption() {
+    let mut p = Pair::new(1);
+    p.client.handle_timeout(p.now);
+    let hello = p.client.poll_transmit().expect("hello").payload;
+    let mut longer = hello.clone();
+    longer.extend_from_slice(&[0; 100]);
+    for mut d in [hello[..hello.len() - 1].to_vec(), longer] {
+        p.server
+            .handle_datagram(p.now, None, attacker_addr(), &mut d);
+    }
+    let drops = p.server.stats(p.now).drops;
+    assert_eq!((drops.malformed, drops.auth), (2, 0), "{drops:?}");
+    assert!(p.server.poll_transmit().is_none());
+}
+
+/// Issue 13, item 8: a link far behind the others (here its datagrams are held back while
+/// 40 000 packets cross on the other link) keeps every packet. With one counter and one window
+/// for all links, everything it carried was "too old" and dropped as a replay.
+#[test]
+fn a_link_far_behind_the_others_is_not_dropped_as_replays() {
+    let mut cfg = Config::new(Role::Client, KEY);
+    cfg.scheduler = "redundant".into();
+    let mut p = Pair::with_config(2, cfg, KEY);
+    p.run_for(Duration::from_secs(1));
+    let rx2 = |p: &Pair| {
+        p.server
+            .stats(p.now)
+            .links
+            .iter()
+            .find(|l| l.id == 2)
+            .map_or(0, |l| l.rx_packets)
+    };
+    let before = rx2(&p);
+    let mut held = Vec::new();
+    const N: usize = 40_000;
+    for i in 0..N {
+        p.client.send_packet(p.now, &ip_packet(i as u8));
+        while let Some(mut t) = p.client.poll_transmit() {
+            if t.link == 2 {
+                held.push(t.payload);
+            } else {
+                p.server
+                    .handle_datagram(p.now, None, client_addr(1), &mut t.payload);
+            }
+        }
+    }
+    assert_eq!(held.len(), N);
+    for mut d in held {
+        p.server
+            .handle_datagram(p.now, None, client_addr(2), &mut d);
+    }
+    let drops = p.server.stats(p.now).drops;
+    assert_eq!(drops.replay, 0, "{drops:?}");
+    assert_eq!(rx2(&p) - before, N as u64);
 }
 
 #[test]

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use braid_core::fuzzing::{
-    decompress_seeds, decompress_stream, parse_any, reassemble_seeds, reassemble_stream,
-    receive_path, receive_path_report, seed_corpus,
+    decompress_seeds, decompress_stream, learn_addresses, learn_addresses_report, learn_src,
+    parse_any, reassemble_seeds, reassemble_stream, receive_path, receive_path_report, seed_corpus,
 };
 use proptest::prelude::*;
 
@@ -52,6 +52,47 @@ fn receive_corpus() {
         eprintln!("receive {}", path.display());
         receive_path(&data);
     }
+}
+
+#[test]
+fn learn_corpus() {
+    for (path, data) in corpus("learn") {
+        eprintln!("learn {}", path.display());
+        learn_addresses(&data);
+    }
+}
+
+/// The address-learning harness reaches what it claims: a link that moves is followed, replays
+/// from elsewhere do not move it, and 100 link ids end at the session's bound of windows.
+#[test]
+fn learn_harness_reaches_the_endpoint() {
+    let seeds = seed_corpus();
+    let seed = |name: &str| {
+        seeds
+            .iter()
+            .find(|(t, n, _)| *t == "learn" && n == name)
+            .map(|(_, _, b)| b.clone())
+            .unwrap_or_else(|| panic!("no seed {name}"))
+    };
+    let r = learn_addresses_report(&seed("nat-rebinding-and-replays"));
+    assert!(
+        r.links.contains(&(1, learn_src(0x62))),
+        "link 1 not at its last address: {:?}",
+        r.links
+    );
+    assert!(r.server.drops.replay >= 1, "{:?}", r.server.drops);
+    let r = learn_addresses_report(&seed("many-link-ids"));
+    assert_eq!(r.windows, braid_core::replay::MAX_LINKS);
+    assert_eq!(r.links.len(), braid_core::replay::MAX_LINKS);
+    assert!(r.accepted < 101);
+    let r = learn_addresses_report(&seed("garbage-and-tampered"));
+    assert!(
+        r.server.drops.auth >= 1 && r.server.drops.malformed + r.server.drops.unknown_session >= 1
+    );
+    let r = learn_addresses_report(&seed("forgotten-then-back"));
+    // Link 0 (the confirming packet's) and link 2 fell silent past forget_link_after; link 2
+    // came back from a new address.
+    assert_eq!(r.links, vec![(2, learn_src(4))]);
 }
 
 /// The harness reaches what it claims: the observer learns the keys, a sealed DATA gets through
@@ -161,6 +202,14 @@ proptest! {
     #[test]
     fn parse_random(data in datagram_like()) {
         parse_any(&data);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #[test]
+    fn learn_random(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        learn_addresses(&data);
     }
 }
 

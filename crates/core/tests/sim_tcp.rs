@@ -4,7 +4,8 @@
 //!
 //! The floors sit a little under what the current scheduler measures, so that they catch
 //! regressions; the measured figures are in the comments and in BENCHMARKS.md §1
-//! (`cargo run --release -p braid-core --example sim_tcp`). Each run is deterministic (seeded).
+//! (`cargo run --release -p braid-core --example sim_tcp`). Each run is deterministic (seeded);
+//! each check takes the median of five seeds.
 //! Run in release: `cargo test --release -p braid-core --test sim_tcp`.
 
 use std::time::Duration;
@@ -21,13 +22,28 @@ type Want = (CcKind, Direction, f64, Option<f64>);
 use CcKind::{Bbr, Cubic};
 use Direction::{Download, Upload};
 
+/// Seeds each scenario runs with. Jitter and random loss make one run a draw: the same scenario
+/// gave 25-72% of the sum over six seeds for LTE BBR download, and any change of the packets
+/// exchanged (a longer HELLO) reshuffles the draws. The floors hold the median of five runs.
+const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
+
+/// The run with the median goodput of [`SEEDS`].
+fn median_run(sc: &TcpScenario) -> sim::TcpReport {
+    let mut runs: Vec<sim::TcpReport> = SEEDS
+        .iter()
+        .map(|&s| sim::run_tcp(&sc.clone().seed(s)))
+        .collect();
+    runs.sort_by(|a, b| a.of_sum.total_cmp(&b.of_sum));
+    runs.swap_remove(SEEDS.len() / 2)
+}
+
 fn check(index: usize, wants: &[Want]) {
     let base = sim::tcp_scenarios()[index].clone();
     for cc in CcKind::ALL {
         let sc = base.clone().cc(cc);
         let best = sim::best_single_link(&sc);
         for &(_, dir, min_of_sum, min_vs_best) in wants.iter().filter(|w| w.0 == cc) {
-            let mut r = sim::run_tcp(&sc.clone().direction(dir));
+            let mut r = median_run(&sc.clone().direction(dir));
             r.best_single = Some(best.clone());
             eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
             let what = format!("{} {} {}", r.name, cc.name(), dir.name());
@@ -130,8 +146,8 @@ fn equal_rates_one_lossy() {
 fn nack_repairs_random_loss() {
     for dir in [Upload, Download] {
         let sc = sim::tcp_scenarios()[3].clone().cc(Cubic).direction(dir);
-        let off = sim::run_tcp(&sc);
-        let on = sim::run_tcp(&sc.nack(true));
+        let off = median_run(&sc);
+        let on = median_run(&sc.nack(true));
         eprintln!(
             "{}\n{}\n{}",
             sim::TcpReport::TABLE_HEADER,
@@ -197,18 +213,18 @@ fn failover_mid_transfer() {
     }
 }
 
-/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Measured: CUBIC
-/// 60.6% / 54.4%, BBR 47.1% / 53.6% (51.9% / 58.5%, 60.7% / 42.8% before delivery-time
-/// placement): below the LTE link alone, and very seed-dependent (22-90% over seeds 1-3).
+/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Median of seeds 1-5:
+/// CUBIC 58.3% / 40.8%, BBR 44.2% / 33.8% (upload / download); single runs range 23-80%. Below
+/// the LTE link alone: the scenario issue 10 still has to win (docs/scheduling.md, open points).
 #[test]
 fn jittery_lte_and_dsl() {
     check(
         4,
         &[
-            (Cubic, Upload, 0.57, None),
-            (Cubic, Download, 0.51, None),
-            (Bbr, Upload, 0.44, None),
-            (Bbr, Download, 0.50, None),
+            (Cubic, Upload, 0.55, None),
+            (Cubic, Download, 0.38, None),
+            (Bbr, Upload, 0.41, None),
+            (Bbr, Download, 0.31, None),
         ],
     );
 }
