@@ -120,7 +120,7 @@ pub enum SplitError {
 const MAX_SEGMENTS: usize = 1024;
 
 /// Segments cut from super-packets, in one reused buffer.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Segments {
     buf: Vec<u8>,
     ranges: Vec<Range<usize>>,
@@ -142,6 +142,11 @@ impl Segments {
 
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
         self.ranges.iter().map(|r| &self.buf[r.clone()])
+    }
+
+    /// The `i`-th segment.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        self.ranges.get(i).map(|r| &self.buf[r.clone()])
     }
 
     fn push(&mut self, bytes: &[u8]) -> usize {
@@ -252,6 +257,7 @@ fn complete_checksum(hdr: &VirtioNetHdr, packet: &mut [u8]) -> Result<(), SplitE
 }
 
 /// A flow's segment being grown in the batch.
+#[derive(Debug)]
 struct Item {
     /// Where its bytes are in the output buffer (the vnet header first).
     range: Range<usize>,
@@ -274,8 +280,10 @@ struct Item {
 /// continues it exactly: same addresses, ports, ACK number, IP header fields and TCP options;
 /// sequence number where the last one ended; flags ACK or ACK|PSH (PSH closes the packet); no
 /// bigger than the first segment. Everything else is written as it is, in its place in the batch.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Coalescer {
+    /// Whether to glue at all (off: every packet is written as it is, behind a zero header).
+    glue: bool,
     buf: Vec<u8>,
     items: Vec<Item>,
     /// The latest item per flow (index into `items`), for the flows of this batch. A batch has a
@@ -285,7 +293,7 @@ pub struct Coalescer {
     max_len: usize,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct FlowKey {
     addrs: [u8; 32],
     ports: [u8; 4],
@@ -303,9 +311,23 @@ pub struct CoalesceStats {
 impl Coalescer {
     pub fn new() -> Coalescer {
         Coalescer {
+            glue: true,
             max_len: 65535,
             ..Coalescer::default()
         }
+    }
+
+    /// A coalescer that glues nothing (for a TUN without offloads): every packet is written alone.
+    pub fn without_glue() -> Coalescer {
+        Coalescer {
+            glue: false,
+            ..Coalescer::new()
+        }
+    }
+
+    /// Packets taken since the last [`Coalescer::clear`].
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
     }
 
     pub fn clear(&mut self) {
@@ -316,7 +338,7 @@ impl Coalescer {
 
     /// Takes one IP packet for the TUN.
     pub fn push(&mut self, packet: &[u8]) {
-        if let Some((key, ip_len, tcp_len)) = candidate(packet) {
+        if let Some((key, ip_len, tcp_len)) = candidate(packet).filter(|_| self.glue) {
             if let Some(slot) = self.open.iter().position(|(k, _)| *k == key) {
                 let i = self.open[slot].1;
                 if self.try_append(i, packet, ip_len, tcp_len) {
@@ -407,8 +429,9 @@ impl Coalescer {
     }
 
     /// Finishes the batch: fixes lengths, headers and checksums of the glued packets. Returns the
-    /// buffers to write, in order, each with its `virtio_net_hdr` in front.
-    pub fn finish(&mut self) -> impl Iterator<Item = &[u8]> {
+    /// buffers to write, in order, each with its `virtio_net_hdr` in front, and how many packets
+    /// each stands for.
+    pub fn finish(&mut self) -> impl Iterator<Item = (&[u8], usize)> {
         for item in &self.items {
             let bytes = &mut self.buf[item.range.clone()];
             let (vnet, pkt) = bytes.split_at_mut(VIRTIO_NET_HDR_LEN);
@@ -437,7 +460,9 @@ impl Coalescer {
             };
             vnet.copy_from_slice(&hdr.encode());
         }
-        self.items.iter().map(|i| &self.buf[i.range.clone()])
+        self.items
+            .iter()
+            .map(|i| (&self.buf[i.range.clone()], usize::from(i.merged) + 1))
     }
 }
 
@@ -659,7 +684,7 @@ mod tests {
             for s in &segs {
                 c.push(s);
             }
-            let out: Vec<Vec<u8>> = c.finish().map(|b| b.to_vec()).collect();
+            let out: Vec<Vec<u8>> = c.finish().map(|(b, _)| b.to_vec()).collect();
             assert_eq!(out.len(), 1, "one write for four segments");
             let hdr = VirtioNetHdr::decode(&out[0]).unwrap();
             assert_eq!(hdr.gso_size, 1000);
@@ -698,7 +723,7 @@ mod tests {
         for p in [&a1, &gap, &syn, &bad, &other_flow] {
             c.push(p);
         }
-        let out: Vec<Vec<u8>> = c.finish().map(|b| b.to_vec()).collect();
+        let out: Vec<Vec<u8>> = c.finish().map(|(b, _)| b.to_vec()).collect();
         assert_eq!(out.len(), 5);
         for (o, p) in out.iter().zip([&a1, &gap, &syn, &bad, &other_flow]) {
             assert_eq!(VirtioNetHdr::decode(o), Some(VirtioNetHdr::default()));
@@ -732,7 +757,7 @@ mod tests {
                 c.push(&s);
                 sent.push(s);
             }
-            let written: Vec<Vec<u8>> = c.finish().map(|b| b.to_vec()).collect();
+            let written: Vec<Vec<u8>> = c.finish().map(|(b, _)| b.to_vec()).collect();
             prop_assert!(written.len() <= sent.len());
             let mut got: Vec<Vec<u8>> = Vec::new();
             for w in &written {

@@ -38,6 +38,10 @@ type GaugeFam = Family<Labels, Gauge<f64, AtomicU64>>;
 pub struct Extra {
     pub udp_send_drops: u64,
     pub tun_write_errors: u64,
+    /// Packets for the TUN dropped because its queue was full.
+    pub tun_full_drops: u64,
+    /// The TUN's offload path (super-packets cut, segments glued).
+    pub tun: braid_linux::tun::TunStats,
 }
 
 struct Reg<'a> {
@@ -314,7 +318,30 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     };
     drops.push(reason("udp_send", extra.udp_send_drops));
     drops.push(reason("tun_write", extra.tun_write_errors));
+    drops.push(reason("tun_full", extra.tun_full_drops));
+    drops.push(reason("tun_read", extra.tun.rx_dropped));
     r.counter("drops", "Datagrams or packets dropped, by reason", &drops);
+    let t = extra.tun;
+    r.counter(
+        "tun_super_packets",
+        "TCP super-packets (TSO) read from the TUN device",
+        &[(b.clone(), t.super_packets)],
+    );
+    r.counter(
+        "tun_segments",
+        "Segments cut from TSO super-packets",
+        &[(b.clone(), t.segments)],
+    );
+    r.counter(
+        "tun_glued_writes",
+        "TUN writes that carried several in-order TCP segments glued together",
+        &[(b.clone(), t.glued_writes)],
+    );
+    r.counter(
+        "tun_glued_packets",
+        "TCP segments written to the TUN glued into larger writes",
+        &[(b.clone(), t.glued_packets)],
+    );
     r.counter(
         "tun_rx_packets",
         "IP packets read from the TUN device",
@@ -379,6 +406,8 @@ mod tests {
             Extra {
                 udp_send_drops: 3,
                 tun_write_errors: 0,
+                tun_full_drops: 0,
+                tun: Default::default(),
             },
         );
         for want in [

@@ -159,6 +159,7 @@ pub struct Runner {
     started: Instant,
     session_seen: bool,
     tun_write_errors: u64,
+    tun_full_drops: u64,
     udp_drops: u64,
     last_auth_warn: (Instant, u64),
 }
@@ -294,6 +295,7 @@ impl Runner {
             started: now,
             session_seen: false,
             tun_write_errors: 0,
+            tun_full_drops: 0,
             udp_drops: 0,
             last_auth_warn: (now, 0),
         })
@@ -537,15 +539,12 @@ impl Runner {
 
     fn deliver(&mut self, now: Instant) {
         while let Some(p) = self.ep.poll_deliver(now) {
-            match self.tun.send(&p) {
-                Ok(_) => {}
-                Err(e) => {
-                    self.tun_write_errors += 1;
-                    tracing::debug!("TUN {}: write failed: {e}", self.cfg.name);
-                }
-            }
+            self.tun.queue(&p);
             self.ep.recycle(p);
         }
+        let f = self.tun.flush();
+        self.tun_write_errors += f.errors as u64;
+        self.tun_full_drops += f.queue_full as u64;
     }
 
     fn log_events(&mut self) {
@@ -683,6 +682,8 @@ impl Runner {
         crate::metrics::Extra {
             udp_send_drops: self.udp_drops,
             tun_write_errors: self.tun_write_errors,
+            tun_full_drops: self.tun_full_drops,
+            tun: self.tun.stats(),
         }
     }
 
