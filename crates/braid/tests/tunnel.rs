@@ -514,8 +514,14 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or("adaptive".into());
+    // The cipher is `auto`: AES-256-GCM where this CPU has AES instructions (both ends run here).
+    let cipher = if braid_core::crypto::aes_is_fast() {
+        "aes-256-gcm"
+    } else {
+        "chacha20-poly1305"
+    };
     let want = format!(
-        "Bundle braid0 (client, {sched}, 198.19.0.2/30): up 3 of 3 links, total bandwidth "
+        "Bundle braid0 (client, {sched}, {cipher}, 198.19.0.2/30): up 3 of 3 links, total bandwidth "
     );
     assert!(text.starts_with(&want), "{text}");
     assert_eq!(

@@ -55,7 +55,15 @@ pub enum Role {
 pub struct Config {
     pub role: Role,
     pub psk: [u8; 32],
+    /// The cipher this end proposes (client) or insists on (server), unless `cipher_auto`.
     pub cipher: CipherId,
+    /// Negotiate: the client proposes `cipher` and takes what the server answers; the server
+    /// takes the client's proposal, except AES-256-GCM when it lacks fast AES (then
+    /// ChaCha20-Poly1305). The session's cipher is in [`BundleStats::cipher`].
+    pub cipher_auto: bool,
+    /// Whether this machine runs AES-GCM in hardware ([`crypto::aes_is_fast`]); read once by
+    /// [`Config::new`] and used by `cipher_auto`.
+    pub local_fast_aes: bool,
     /// Scheduler name (see [`crate::sched::NAMES`]).
     pub scheduler: String,
     pub health: HealthConfig,
@@ -98,6 +106,8 @@ impl Config {
             role,
             psk,
             cipher: CipherId::ChaCha20Poly1305,
+            cipher_auto: false,
+            local_fast_aes: crypto::aes_is_fast(),
             scheduler: "adaptive".to_string(),
             health: HealthConfig::default(),
             reorder: ReorderConfig::default(),
@@ -235,6 +245,8 @@ pub struct BundleStats {
     pub role: Role,
     pub scheduler: String,
     pub session: Option<u32>,
+    /// The session's cipher (canonical name), once a session is up.
+    pub cipher: Option<&'static str>,
     pub links: Vec<LinkStats>,
     /// IP packets taken from the TUN device / delivered to it.
     pub tun_rx_packets: u64,
@@ -305,6 +317,7 @@ struct Session {
     /// The id we put in packets for the peer.
     remote_id: u32,
     keys: SessionKeys,
+    cipher: CipherId,
     /// Per-link send counters (with the link id, the AEAD nonce).
     send_counters: LinkCounters,
     /// Per-link anti-replay windows.
@@ -317,11 +330,17 @@ struct Session {
 }
 
 impl Session {
-    fn new(local_id: u32, remote_id: u32, keys: SessionKeys, hello: &HelloRepr) -> Session {
+    fn new(
+        local_id: u32,
+        remote_id: u32,
+        (keys, cipher): (SessionKeys, CipherId),
+        hello: &HelloRepr,
+    ) -> Session {
         Session {
             local_id,
             remote_id,
             keys,
+            cipher,
             send_counters: LinkCounters::default(),
             replay: LinkReplay::new(),
             client_salt: hello.salt,
@@ -394,7 +413,9 @@ pub struct Endpoint {
     cfg: Config,
     epoch: Instant,
     rng: Box<dyn rand_core::RngCore + Send>,
-    hs_key: HandshakeKey,
+    /// Handshake keys: this end's cipher first, then (with `cipher_auto`) the other one, which
+    /// a peer may have sealed its HELLO or HELLO-ACK with.
+    hs_keys: Vec<(CipherId, HandshakeKey)>,
     /// Server: the newest HELLO timestamp accepted (HELLOs not newer are stale).
     newest_hello: Option<u64>,
     /// Client: the timestamp of the last HELLO made (the next is at least one more).
@@ -455,14 +476,25 @@ impl Endpoint {
         // Both ends run braid's default equalisation unless told otherwise; the peer's own
         // setting is not on the wire, so ours stands for it.
         sched.set_equalization(config.equalize_max, EQUALIZE_MIN_LEN + WIRE_OVERHEAD);
-        let hs_key = crypto::handshake_key(&config.psk, config.cipher);
+        let mut hs_keys = vec![(
+            config.cipher,
+            crypto::handshake_key(&config.psk, config.cipher),
+        )];
+        if config.cipher_auto {
+            hs_keys.extend(
+                [CipherId::ChaCha20Poly1305, CipherId::Aes256Gcm]
+                    .into_iter()
+                    .filter(|&c| c != config.cipher)
+                    .map(|c| (c, crypto::handshake_key(&config.psk, c))),
+            );
+        }
         let reorder = ReorderBuffer::new(config.reorder.clone());
         let mut rng = rng;
         let ack_limiter = AckLimiter::new((rng.next_u64(), rng.next_u64()));
         let mut ep = Endpoint {
             epoch: now,
             rng,
-            hs_key,
+            hs_keys,
             newest_hello: None,
             last_hello_ts: 0,
             ack_limiter,
@@ -665,7 +697,7 @@ impl Endpoint {
             };
             let packet_salt = self.packet_salt();
             let mut out = self.take_buf();
-            crypto::seal_hello(&self.hs_key, &header, &packet_salt, &repr, &mut out);
+            crypto::seal_hello(&self.hs_keys[0].1, &header, &packet_salt, &repr, &mut out);
             self.transmits.push_back(Transmit {
                 link: id,
                 dst: None,
@@ -708,18 +740,71 @@ impl Endpoint {
 
     /// Opens a HELLO or HELLO-ACK (sealed under its own handshake key) and returns its
     /// plaintext, counting why it was dropped if it was. A wrong length costs no cryptography.
-    fn open_handshake<'a>(&mut self, header: &Header, datagram: &'a mut [u8]) -> Option<&'a [u8]> {
-        match crypto::open_handshake(&self.hs_key, header, datagram) {
-            Ok(pt) => Some(pt),
-            Err(crypto::CryptoError::Auth) => {
-                self.drops.auth += 1;
-                None
+    /// Opens a HELLO or HELLO-ACK with this end's handshake key, or (with `cipher_auto`) the
+    /// other cipher's. Returns the cipher that opened it and the plaintext.
+    fn open_handshake<'a>(
+        &mut self,
+        header: &Header,
+        datagram: &'a mut [u8],
+    ) -> Option<(CipherId, &'a [u8])> {
+        // A failed open may leave the buffer altered: try the other keys on a copy (a HELLO is
+        // 112 bytes).
+        let original = (self.hs_keys.len() > 1).then(|| datagram.to_vec());
+        let mut opened = None;
+        let mut malformed = false;
+        for (i, (cipher, key)) in self.hs_keys.iter().enumerate() {
+            if let (true, Some(o)) = (i > 0, &original) {
+                datagram.copy_from_slice(o);
             }
-            Err(crypto::CryptoError::Wire(_)) => {
-                self.drops.malformed += 1;
+            match crypto::open_handshake(key, header, datagram) {
+                Ok(pt) => {
+                    opened = Some((*cipher, pt.len()));
+                    break;
+                }
+                // A wrong length is wrong for every key.
+                Err(crypto::CryptoError::Wire(_)) => {
+                    malformed = true;
+                    break;
+                }
+                Err(crypto::CryptoError::Auth) => {}
+            }
+        }
+        match opened {
+            Some((cipher, len)) => {
+                // The plaintext sits right after the header and the packet salt.
+                let start = crate::wire::HEADER_LEN + PACKET_SALT_LEN;
+                Some((cipher, &datagram[start..start + len]))
+            }
+            None => {
+                if malformed {
+                    self.drops.malformed += 1;
+                } else {
+                    self.drops.auth += 1;
+                }
                 None
             }
         }
+    }
+
+    fn hs_key(&self, cipher: CipherId) -> &HandshakeKey {
+        &self
+            .hs_keys
+            .iter()
+            .find(|(c, _)| *c == cipher)
+            .unwrap_or(&self.hs_keys[0])
+            .1
+    }
+
+    /// Server: the session cipher for a client's proposal, or `None` if this end cannot accept
+    /// it.
+    fn session_cipher(&self, proposed: CipherId) -> Option<CipherId> {
+        if !self.cfg.cipher_auto {
+            return (proposed == self.cfg.cipher).then_some(proposed);
+        }
+        Some(match proposed {
+            CipherId::Aes256Gcm if !self.cfg.local_fast_aes => CipherId::ChaCha20Poly1305,
+            c => c,
+        })
     }
 
     /// Server: a HELLO. New (its timestamp newer than any accepted): a new pending session,
@@ -737,11 +822,18 @@ impl Endpoint {
             self.drops.malformed += 1;
             return;
         }
-        let Some(pt) = self.open_handshake(header, datagram) else {
+        let Some((hs_cipher, pt)) = self.open_handshake(header, datagram) else {
             return;
         };
-        let hello = match HelloRepr::parse(pt) {
-            Ok(h) if h.cipher == self.cfg.cipher && h.session != 0 => h,
+        let (hello, cipher) = match HelloRepr::parse(pt) {
+            Ok(h) if h.cipher == hs_cipher && h.session != 0 => match self.session_cipher(h.cipher)
+            {
+                Some(c) => (h, c),
+                None => {
+                    self.drops.malformed += 1;
+                    return;
+                }
+            },
             _ => {
                 self.drops.malformed += 1;
                 return;
@@ -768,7 +860,7 @@ impl Endpoint {
                 // Not rate-limited: an attacker cannot make newer HELLOs without the PSK, so
                 // these are at most one per HELLO the client ever sent.
                 self.newest_hello = Some(hello.timestamp);
-                self.new_pending(&hello)
+                self.new_pending(&hello, cipher)
             }
         };
         let reply = Header {
@@ -779,7 +871,7 @@ impl Endpoint {
         };
         let packet_salt = self.packet_salt();
         let mut out = self.take_buf();
-        crypto::seal_hello_ack(&self.hs_key, &reply, &packet_salt, &ack, &mut out);
+        crypto::seal_hello_ack(self.hs_key(hs_cipher), &reply, &packet_salt, &ack, &mut out);
         self.transmits.push_back(Transmit {
             link: header.link,
             dst: Some(from),
@@ -788,17 +880,17 @@ impl Endpoint {
     }
 
     /// Server: a pending session for a new HELLO (replacing any older pending one).
-    fn new_pending(&mut self, hello: &HelloRepr) -> HelloAckRepr {
+    fn new_pending(&mut self, hello: &HelloRepr, cipher: CipherId) -> HelloAckRepr {
         let local_id = self.random_id();
         let mut salt = [0u8; 32];
         self.rng.fill_bytes(&mut salt);
-        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &hello.salt, &salt, false);
+        let keys = crypto::session_keys(&self.cfg.psk, cipher, &hello.salt, &salt, false);
         let ack = HelloAckRepr {
             session: local_id,
             salt,
-            cipher: self.cfg.cipher,
+            cipher,
         };
-        let mut pending = Session::new(local_id, hello.session, keys, hello);
+        let mut pending = Session::new(local_id, hello.session, (keys, cipher), hello);
         pending.ack = Some(ack);
         self.pending = Some(pending);
         ack
@@ -822,24 +914,24 @@ impl Endpoint {
             self.drops.unknown_session += 1;
             return;
         }
-        let Some(pt) = self.open_handshake(header, datagram) else {
+        let Some((_, pt)) = self.open_handshake(header, datagram) else {
             return;
         };
         let ack = match HelloAckRepr::parse(pt) {
-            Ok(a) if a.cipher == self.cfg.cipher && a.session != 0 => a,
+            Ok(a) if (a.cipher == self.cfg.cipher || self.cfg.cipher_auto) && a.session != 0 => a,
             _ => {
                 self.drops.malformed += 1;
                 return;
             }
         };
-        let keys = crypto::session_keys(&self.cfg.psk, self.cfg.cipher, &salt, &ack.salt, true);
+        let keys = crypto::session_keys(&self.cfg.psk, ack.cipher, &salt, &ack.salt, true);
         let hello = HelloRepr {
             session: local_id,
             salt,
             cipher: self.cfg.cipher,
             timestamp,
         };
-        let session = Session::new(local_id, ack.session, keys, &hello);
+        let session = Session::new(local_id, ack.session, (keys, ack.cipher), &hello);
         self.hello = None;
         self.next_hello = None;
         self.install_session(now, session);
@@ -1672,6 +1764,7 @@ impl Endpoint {
             role: self.cfg.role,
             scheduler: self.cfg.scheduler.clone(),
             session: self.session.as_ref().map(|s| s.local_id),
+            cipher: self.session.as_ref().map(|s| s.cipher.name()),
             links: self
                 .links
                 .iter()

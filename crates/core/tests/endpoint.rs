@@ -584,3 +584,48 @@ fn kernel_link_error_takes_the_link_down_at_once_and_it_comes_back() {
     p.run_for(Duration::from_secs(1));
     assert_eq!(p.link_states(&p.client), vec![LinkState::Up; 2]);
 }
+
+/// `cipher = "auto"`: AES-256-GCM only where both ends run it in hardware, ChaCha20-Poly1305
+/// otherwise; a fixed cipher is insisted on (a mismatch gets no session, as with a wrong key).
+#[test]
+fn cipher_auto_agrees_on_aes_only_where_both_ends_have_it() {
+    use braid_core::wire::CipherId::{Aes256Gcm as Aes, ChaCha20Poly1305 as ChaCha};
+    let cfg = |role, cipher, auto, fast| {
+        let mut c = Config::new(role, KEY);
+        c.cipher = cipher;
+        c.cipher_auto = auto;
+        c.local_fast_aes = fast;
+        c
+    };
+    // (client cipher, auto), (server cipher, auto, fast AES), the session's cipher.
+    let cases = [
+        ((Aes, true), (Aes, true, true), Some("aes-256-gcm")),
+        (
+            (Aes, true),
+            (ChaCha, true, false),
+            Some("chacha20-poly1305"),
+        ),
+        ((ChaCha, true), (Aes, true, true), Some("chacha20-poly1305")),
+        ((Aes, false), (ChaCha, true, true), Some("aes-256-gcm")),
+        ((Aes, false), (ChaCha, true, false), None),
+        ((ChaCha, false), (Aes, false, true), None),
+    ];
+    for ((cc, ca), (sc, sa, sf), want) in cases {
+        let mut p = Pair::with_config(1, cfg(Role::Client, cc, ca, true), KEY);
+        p.server = Endpoint::new(
+            cfg(Role::Server, sc, sa, sf),
+            p.base,
+            Box::new(ChaCha8Rng::seed_from_u64(2)),
+        )
+        .unwrap();
+        p.run_for(Duration::from_secs(1));
+        let what = format!("client {cc:?} auto={ca}, server {sc:?} auto={sa} fast={sf}");
+        assert_eq!(p.client.stats(p.now).cipher, want, "{what}");
+        assert_eq!(p.server.stats(p.now).cipher, want, "{what}");
+        if want.is_some() {
+            p.client.send_packet(p.now, &ip_packet(7));
+            p.run_for(Duration::from_millis(100));
+            assert_eq!(p.delivered_to_server.len(), 1, "{what}: data crosses");
+        }
+    }
+}

@@ -111,7 +111,9 @@ pub struct Config {
     pub scheduler: String,
     pub control: PathBuf,
     pub metrics: Option<SocketAddr>,
-    pub cipher: CipherId,
+    /// `None` (`auto`, the default): AES-256-GCM where both ends run AES in hardware,
+    /// ChaCha20-Poly1305 otherwise, negotiated in the handshake.
+    pub cipher: Option<CipherId>,
     pub probe_interval: Option<Duration>,
     pub down_after: Option<Duration>,
     pub reorder_max: Option<Duration>,
@@ -342,10 +344,11 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         c => Ok(PathBuf::from(c)),
     })?;
     let metrics = src.optional(&b.metrics, "bundle.metrics", |m| parse_socket_addr(m))?;
-    let cipher = src.optional(&b.cipher, "bundle.cipher", |c| {
-        CipherId::from_name(c).ok_or_else(|| {
-            format!("unknown cipher {c:?} (expected chacha20-poly1305 or aes-256-gcm)")
-        })
+    let cipher = src.optional(&b.cipher, "bundle.cipher", |c| match c.as_str() {
+        "auto" => Ok(None),
+        c => CipherId::from_name(c).map(Some).ok_or_else(|| {
+            format!("unknown cipher {c:?} (expected auto, chacha20-poly1305 or aes-256-gcm)")
+        }),
     })?;
     let ms = |v: &Option<Spanned<u64>>, key: &str, lo: u64, hi: u64| {
         src.optional(v, key, |&x| in_range(x, lo, hi).map(Duration::from_millis))
@@ -367,7 +370,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         listen,
         scheduler: scheduler.unwrap_or_else(|| "adaptive".to_string()),
         metrics,
-        cipher: cipher.unwrap_or(CipherId::ChaCha20Poly1305),
+        cipher: cipher.flatten(),
         probe_interval: ms(&b.probe_interval_ms, "bundle.probe_interval_ms", 1, 600_000)?,
         down_after: ms(&b.down_after_ms, "bundle.down_after_ms", 1, 600_000)?,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
@@ -813,13 +816,19 @@ mod tests {
         assert!(Config::parse(&cfg_path, &t).unwrap().warnings.is_empty());
 
         for (name, want) in [
-            ("aes-256-gcm", CipherId::Aes256Gcm),
-            ("aes256-gcm", CipherId::Aes256Gcm),
-            ("chacha20-poly1305", CipherId::ChaCha20Poly1305),
+            ("aes-256-gcm", Some(CipherId::Aes256Gcm)),
+            ("aes256-gcm", Some(CipherId::Aes256Gcm)),
+            ("chacha20-poly1305", Some(CipherId::ChaCha20Poly1305)),
+            ("auto", None),
         ] {
             let c = parse(&client(&format!("cipher = \"{name}\""), LINKS)).unwrap();
             assert_eq!(c.cipher, want);
         }
+        assert_eq!(
+            parse(&client("", LINKS)).unwrap().cipher,
+            None,
+            "auto by default"
+        );
         assert_eq!(CipherId::Aes256Gcm.name(), "aes-256-gcm");
         let server = format!("[bundle]\nname = \"b1\"\nrole = \"server\"\nkey = \"{KEY}\"\naddress = \"198.19.0.1/30\"\nlisten = \"0.0.0.0:5050\"\n{LINKS}");
         let c = parse(&server).unwrap();

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
+use braid_core::wire::CipherId;
 use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Transmit};
 use braid_linux::tun::Tun;
 use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
@@ -188,7 +189,14 @@ impl Runner {
     pub fn new(cfg: Config) -> anyhow::Result<Runner> {
         let now = Instant::now();
         let mut ep_cfg = EpConfig::new(cfg.role, cfg.psk);
-        ep_cfg.cipher = cfg.cipher;
+        // `auto`: propose AES-256-GCM if this CPU runs it in hardware, and take the server's
+        // answer; a fixed cipher is insisted on.
+        ep_cfg.cipher_auto = cfg.cipher.is_none();
+        ep_cfg.cipher = cfg.cipher.unwrap_or(if ep_cfg.local_fast_aes {
+            CipherId::Aes256Gcm
+        } else {
+            CipherId::ChaCha20Poly1305
+        });
         ep_cfg.scheduler = cfg.scheduler.clone();
         if let Some(p) = cfg.probe_interval {
             ep_cfg.health.probe_interval = p;

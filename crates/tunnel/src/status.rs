@@ -114,8 +114,12 @@ pub fn render_status(s: &Value) -> String {
         .filter(|l| l.get("state").and_then(|x| x.as_str()) != Some("down"))
         .map(|l| f(l, "delivery_rate_bps"))
         .sum();
+    let cipher = match s.get("cipher").and_then(|c| c.as_str()) {
+        Some(c) => format!(", {c}"),
+        None => String::new(),
+    };
     out.push_str(&format!(
-        "Bundle {name} ({role}, {sched}, {}): {} {up} of {} links, total bandwidth {}\n",
+        "Bundle {name} ({role}, {sched}{cipher}, {}): {} {up} of {} links, total bandwidth {}\n",
         str_of(s, "address"),
         if connected { "up" } else { "down" },
         links.len(),
