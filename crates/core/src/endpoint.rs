@@ -1620,7 +1620,10 @@ impl Endpoint {
                 session.compressor.compress(now, packet, &mut encoded);
                 &encoded[..]
             }
-            _ => packet,
+            _ => {
+                self.compression.tx_plain += 1;
+                packet
+            }
         };
         // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
         // the unit in which the peer reports delivery rates.
