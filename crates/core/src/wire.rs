@@ -1072,7 +1072,7 @@ mod tests {
         assert_eq!(DATA_HEADER_LEN, 0);
         assert_eq!(DATA_OVERHEAD, 32);
         // Issue 11: at most 60 bytes per packet with outer IPv4 and UDP.
-        assert!(28 + DATA_OVERHEAD <= 60);
+        const { assert!(28 + DATA_OVERHEAD <= 60) };
         assert_eq!(field::D_TS.end, HEADER_LEN);
         assert_eq!(PROBE_LEN, 12);
         assert_eq!(PROBE_ACK_LEN, 44);
