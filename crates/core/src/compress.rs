@@ -540,6 +540,48 @@ impl Decompressor {
     }
 }
 
+/// Whether an encoded payload (any of the three encodings) is a pure TCP acknowledgement (no
+/// payload, no SYN, FIN or RST), told without decompressing it: the receiver decides on delay
+/// equalisation when a packet arrives, and decompresses it only at delivery, in order.
+/// Malformed encodings are not acks (they are dropped at delivery).
+pub fn is_pure_tcp_ack(data: &[u8]) -> bool {
+    match data.first().map(|b| b >> 6) {
+        Some(0b10) => data.get(2..).is_some_and(crate::inner::is_pure_tcp_ack),
+        Some(0b11) => data
+            .get(2..)
+            .and_then(dynamic_len)
+            .is_some_and(|(n, tcp_flags)| {
+                const SYN_FIN_RST: u8 = 0x07;
+                n == data.len() - 2 && tcp_flags & SYN_FIN_RST == 0
+            }),
+        _ => crate::inner::is_pure_tcp_ack(data),
+    }
+}
+
+/// Whether an encoded payload carries TCP (a full or compressed packet always does).
+pub fn is_tcp(data: &[u8]) -> bool {
+    match data.first().map(|b| b >> 6) {
+        Some(0b10 | 0b11) => true,
+        _ => crate::inner::is_tcp(data),
+    }
+}
+
+/// The length of a compressed packet's dynamic fields (the bytes after its context id) and its
+/// TCP flags; `None` if they run past the end.
+fn dynamic_len(data: &[u8]) -> Option<(usize, u8)> {
+    let (&flags, &tcp_flags) = (data.first()?, data.get(1)?);
+    let mut n = 2 + 8 + 4;
+    n += if flags & F_IP_ID != 0 { 2 } else { 0 };
+    n += if flags & F_TCP_RES != 0 { 1 } else { 0 };
+    n += if flags & F_URGENT != 0 { 2 } else { 0 };
+    if flags & F_TS != 0 {
+        n += 8;
+    } else if flags & F_OPTIONS != 0 {
+        n += 1 + usize::from(*data.get(n)?);
+    }
+    (n <= data.len()).then_some((n, tcp_flags))
+}
+
 /// A cursor over the dynamic fields: every read is bounds-checked.
 struct Reader<'a> {
     data: &'a [u8],

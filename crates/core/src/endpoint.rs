@@ -31,6 +31,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::arq::{RingConfig, SentRing};
+use crate::compress::{Compressor, Decompressor, Feedback, Limits as CompressLimits};
 use crate::crypto::{self, HandshakeKey, SessionKeys};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
 use crate::ratelimit::AckLimiter;
@@ -38,7 +39,7 @@ use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
 use crate::replay::{LinkCounters, LinkReplay};
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
-    Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, NackRepr, PacketType,
+    self, Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, NackRepr, PacketType,
     ProbeAckRepr, ProbeRepr, SeqRange, FLAG_RETRANSMIT, FLAG_UNORDERED, MAX_NACK_RANGES,
     PACKET_SALT_LEN,
 };
@@ -92,6 +93,9 @@ pub struct Config {
     pub nack: bool,
     /// Bounds of the ring of sent packets kept for repair.
     pub ring: RingConfig,
+    /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
+    /// The receiving side always decompresses, so the two ends need not agree.
+    pub compression: bool,
     /// The wall-clock time at the `now` given to [`Endpoint::new`]. Client: HELLO timestamps are
     /// this plus the time since (so they keep increasing across restarts of the client, as long
     /// as its clock does not go back). [`Config::new`] reads the system clock for it, the one
@@ -118,6 +122,7 @@ impl Config {
             repair: true,
             nack: false,
             ring: RingConfig::default(),
+            compression: true,
             wall_clock: SystemTime::now(),
         }
     }
@@ -158,6 +163,12 @@ pub enum Event {
         link: LinkId,
         addr: SocketAddr,
     },
+    /// A datagram of another protocol version arrived (dropped): the peer runs a braid that
+    /// does not speak ours. Reported once per version seen.
+    VersionMismatch {
+        theirs: u8,
+        ours: u8,
+    },
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -166,6 +177,8 @@ pub enum EndpointError {
     LinkExists(LinkId),
     #[error("no link {0}")]
     NoSuchLink(LinkId),
+    #[error("link id {0} is above {max}, the largest DATA's header can carry", max = wire::MAX_LINK_ID)]
+    LinkIdTooLarge(LinkId),
     #[error(transparent)]
     Scheduler(#[from] crate::sched::UnknownScheduler),
 }
@@ -262,6 +275,42 @@ pub struct BundleStats {
     pub drops: DropStats,
     /// Loss repair; holes given up after repair are in `reorder.repair_given_up`.
     pub repair: RepairStats,
+    /// Inner header compression, all sessions so far.
+    pub compression: CompressionStats,
+}
+
+/// Inner header compression counters (docs/protocol.md §13), both directions.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CompressionStats {
+    /// Sender: DATA payloads sent plain (not compressible, or compression off), whole (setting
+    /// up a context) and compressed; header bytes not sent.
+    pub tx_plain: u64,
+    pub tx_full: u64,
+    pub tx_compressed: u64,
+    pub tx_bytes_saved: u64,
+    /// Receiver: the same for what arrived, and the packets dropped: compressed against a
+    /// context it lacks, or malformed.
+    pub rx_plain: u64,
+    pub rx_full: u64,
+    pub rx_compressed: u64,
+    pub rx_bytes_saved: u64,
+    pub rx_dropped_no_context: u64,
+    pub rx_dropped_malformed: u64,
+}
+
+impl CompressionStats {
+    fn add(&mut self, tx: &crate::compress::Stats, rx: &crate::compress::Stats) {
+        self.tx_plain += tx.plain;
+        self.tx_full += tx.full;
+        self.tx_compressed += tx.compressed;
+        self.tx_bytes_saved += tx.bytes_saved;
+        self.rx_plain += rx.plain;
+        self.rx_full += rx.full;
+        self.rx_compressed += rx.compressed;
+        self.rx_bytes_saved += rx.bytes_saved;
+        self.rx_dropped_no_context += rx.dropped_no_context;
+        self.rx_dropped_malformed += rx.dropped_malformed;
+    }
 }
 
 /// Outer IPv4 (20) + UDP (8) headers: counted in per-link byte rates so that they measure what
@@ -290,6 +339,9 @@ const REPAIR_BURST: f64 = 8.0;
 /// another one delivers is avoided at once (its packets would be lost), well before its probes
 /// time out and it is declared DOWN.
 const SILENCE_SLACK: Duration = Duration::from_millis(50);
+/// Feedback entries the receiver collects before it sends them without waiting for the end of a
+/// batch of deliveries.
+const MAX_FEEDBACK_BATCH: usize = 64;
 /// Sequence numbers resent per NACK at most (a range may name up to 65535).
 const MAX_RESEND_PER_NACK: usize = 4096;
 /// Packets shorter than this are not held for delay equalisation: pure TCP acks, DNS, keystrokes
@@ -301,9 +353,10 @@ pub const EQUALIZE_MIN_LEN: usize = 256;
 
 /// Whether delay equalisation holds this inner packet: every TCP segment but a pure ACK (see
 /// [`crate::inner::is_pure_tcp_ack`]), and other packets of [`EQUALIZE_MIN_LEN`] bytes or more.
+/// `packet` is a DATA payload in any of its encodings (an IP packet is its own plain encoding).
 pub fn equalized(packet: &[u8]) -> bool {
-    if crate::inner::is_tcp(packet) {
-        !crate::inner::is_pure_tcp_ack(packet)
+    if crate::compress::is_tcp(packet) {
+        !crate::compress::is_pure_tcp_ack(packet)
     } else {
         packet.len() >= EQUALIZE_MIN_LEN
     }
@@ -327,6 +380,14 @@ struct Session {
     hello_ts: u64,
     /// Server: our HELLO-ACK body, kept to answer repeated HELLOs identically.
     ack: Option<HelloAckRepr>,
+    /// The peer's clock as last seen in a full `ts` (any packet but DATA), with our clock at
+    /// that arrival: DATA carries only bits 6..22 of its `ts`, extended against this.
+    peer_clock: Option<(u32, u32)>,
+    /// One more than the highest bundle seq received: DATA carries its low 24 bits.
+    rx_seq_next: u64,
+    /// Inner header compression, each direction (docs/protocol.md §13).
+    compressor: Compressor,
+    decompressor: Decompressor,
 }
 
 impl Session {
@@ -346,7 +407,21 @@ impl Session {
             client_salt: hello.salt,
             hello_ts: hello.timestamp,
             ack: None,
+            peer_clock: None,
+            rx_seq_next: 0,
+            compressor: Compressor::new(CompressLimits::default()),
+            decompressor: Decompressor::new(CompressLimits::default()),
         }
+    }
+
+    /// The full `ts` of a DATA packet that carried bits 6..22 of it (`sent`), or `None` before
+    /// any full `ts` of this session arrived.
+    fn data_ts(&self, local_ts: u32, sent: u32) -> Option<u32> {
+        let (peer, at) = self.peer_clock?;
+        Some(wire::extend_ts(
+            peer.wrapping_add(local_ts.wrapping_sub(at)),
+            sent,
+        ))
     }
 
     /// Server: whether `hello` is the HELLO this session was made from (repeated by the client
@@ -391,7 +466,6 @@ struct Link {
     /// Server: where the client's packets for this link come from (replies go there).
     addr: Option<SocketAddr>,
     health: LinkHealth,
-    tx_seq: u32,
     next_probe_id: u32,
     tx_packets: u64,
     tx_bytes: u64,
@@ -420,6 +494,10 @@ pub struct Endpoint {
     newest_hello: Option<u64>,
     /// Client: the timestamp of the last HELLO made (the next is at least one more).
     last_hello_ts: u64,
+    /// Bit `v % 64`: a datagram of protocol version `v` was reported ([`Event::VersionMismatch`]).
+    versions_seen: u64,
+    /// Compression counters of the sessions that ended.
+    compression: CompressionStats,
     /// Server: the budget of HELLO-ACKs answering repeated HELLOs.
     ack_limiter: AckLimiter,
     sched: Box<dyn Scheduler>,
@@ -497,6 +575,8 @@ impl Endpoint {
             hs_keys,
             newest_hello: None,
             last_hello_ts: 0,
+            versions_seen: 0,
+            compression: CompressionStats::default(),
             ack_limiter,
             sched,
             links: Vec::new(),
@@ -547,12 +627,14 @@ impl Endpoint {
         if self.link_index(id).is_some() {
             return Err(EndpointError::LinkExists(id));
         }
+        if id > wire::MAX_LINK_ID {
+            return Err(EndpointError::LinkIdTooLarge(id));
+        }
         self.links.push(Link {
             id,
             cfg,
             addr: None,
             health: LinkHealth::new(self.cfg.health.clone(), now),
-            tx_seq: 0,
             next_probe_id: 0,
             tx_packets: 0,
             tx_bytes: 0,
@@ -619,9 +701,12 @@ impl Endpoint {
         self.links.iter().position(|l| l.id == id)
     }
 
-    /// This endpoint's clock in the wire's units: microseconds since creation, wrapping.
+    /// This endpoint's clock in the wire's units: microseconds since creation, wrapping, in
+    /// steps of [`wire::TS_UNIT_US`] (so that DATA's 16 bits of it are exact, and a DATA `ts`
+    /// compares with a PROBE's without rounding).
     fn wire_ts(&self, now: Instant) -> u32 {
-        now.saturating_duration_since(self.epoch).as_micros() as u32
+        let us = now.saturating_duration_since(self.epoch).as_micros() as u32;
+        us - us % wire::TS_UNIT_US
     }
 
     fn take_buf(&mut self) -> Vec<u8> {
@@ -720,8 +805,11 @@ impl Endpoint {
     ) {
         let header = match Header::parse(datagram) {
             Ok(h) => h,
-            Err(_) => {
+            Err(e) => {
                 self.drops.malformed += 1;
+                if let wire::WireError::Version(theirs) = e {
+                    self.version_mismatch(theirs);
+                }
                 return;
             }
         };
@@ -735,6 +823,19 @@ impl Endpoint {
             PacketType::Hello => self.handle_hello(now, &header, from, datagram),
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
+        }
+    }
+
+    /// A datagram of protocol version `theirs` arrived: said once per version (as an event the
+    /// runtime logs), so that a peer running another braid gets a clear error, not silence.
+    fn version_mismatch(&mut self, theirs: u8) {
+        let bit = 1u64 << (theirs % 64);
+        if self.versions_seen & bit == 0 {
+            self.versions_seen |= bit;
+            self.events.push_back(Event::VersionMismatch {
+                theirs,
+                ours: wire::VERSION,
+            });
         }
     }
 
@@ -942,11 +1043,20 @@ impl Endpoint {
         }
     }
 
+    /// Drops the current session, keeping its compression counters in the totals.
+    fn end_session(&mut self) {
+        if let Some(s) = self.session.take() {
+            self.compression
+                .add(&s.compressor.stats(), &s.decompressor.stats());
+        }
+    }
+
     fn install_session(&mut self, now: Instant, session: Session) {
         let id = session.local_id;
         if self.session.is_some() {
             self.events.push_back(Event::SessionClosed);
         }
+        self.end_session();
         self.session = Some(session);
         self.last_auth_rx = Some(now);
         self.next_data_seq = 0;
@@ -962,6 +1072,7 @@ impl Endpoint {
         from: SocketAddr,
         datagram: &mut [u8],
     ) {
+        let local_ts = self.wire_ts(now);
         // Which session is it for? The current one, or (server) the one a HELLO just set up.
         let is_pending = match (&self.session, &self.pending) {
             (Some(s), _) if s.local_id == header.session => false,
@@ -978,6 +1089,15 @@ impl Endpoint {
         }) else {
             return;
         };
+        // DATA's header carries the counter's low 32 bits: extended against the link's window.
+        let mut header = *header;
+        let mut data_header = [0u8; wire::HEADER_LEN];
+        if header.ptype == PacketType::Data {
+            let expected = session.replay.expected(header.link);
+            header.counter = wire::extend(expected, header.counter, wire::DATA_COUNTER_BITS);
+            data_header.copy_from_slice(&datagram[..wire::HEADER_LEN]);
+        }
+        let header = &header;
         if !session.replay.check(header.link, header.counter) {
             self.drops.replay += 1;
             return;
@@ -994,7 +1114,11 @@ impl Endpoint {
                 return;
             }
         };
-        let body = match Body::parse(header.ptype, plaintext) {
+        let parsed = match header.ptype {
+            PacketType::Data => DataRepr::parse_sent(&data_header, plaintext).map(Body::Data),
+            t => Body::parse(t, plaintext),
+        };
+        let mut body = match parsed {
             Ok(b) => b,
             Err(_) => {
                 self.drops.malformed += 1;
@@ -1004,6 +1128,19 @@ impl Endpoint {
         if !session.replay.update(header.link, header.counter) {
             self.drops.replay += 1;
             return;
+        }
+        // DATA: the full link seq, bundle seq and `ts` (None before the session's first full
+        // `ts`: such a packet is not timed). Others: their `ts` sets the peer's clock.
+        let mut data_ts = None;
+        match &mut body {
+            Body::Data(d) => {
+                d.common.link_seq = header.counter as u32;
+                d.seq = wire::extend(session.rx_seq_next, d.seq, wire::DATA_SEQ_BITS);
+                session.rx_seq_next = session.rx_seq_next.max(d.seq.saturating_add(1));
+                data_ts = session.data_ts(local_ts, d.common.ts);
+                d.common.ts = data_ts.unwrap_or(0);
+            }
+            other => session.peer_clock = Some((other.common().ts, local_ts)),
         }
         if is_pending {
             // The client has the new keys: switch to the new session.
@@ -1038,18 +1175,23 @@ impl Endpoint {
                 addr: from,
             });
         }
-        let local_ts = self.wire_ts(now);
         let link = &mut self.links[li];
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
         link.last_rx = Some(now);
         let common = body.common();
-        link.health
-            .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
+        let timed = data_ts.is_some() || !matches!(body, Body::Data(_));
+        if timed {
+            link.health
+                .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
+        } else {
+            link.health
+                .on_untimed_packet_received(now, common.link_seq, len + IP_UDP_OVERHEAD);
+        }
         // What arrived on this link, sent when (reorder rule (b)); ordered DATA tells the
         // reorder buffer itself when it is pushed.
         let ordered_data = matches!(&body, Body::Data(d) if d.flags & FLAG_UNORDERED == 0);
-        if !ordered_data {
+        if !ordered_data && timed {
             self.reorder.link_progress(now, header.link, common.ts);
         }
 
@@ -1067,9 +1209,9 @@ impl Endpoint {
                 } else {
                     // Equalised delivery: hold until `send_ts + target` in our clock. A copy
                     // sent again is late already: delivered as soon as its turn comes.
-                    let release = match self.equalize_rel {
-                        Some(target) if equalized(d.payload) && !retransmit => {
-                            let rel = local_ts.wrapping_sub(d.common.ts);
+                    let release = match (self.equalize_rel, data_ts) {
+                        (Some(target), Some(ts)) if equalized(d.payload) && !retransmit => {
+                            let rel = local_ts.wrapping_sub(ts);
                             let early = target.wrapping_sub(rel) as i32;
                             let early = Duration::from_micros(early.max(0) as u64);
                             now + early.min(self.cfg.equalize_max)
@@ -1079,7 +1221,7 @@ impl Endpoint {
                     let arrival = Arrival {
                         seq: d.seq,
                         link: header.link,
-                        ts: Some(d.common.ts),
+                        ts: data_ts,
                         release,
                     };
                     match self.reorder.push_arrival(now, arrival, buf) {
@@ -1091,6 +1233,15 @@ impl Endpoint {
                 }
             }
             Body::Nack(n) => self.handle_nack(now, &n),
+            Body::Feedback(f) => {
+                if let (Some(session), Some(entries)) =
+                    (self.session.as_mut(), Feedback::parse_list(f.entries))
+                {
+                    for fb in entries {
+                        session.compressor.on_feedback(fb);
+                    }
+                }
+            }
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
             Body::ProbeAck(a) => {
                 if let Some(state) = self.links[li].health.on_probe_ack(now, &a) {
@@ -1101,12 +1252,46 @@ impl Endpoint {
                 }
             }
             Body::Close(_) => {
-                self.session = None;
+                self.end_session();
                 self.pending = None;
                 self.events.push_back(Event::SessionClosed);
                 if self.cfg.role == Role::Client {
                     self.start_handshake(now);
                 }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ compression
+
+    /// Receiver: sends the decompressor's feedback (which contexts it installed or lacks) in
+    /// FEEDBACK packets on the link with the lowest one-way delay. A lost FEEDBACK costs
+    /// nothing but time: the compressor keeps sending whole packets, each asking again.
+    fn send_feedback(&mut self, now: Instant) {
+        let Some(session) = self.session.as_mut() else {
+            return;
+        };
+        if session.decompressor.pending_feedback() == 0 {
+            return;
+        }
+        let entries = session.decompressor.take_feedback();
+        let Some(li) = self.fastest_link(now, None) else {
+            return;
+        };
+        let mut buf = Vec::with_capacity(entries.len().min(wire::MAX_FEEDBACK_ENTRIES) * 2);
+        for chunk in entries.chunks(wire::MAX_FEEDBACK_ENTRIES) {
+            buf.clear();
+            chunk.iter().for_each(|fb| fb.emit(&mut buf));
+            let common = self.next_common(now, li);
+            let body = Body::Feedback(wire::FeedbackRepr {
+                common,
+                entries: &buf,
+            });
+            if self.queue_sealed(li, PacketType::Feedback, &body) {
+                let len = self.transmits.back().map_or(0, |t| t.payload.len());
+                self.links[li]
+                    .health
+                    .on_packet_sent(now, common.link_seq, len);
             }
         }
     }
@@ -1376,14 +1561,15 @@ impl Endpoint {
     }
 
     fn next_common(&mut self, now: Instant, li: usize) -> Common {
-        let ts = self.wire_ts(now);
-        let link = &mut self.links[li];
-        let c = Common {
-            link_seq: link.tx_seq,
-            ts,
-        };
-        link.tx_seq = link.tx_seq.wrapping_add(1);
-        c
+        // The link seq is the counter the packet is about to be sealed with (low 32 bits).
+        let counter = self
+            .session
+            .as_ref()
+            .map_or(0, |s| s.send_counters.peek(self.links[li].id));
+        Common {
+            link_seq: counter as u32,
+            ts: self.wire_ts(now),
+        }
     }
 
     fn send_probe(&mut self, now: Instant, id: LinkId) {
@@ -1519,6 +1705,18 @@ impl Endpoint {
         let mut picks = std::mem::take(&mut self.picks);
         picks.clear();
         let flow = Self::flow_hash(packet);
+        // The payload as it crosses the tunnel: the packet, or its compressed encoding.
+        let mut encoded = self.take_buf();
+        let packet = match self.session.as_mut() {
+            Some(session) if self.cfg.compression => {
+                session.compressor.compress(now, packet, &mut encoded);
+                &encoded[..]
+            }
+            _ => {
+                self.compression.tx_plain += 1;
+                packet
+            }
+        };
         // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
         // the unit in which the peer reports delivery rates.
         self.sched
@@ -1528,6 +1726,7 @@ impl Endpoint {
             self.drops.queue_full += 1;
             self.views = views;
             self.picks = picks;
+            self.recycle(encoded);
             return;
         }
         let seq = self.next_data_seq;
@@ -1537,7 +1736,9 @@ impl Endpoint {
         } else {
             FLAG_UNORDERED
         };
-        if self.cfg.repair && flags & FLAG_UNORDERED == 0 {
+        // A packet sent on several links at once (`redundant`, `backup` while probing) has its
+        // copies already: reinjecting it when one of them dies only adds a burst on the others.
+        if self.cfg.repair && flags & FLAG_UNORDERED == 0 && picks.len() == 1 {
             self.ring.push(now, seq, picks[0], packet);
             self.repair_budget = (self.repair_budget + REPAIR_SHARE).min(REPAIR_BURST);
         }
@@ -1561,6 +1762,7 @@ impl Endpoint {
         }
         self.views = views;
         self.picks = picks;
+        self.recycle(encoded);
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -1568,14 +1770,36 @@ impl Endpoint {
     }
 
     /// Next IP packet for the TUN device, in order.
+    /// DATA payloads are decompressed here, in delivery order; one that does not decompress is
+    /// dropped (counted in the decompressor's stats) and the next one is tried.
     pub fn poll_deliver(&mut self, now: Instant) -> Option<Vec<u8>> {
-        let p = match self.direct.pop_front() {
-            Some(p) => Some(p),
-            None => self.reorder.pop(now),
+        let p = loop {
+            let Some(encoded) = self.direct.pop_front().or_else(|| self.reorder.pop(now)) else {
+                break None;
+            };
+            let mut out = self.take_buf();
+            // No session (the peer closed it): what is left cannot be decompressed.
+            let (ok, feedback) = match self.session.as_mut() {
+                Some(s) => (
+                    s.decompressor.decompress(&encoded, &mut out).is_ok(),
+                    s.decompressor.pending_feedback(),
+                ),
+                None => (false, 0),
+            };
+            self.recycle(encoded);
+            if feedback >= MAX_FEEDBACK_BATCH {
+                self.send_feedback(now);
+            }
+            if ok {
+                break Some(out);
+            }
+            self.recycle(out);
         };
         if p.is_none() {
             // Giving up the head gap may have asked for it again instead.
             self.send_nacks(now);
+            // The end of a batch of deliveries: what the decompressor has to say goes now.
+            self.send_feedback(now);
         }
         if let Some(p) = &p {
             self.tun_tx_packets += 1;
@@ -1751,7 +1975,7 @@ impl Endpoint {
                 self.queue_sealed(li, PacketType::Close, &Body::Close(common));
             }
         }
-        self.session = None;
+        self.end_session();
         self.pending = None;
         self.hello = None;
         self.next_hello = None;
@@ -1803,6 +2027,13 @@ impl Endpoint {
                 ring_packets: self.ring.len(),
                 ring_bytes: self.ring.bytes(),
                 ..self.repair.clone()
+            },
+            compression: {
+                let mut c = self.compression.clone();
+                if let Some(s) = &self.session {
+                    c.add(&s.compressor.stats(), &s.decompressor.stats());
+                }
+                c
             },
         }
     }

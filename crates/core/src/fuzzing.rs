@@ -32,8 +32,8 @@ use rand_core::SeedableRng;
 use crate::crypto::{self, Aead, HandshakeKey};
 use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
 use crate::wire::{
-    Body, CipherId, Header, HelloAckRepr, HelloRepr, Packet, PacketType, HEADER_LEN,
-    MIN_DATAGRAM_LEN,
+    Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, Packet, PacketType,
+    HEADER_LEN, MIN_DATAGRAM_LEN,
 };
 use crate::LinkId;
 
@@ -65,11 +65,14 @@ pub fn parse_any(data: &[u8]) {
         assert_eq!(p.header_bytes().len() + p.sealed().len(), data.len());
     }
     if let Ok(h) = Header::parse(data) {
-        assert_eq!(
-            &h.to_bytes()[..],
-            &data[..HEADER_LEN],
-            "header not canonical"
-        );
+        let mut canonical = h.to_bytes();
+        if h.ptype == PacketType::Data {
+            // seq, ts and flags are DataRepr's (reserved flag bits are not kept).
+            let d = DataRepr::parse_sent(data, &[]).expect("a DATA header");
+            d.emit_header(&h, &mut canonical);
+            canonical[1] |= data[1] & 0xc0;
+        }
+        assert_eq!(&canonical[..], &data[..HEADER_LEN], "header not canonical");
         // Opening with a wrong key must be an error, never a panic, whatever the length.
         let mut copy = data.to_vec();
         if h.ptype.is_handshake() {
@@ -349,6 +352,8 @@ impl Harness {
         let ptype = PacketType::from_u8(input.u8() % 6 + 1).unwrap_or(PacketType::Data);
         let link = LinkId::from(input.u8() % 4);
         let counter = input.u64();
+        // DATA's seq and flags travel in its header: the fuzzer picks them too.
+        let data_fields = (ptype == PacketType::Data).then(|| (input.u8(), input.u64()));
         let plaintext = input.bytes();
         let Some(k) = self.keys else {
             return;
@@ -367,9 +372,10 @@ impl Harness {
             } else {
                 session
             },
-            // Mostly far above the endpoints' own counters (fresh), sometimes anywhere.
+            // Mostly far above the endpoints' own counters (fresh, but within the 2^31 that
+            // DATA's 32-bit counter is extended over), sometimes anywhere.
             counter: if counter & 1 == 0 {
-                (1 << 40) + (counter >> 1) % 1_000_000
+                (1 << 24) + (counter >> 1) % 1_000_000
             } else {
                 counter
             },
@@ -385,6 +391,18 @@ impl Harness {
                 plaintext,
                 &mut d,
             );
+        } else if let Some((flags, seq)) = data_fields {
+            let aead = Aead::new(CipherId::ChaCha20Poly1305, key);
+            let body = Body::Data(DataRepr {
+                common: Common {
+                    link_seq: header.counter as u32,
+                    ts: (counter as u32) & !63,
+                },
+                seq,
+                flags,
+                payload: plaintext,
+            });
+            crypto::seal(&aead, &header, &body, &mut d);
         } else {
             let aead = Aead::new(CipherId::ChaCha20Poly1305, key);
             crypto::seal_plaintext(&aead, &header, plaintext, &mut d);
@@ -646,7 +664,8 @@ pub fn learn_addresses_report(data: &[u8]) -> LearnReport {
         steps += 1;
         match input.u8() % 6 {
             learn_op::SEALED => {
-                let link = input.u16();
+                // Link ids are 0..=255 (DATA has one byte for them).
+                let link = input.u16() & 0xff;
                 let src = learn_src(input.u8());
                 let jump = u64::from(input.u8());
                 let is_data = input.u8() & 1 == 1;
@@ -698,7 +717,8 @@ pub fn learn_addresses_report(data: &[u8]) -> LearnReport {
                 server.send_packet(now, &p);
             }
             _ => {
-                let link = input.u16();
+                // Link ids are 0..=255 (DATA has one byte for them).
+                let link = input.u16() & 0xff;
                 let src = learn_src(input.u8());
                 let pos = input.u8() as usize;
                 let counter = next.get(&link).copied().unwrap_or(0);
@@ -763,12 +783,12 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             }),
         ),
         (
-            "data-empty-unordered",
+            "data-unordered",
             Body::Data(DataRepr {
                 common,
                 seq: u64::MAX,
                 flags: crate::wire::FLAG_UNORDERED,
-                payload: &[],
+                payload: &payload[..20],
             }),
         ),
         (
@@ -829,6 +849,10 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         // receive: the same body sealed to the server with the real session keys.
         let mut prog = vec![op::SEALED_TO_SERVER, body.ptype() as u8 - 1, 1];
         prog.extend_from_slice(&0u64.to_be_bytes());
+        if let Body::Data(d) = body {
+            prog.push(d.flags);
+            prog.extend_from_slice(&d.seq.to_be_bytes());
+        }
         prog.extend_from_slice(&(plain.len() as u16).to_be_bytes());
         prog.extend_from_slice(&plain);
         out.push(("receive", format!("sealed-{name}"), prog));

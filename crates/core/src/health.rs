@@ -476,13 +476,7 @@ impl LinkHealth {
         bytes: usize,
         local_ts: u32,
     ) {
-        self.last_rx = Some(now);
-        self.rx_packets = self.rx_packets.wrapping_add(1);
-        self.rx_bytes = self.rx_bytes.wrapping_add(bytes as u64);
-        self.rx_seq_max = Some(match self.rx_seq_max {
-            Some(m) if (common.link_seq.wrapping_sub(m) as i32) <= 0 => m,
-            _ => common.link_seq,
-        });
+        self.on_untimed_packet_received(now, common.link_seq, bytes);
 
         let rel = local_ts.wrapping_sub(common.ts);
         let unwrapped = match self.rel_last {
@@ -500,6 +494,17 @@ impl LinkHealth {
                 self.rel_smooth += (unwrapped as f64 - self.rel_smooth) * REL_OWD_GAIN;
             }
         }
+    }
+    /// A packet arrived whose send time is not known (a DATA packet before the session's first
+    /// full timestamp): counted for loss and rate, not for one-way delay.
+    pub fn on_untimed_packet_received(&mut self, now: Instant, link_seq: u32, bytes: usize) {
+        self.last_rx = Some(now);
+        self.rx_packets = self.rx_packets.wrapping_add(1);
+        self.rx_bytes = self.rx_bytes.wrapping_add(bytes as u64);
+        self.rx_seq_max = Some(match self.rx_seq_max {
+            Some(m) if (link_seq.wrapping_sub(m) as i32) <= 0 => m,
+            _ => link_seq,
+        });
     }
     /// Fills the receiver-report fields of an ack (`rx_link_seq_max`, `rx_packets`, `rx_bytes`,
     /// `qdelay_us`). `owd_offset_us` is left to the endpoint, which sees every link.

@@ -154,6 +154,15 @@ impl LinkReplay {
         true
     }
 
+    /// The next counter expected on `link`: one more than the highest accepted there (0 for a
+    /// link without a window). DATA headers carry a counter's low 32 bits, extended against
+    /// this (`wire::extend`).
+    pub fn expected(&self, link: LinkId) -> u64 {
+        self.window(link)
+            .and_then(|w| w.highest())
+            .map_or(0, |h| h.saturating_add(1))
+    }
+
     /// Links with a window.
     pub fn links(&self) -> usize {
         self.windows.len()
@@ -168,6 +177,14 @@ pub struct LinkCounters {
 }
 
 impl LinkCounters {
+    /// The counter the next packet sealed on `link` will get, without taking it.
+    pub fn peek(&self, link: LinkId) -> u64 {
+        self.next
+            .iter()
+            .find(|(l, _)| *l == link)
+            .map_or(0, |(_, c)| *c)
+    }
+
     /// The counter for the next packet sealed on `link` (0 for a link's first).
     pub fn next(&mut self, link: LinkId) -> u64 {
         let i = match self.next.iter().position(|(l, _)| *l == link) {

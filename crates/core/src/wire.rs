@@ -1,4 +1,4 @@
-//! Wire protocol v1: every byte braid puts in a UDP datagram. The normative text is
+//! Wire protocol v2: every byte braid puts in a UDP datagram. The normative text is
 //! `docs/protocol.md`; this module is its only implementation.
 //!
 //! Shape (smoltcp style): a `Packet<T: AsRef<[u8]>>` view over bytes whose `new_checked` is the one
@@ -13,7 +13,19 @@
 //!  | ver  | type |  link id    | receiver session id      | counter (AEAD nonce)          |
 //!  +------+------+-------------+--------------------------+-------------------------------+
 //! ```
-//! then the sealed body: ciphertext || 16-byte tag. All integers big-endian. HELLO and HELLO-ACK
+//! then the sealed body: ciphertext || 16-byte tag. All integers big-endian.
+//!
+//! DATA has a compact header of its own (also 16 bytes, also the AEAD associated data), and its
+//! sealed body is the payload alone:
+//! ```text
+//!  0      1         2      3                    7                 11             14        16
+//!  +------+---------+------+--------------------+-----------------+--------------+---------+
+//!  | ver  |flags|typ| link | receiver session id| counter (low 32)| seq (low 24) | ts / 64 |
+//!  +------+---------+------+--------------------+-----------------+--------------+---------+
+//! ```
+//! The receiver extends the counter (against the link's anti-replay window), the bundle seq
+//! (against the highest it received) and the timestamp (against the peer's clock as it last saw
+//! it) to their full widths: see [`extend`]. HELLO and HELLO-ACK
 //! put a 32-byte random packet salt in clear between the header and the sealed body (it selects
 //! the packet's handshake key, `crypto`), and their whole length is fixed.
 //!
@@ -21,8 +33,8 @@
 //! ```text
 //! HELLO-ACK       (40): sender session id (4) | salt (32) | cipher (1) | reserved, zero (3)
 //! HELLO           (48): the same 40 bytes | timestamp (8, ns since the Unix epoch)
-//! common prefix      (8): link seq (4) | ts (4)
-//! DATA         (17 + n): common | seq (8) | flags (1) | payload (n >= 0)
+//! common prefix      (8): link seq (4, the low 32 bits of the counter) | ts (4)
+//! DATA              (n): payload (n >= 0); its fields are in the compact header
 //! PROBE        (12 + n): common | probe id (4) | n zero bytes of padding (n <= 65535)
 //! PROBE-ACK         (44): common | probe id (4) | echo ts (4) | hold us (4) | rx link seq max (4)
 //!                         | rx packets (4) | rx bytes (8) | qdelay us (4) | owd offset us (i32)
@@ -37,15 +49,29 @@
 use crate::LinkId;
 
 pub const VERSION: u8 = 2;
+/// Both header layouts (the long one of HELLO, PROBE, ... and DATA's compact one) are 16 bytes.
 pub const HEADER_LEN: usize = 16;
 pub const TAG_LEN: usize = 16;
 /// Sealed-body prefix common to DATA, PROBE, PROBE-ACK and CLOSE: link seq (4) + timestamp (4).
 pub const COMMON_LEN: usize = 8;
-/// Plaintext length of a DATA body before its payload.
-pub const DATA_HEADER_LEN: usize = COMMON_LEN + 8 + 1;
-/// Bytes braid adds around one tunnelled IP packet (outer header + DATA header + tag),
-/// not counting the outer IP and UDP headers.
+/// Plaintext length of a DATA body before its payload: nothing (DATA's fields are in its
+/// compact header).
+pub const DATA_HEADER_LEN: usize = 0;
+/// Bytes braid adds around one tunnelled IP packet (compact header + tag), not counting the
+/// outer IP and UDP headers.
 pub const DATA_OVERHEAD: usize = HEADER_LEN + DATA_HEADER_LEN + TAG_LEN;
+/// Largest link id: DATA's compact header has one byte for it (a bundle has at most 256 links).
+pub const MAX_LINK_ID: LinkId = u8::MAX as LinkId;
+/// Bits of the bundle seq a DATA header carries (the receiver extends them, [`extend`]).
+pub const DATA_SEQ_BITS: u32 = 24;
+/// Bits of the per-link counter a DATA header carries.
+pub const DATA_COUNTER_BITS: u32 = 32;
+/// Every `ts` braid sends is a multiple of this many microseconds (the low bits are zero), so
+/// that DATA can carry bits 6..22 of it exactly.
+pub const TS_UNIT_US: u32 = 64;
+/// Bits of `ts` a DATA header carries: bits 6..22 (16 bits in units of [`TS_UNIT_US`]; they
+/// wrap every 4.19 s).
+pub const DATA_TS_BITS: u32 = 22;
 /// HELLO body: the HELLO-ACK's fields and an 8-byte timestamp.
 pub const HELLO_LEN: usize = 48;
 /// HELLO-ACK body.
@@ -69,12 +95,23 @@ pub const MAX_NACK_RANGES: usize = 64;
 pub const MAX_PROBE_PADDING: usize = u16::MAX as usize;
 /// Smallest datagram that can possibly authenticate: a header and a tag around an empty body.
 pub const MIN_DATAGRAM_LEN: usize = HEADER_LEN + TAG_LEN;
+/// The packet type is the low nibble of byte 1 for DATA (the high nibble holds its flags); the
+/// other types use the whole byte.
+const TYPE_MASK: u8 = 0x0f;
+/// Most entries in one FEEDBACK body.
+pub const MAX_FEEDBACK_ENTRIES: usize = 256;
+/// Bytes of one FEEDBACK entry (`compress::Feedback`).
+pub const FEEDBACK_ENTRY_LEN: usize = 2;
 
 /// DATA flag: deliver without waiting for earlier sequence numbers (set by `flow-hash`).
+/// On the wire it is bit 4 of the type byte (`0x10`).
 pub const FLAG_UNORDERED: u8 = 0x01;
 /// DATA flag: a copy of a packet sent before (an answer to a NACK, or reinjected off a link that
 /// died); the receiver counts it and drops it if it already has the sequence number.
+/// On the wire it is bit 5 of the type byte (`0x20`).
 pub const FLAG_RETRANSMIT: u8 = 0x02;
+/// The DATA flags a sender may set (the others are reserved: sent as zero, ignored).
+const DATA_FLAGS_KNOWN: u8 = FLAG_UNORDERED | FLAG_RETRANSMIT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -86,6 +123,8 @@ pub enum PacketType {
     ProbeAck = 5,
     Close = 6,
     Nack = 7,
+    /// Header-compression feedback (docs/protocol.md §5.8).
+    Feedback = 8,
 }
 
 impl PacketType {
@@ -99,6 +138,7 @@ impl PacketType {
             5 => PacketType::ProbeAck,
             6 => PacketType::Close,
             7 => PacketType::Nack,
+            8 => PacketType::Feedback,
             _ => return None,
         })
     }
@@ -152,10 +192,12 @@ mod field {
     pub const LINK_SEQ: Field = 0..4;
     pub const TS: Field = 4..8;
 
-    // DATA.
-    pub const DATA_SEQ: Field = 8..16;
-    pub const DATA_FLAGS: usize = 16;
-    pub const DATA_PAYLOAD: Rest = 17..;
+    // DATA's compact header (VERSION and TYPE as above; TYPE's high nibble holds the flags).
+    pub const D_LINK: usize = 2;
+    pub const D_SESSION: Field = 3..7;
+    pub const D_COUNTER: Field = 7..11;
+    pub const D_SEQ: Field = 11..14;
+    pub const D_TS: Field = 14..16;
 
     // PROBE.
     pub const PROBE_ID: Field = 8..12;
@@ -173,6 +215,8 @@ mod field {
 
     // NACK.
     pub const NACK_RANGES: Rest = 8..;
+    // FEEDBACK.
+    pub const FEEDBACK_ENTRIES: Rest = 8..;
     // Within one range.
     pub const RANGE_FIRST: Field = 0..8;
     pub const RANGE_COUNT: Field = 8..10;
@@ -302,7 +346,19 @@ impl Header {
         if p.version() != VERSION {
             return Err(WireError::Version(p.version()));
         }
+        if p.packet_type() & TYPE_MASK == PacketType::Data as u8 {
+            // The compact layout: `counter` is the low 32 bits as sent (the receiver extends it).
+            return Ok(Header {
+                ptype: PacketType::Data,
+                link: LinkId::from(datagram[field::D_LINK]),
+                session: get_u32(datagram, field::D_SESSION),
+                counter: u64::from(get_u32(datagram, field::D_COUNTER)),
+            });
+        }
         let ptype = PacketType::try_from(p.packet_type())?;
+        if p.link() > MAX_LINK_ID {
+            return Err(WireError::Malformed);
+        }
         Ok(Header {
             ptype,
             link: p.link(),
@@ -315,8 +371,20 @@ impl Header {
         HEADER_LEN
     }
 
-    /// Writes the 16 header bytes at the start of `buf` (at least [`HEADER_LEN`] long).
+    /// Writes the 16 header bytes at the start of `buf` (at least [`HEADER_LEN`] long). A DATA
+    /// header gets the compact layout with seq, ts and flags zero ([`DataRepr::emit_header`]
+    /// writes the real ones) and the counter's low 32 bits.
     pub fn emit(&self, buf: &mut [u8]) {
+        if self.ptype == PacketType::Data {
+            DataRepr {
+                common: Common::default(),
+                seq: 0,
+                flags: 0,
+                payload: &[],
+            }
+            .emit_header(self, buf);
+            return;
+        }
         let mut p = Packet::new_unchecked(&mut buf[..HEADER_LEN]);
         p.set_version(VERSION);
         p.set_packet_type(self.ptype as u8);
@@ -590,6 +658,15 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
         let n = self.buffer.as_ref().len();
         let (min, max) = match self.ptype {
             PacketType::Data => (DATA_HEADER_LEN, usize::MAX),
+            PacketType::Feedback => {
+                if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(FEEDBACK_ENTRY_LEN) {
+                    return Err(WireError::Malformed);
+                }
+                (
+                    COMMON_LEN + FEEDBACK_ENTRY_LEN,
+                    COMMON_LEN + FEEDBACK_ENTRY_LEN * MAX_FEEDBACK_ENTRIES,
+                )
+            }
             PacketType::Probe => (PROBE_LEN, PROBE_LEN + MAX_PROBE_PADDING),
             PacketType::ProbeAck => (PROBE_ACK_LEN, PROBE_ACK_LEN),
             PacketType::Close => (COMMON_LEN, COMMON_LEN),
@@ -624,14 +701,6 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
     pub fn common(&self) -> Common {
         Common::read(self.buffer.as_ref())
-    }
-
-    // DATA
-    pub fn data_seq(&self) -> u64 {
-        get_u64(self.buffer.as_ref(), field::DATA_SEQ)
-    }
-    pub fn data_flags(&self) -> u8 {
-        self.buffer.as_ref()[field::DATA_FLAGS]
     }
 
     // PROBE
@@ -670,9 +739,9 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
 }
 
 impl<'a> BodyPacket<&'a [u8]> {
-    /// DATA payload, borrowed for the buffer's lifetime.
-    pub fn data_payload(&self) -> &'a [u8] {
-        &self.buffer[field::DATA_PAYLOAD]
+    /// FEEDBACK entries, raw (a whole number of 2-byte entries after `check_len`).
+    pub fn feedback_entries(&self) -> &'a [u8] {
+        &self.buffer[field::FEEDBACK_ENTRIES]
     }
     /// NACK ranges, raw (a whole number of [`NACK_RANGE_LEN`]-byte ranges after `check_len`).
     pub fn nack_ranges(&self) -> &'a [u8] {
@@ -686,13 +755,98 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BodyPacket<T> {
     }
 }
 
+/// A DATA packet. On the wire its fields are in the compact header, truncated: `common.link_seq`
+/// is the packet's counter, `seq` and `common.ts` are sent in their low 24 and bits 6..22; the
+/// receiver extends them ([`extend`], [`extend_ts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataRepr<'a> {
     pub common: Common,
     /// Bundle-wide data sequence number (for reordering and de-duplication).
     pub seq: u64,
+    /// [`FLAG_UNORDERED`], [`FLAG_RETRANSMIT`].
     pub flags: u8,
     pub payload: &'a [u8],
+}
+
+impl<'a> DataRepr<'a> {
+    /// Reads a DATA packet's fields as sent: `header` is the datagram's first [`HEADER_LEN`]
+    /// bytes (already accepted by [`Header::parse`]), `payload` its opened body. `seq` holds the
+    /// low 24 bits, `common.ts` bits 6..22 (the rest zero), `common.link_seq` the counter's low
+    /// 32 bits. Reserved flag bits are dropped.
+    pub fn parse_sent(header: &[u8], payload: &'a [u8]) -> Result<DataRepr<'a>, WireError> {
+        if header.len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        let seq = u32::from_be_bytes([0, header[11], header[12], header[13]]);
+        debug_assert_eq!(field::D_SEQ, 11..14);
+        let ts = u32::from(get_u16(header, field::D_TS)) * TS_UNIT_US;
+        Ok(DataRepr {
+            common: Common {
+                link_seq: get_u32(header, field::D_COUNTER),
+                ts,
+            },
+            seq: u64::from(seq),
+            flags: (header[field::TYPE] >> 4) & DATA_FLAGS_KNOWN,
+            payload,
+        })
+    }
+
+    /// Writes the 16-byte compact header of this packet sent under `header` (link, session,
+    /// counter) at the start of `buf`.
+    pub fn emit_header(&self, header: &Header, buf: &mut [u8]) {
+        let buf = &mut buf[..HEADER_LEN];
+        buf[field::VERSION] = VERSION;
+        buf[field::TYPE] = PacketType::Data as u8 | ((self.flags & DATA_FLAGS_KNOWN) << 4);
+        buf[field::D_LINK] = header.link as u8;
+        put_u32(buf, field::D_SESSION, header.session);
+        put_u32(buf, field::D_COUNTER, header.counter as u32);
+        buf[field::D_SEQ].copy_from_slice(&(self.seq as u32).to_be_bytes()[1..]);
+        put_u16(buf, field::D_TS, (self.common.ts / TS_UNIT_US) as u16);
+    }
+}
+
+/// The full value of a counter sent in its low `bits` bits (QUIC's packet number decoding,
+/// RFC 9000 A.3): the value congruent to `wire` modulo `2^bits` nearest to `expected` (the
+/// receiver's next expected value: one more than the highest it has accepted). Exact while the
+/// true value is within `2^(bits-1)` of `expected`.
+pub fn extend(expected: u64, wire: u64, bits: u32) -> u64 {
+    let win = 1u64 << bits;
+    let half = win / 2;
+    let mask = win - 1;
+    let cand = (expected & !mask) | (wire & mask);
+    if cand.saturating_add(half) <= expected && cand <= u64::MAX - win {
+        cand + win
+    } else if cand > expected.saturating_add(half) && cand >= win {
+        cand - win
+    } else {
+        cand
+    }
+}
+
+/// The full 32-bit `ts` (wrapping microseconds) of a DATA packet from its bits 6..22 `sent` (as
+/// [`DataRepr::parse_sent`] gives them): the value nearest to `expected`, the sender's clock as
+/// the receiver predicts it. Exact while the prediction is within 2.09 s of the truth.
+pub fn extend_ts(expected: u32, sent: u32) -> u32 {
+    let win = 1u32 << DATA_TS_BITS;
+    let mask = win - 1;
+    let cand = (expected & !mask) | (sent & mask);
+    let d = cand.wrapping_sub(expected) as i32;
+    if d > (win / 2) as i32 {
+        cand.wrapping_sub(win)
+    } else if d < -((win / 2) as i32) {
+        cand.wrapping_add(win)
+    } else {
+        cand
+    }
+}
+
+/// FEEDBACK: header-compression feedback entries (`compress::Feedback`, 2 bytes each, 1 to
+/// [`MAX_FEEDBACK_ENTRIES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedbackRepr<'a> {
+    pub common: Common,
+    /// The encoded entries.
+    pub entries: &'a [u8],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -778,21 +932,32 @@ pub enum Body<'a> {
     ProbeAck(ProbeAckRepr),
     Close(Common),
     Nack(NackRepr<'a>),
+    Feedback(FeedbackRepr<'a>),
 }
 
 impl<'a> Body<'a> {
     /// Parses the plaintext of a session packet whose header said `ptype`. Lengths are checked
     /// per type (see [`BodyPacket::check_len`]); PROBE padding must be zero bytes.
     pub fn parse(ptype: PacketType, plaintext: &'a [u8]) -> Result<Body<'a>, WireError> {
+        if ptype == PacketType::Data {
+            // DATA's fields are in its header: DataRepr::parse_sent.
+            return Err(WireError::Malformed);
+        }
         let p = BodyPacket::new_checked(ptype, plaintext)?;
         let common = p.common();
         Ok(match ptype {
-            PacketType::Data => Body::Data(DataRepr {
-                common,
-                seq: p.data_seq(),
-                flags: p.data_flags(),
-                payload: p.data_payload(),
-            }),
+            PacketType::Data => return Err(WireError::Malformed),
+            PacketType::Feedback => {
+                let entries = p.feedback_entries();
+                // Bit 12 of every entry is reserved (zero).
+                if entries
+                    .chunks_exact(FEEDBACK_ENTRY_LEN)
+                    .any(|e| e[0] & 0x10 != 0)
+                {
+                    return Err(WireError::Malformed);
+                }
+                Body::Feedback(FeedbackRepr { common, entries })
+            }
             PacketType::Probe => {
                 let padding = p.probe_padding();
                 if padding.iter().any(|&b| b != 0) {
@@ -838,6 +1003,7 @@ impl<'a> Body<'a> {
             Body::ProbeAck(_) => PacketType::ProbeAck,
             Body::Close(_) => PacketType::Close,
             Body::Nack(_) => PacketType::Nack,
+            Body::Feedback(_) => PacketType::Feedback,
         }
     }
 
@@ -848,30 +1014,33 @@ impl<'a> Body<'a> {
             Body::ProbeAck(a) => a.common,
             Body::Close(c) => *c,
             Body::Nack(n) => n.common,
+            Body::Feedback(f) => f.common,
         }
     }
 
     /// Plaintext length of this body (the sealed body is `buffer_len() + TAG_LEN`).
     pub fn buffer_len(&self) -> usize {
         match self {
-            Body::Data(d) => DATA_HEADER_LEN + d.payload.len(),
+            Body::Data(d) => d.payload.len(),
             Body::Probe(p) => PROBE_LEN + p.padding as usize,
             Body::ProbeAck(_) => PROBE_ACK_LEN,
             Body::Close(_) => COMMON_LEN,
             Body::Nack(n) => COMMON_LEN + n.ranges.len(),
+            Body::Feedback(f) => COMMON_LEN + f.entries.len(),
         }
     }
 
-    /// Writes exactly `buffer_len()` bytes at the start of `buf`.
+    /// Writes exactly `buffer_len()` bytes at the start of `buf` (DATA: the payload; its fields
+    /// go in its header, [`DataRepr::emit_header`]).
     pub fn emit(&self, buf: &mut [u8]) {
         let buf = &mut buf[..self.buffer_len()];
+        if let Body::Data(d) = self {
+            buf.copy_from_slice(d.payload);
+            return;
+        }
         self.common().write(buf);
         match self {
-            Body::Data(d) => {
-                put_u64(buf, field::DATA_SEQ, d.seq);
-                buf[field::DATA_FLAGS] = d.flags;
-                buf[field::DATA_PAYLOAD].copy_from_slice(d.payload);
-            }
+            Body::Data(_) => {}
             Body::Probe(p) => {
                 put_u32(buf, field::PROBE_ID, p.probe_id);
                 buf[field::PROBE_PADDING].fill(0);
@@ -888,6 +1057,7 @@ impl<'a> Body<'a> {
             }
             Body::Close(_) => {}
             Body::Nack(n) => buf[field::NACK_RANGES].copy_from_slice(n.ranges),
+            Body::Feedback(f) => buf[field::FEEDBACK_ENTRIES].copy_from_slice(f.entries),
         }
     }
 }
@@ -899,8 +1069,11 @@ mod tests {
 
     #[test]
     fn layout_constants() {
-        assert_eq!(DATA_HEADER_LEN, 17);
-        assert_eq!(DATA_OVERHEAD, 49);
+        assert_eq!(DATA_HEADER_LEN, 0);
+        assert_eq!(DATA_OVERHEAD, 32);
+        // Issue 11: at most 60 bytes per packet with outer IPv4 and UDP.
+        const { assert!(28 + DATA_OVERHEAD <= 60) };
+        assert_eq!(field::D_TS.end, HEADER_LEN);
         assert_eq!(PROBE_LEN, 12);
         assert_eq!(PROBE_ACK_LEN, 44);
         assert_eq!(field::ACK_OWD_OFFSET_US.end, PROBE_ACK_LEN);
@@ -913,16 +1086,90 @@ mod tests {
     #[test]
     fn header_bytes_are_as_specified() {
         let h = Header {
-            ptype: PacketType::Data,
-            link: 0x0102,
+            ptype: PacketType::Probe,
+            link: 0x0012,
             session: 0x0304_0506,
             counter: 0x0708_090a_0b0c_0d0e,
         };
         assert_eq!(
             h.to_bytes(),
-            [2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            [2, 4, 0, 0x12, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
         );
         assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
+        // A link id above 255 cannot carry DATA: refused in every header.
+        let mut b = h.to_bytes();
+        b[2] = 1;
+        assert_eq!(Header::parse(&b), Err(WireError::Malformed));
+    }
+
+    #[test]
+    fn data_header_bytes_are_as_specified() {
+        let h = Header {
+            ptype: PacketType::Data,
+            link: 0x12,
+            session: 0x0304_0506,
+            counter: 0x0708_090a_0b0c_0d0e,
+        };
+        let d = DataRepr {
+            common: Common {
+                link_seq: 0,
+                ts: 0x1234_5678,
+            },
+            seq: 0x0102_0304_0506_0708,
+            flags: FLAG_RETRANSMIT | FLAG_UNORDERED | 0x80,
+            payload: b"x",
+        };
+        let mut b = [0u8; HEADER_LEN];
+        d.emit_header(&h, &mut b);
+        // ts / 64 = 0x0048d159: its low 16 bits.
+        assert_eq!(
+            b,
+            [2, 0x33, 0x12, 3, 4, 5, 6, 0x0b, 0x0c, 0x0d, 0x0e, 0x06, 0x07, 0x08, 0xd1, 0x59]
+        );
+        let parsed = Header::parse(&b).unwrap();
+        assert_eq!(
+            parsed,
+            Header {
+                counter: 0x0b0c_0d0e,
+                ..h
+            }
+        );
+        let sent = DataRepr::parse_sent(&b, b"x").unwrap();
+        assert_eq!(sent.seq, 0x06_0708);
+        assert_eq!(sent.common.link_seq, 0x0b0c_0d0e);
+        assert_eq!(sent.common.ts, 0xd159 * 64);
+        assert_eq!(sent.flags, FLAG_RETRANSMIT | FLAG_UNORDERED);
+        // Extended against nearby references, every field comes back whole.
+        assert_eq!(
+            extend(0x0102_0304_0500_0000, sent.seq, DATA_SEQ_BITS),
+            0x0102_0304_0506_0708
+        );
+        assert_eq!(
+            extend(0x0708_090a_0b00_0000, parsed.counter, DATA_COUNTER_BITS),
+            0x0708_090a_0b0c_0d0e
+        );
+        assert_eq!(extend_ts(0x1230_0000, sent.common.ts), 0x1234_5640);
+        // Reserved flag bits are ignored on receipt.
+        b[1] |= 0xc0;
+        assert_eq!(Header::parse(&b), Ok(parsed));
+        assert_eq!(DataRepr::parse_sent(&b, b"").unwrap().flags, 3);
+    }
+
+    #[test]
+    fn extension_picks_the_nearest_value() {
+        // RFC 9000 A.3's example: largest 0xa82f30ea, 16 bits 0x9b32 -> 0xa82f9b32.
+        assert_eq!(extend(0xa82f_30eb, 0x9b32, 16), 0xa82f_9b32);
+        // Around 0 and the top, never wrapping.
+        assert_eq!(extend(0, 0xff_ffff, 24), 0xff_ffff);
+        assert_eq!(extend(5, 3, 24), 3);
+        assert_eq!(extend(u64::MAX, 0, 24), u64::MAX - 0xff_ffff);
+        // A value a little behind and a little ahead of the reference, across a wrap of the
+        // low bits.
+        assert_eq!(extend(0x0100_0002, 0xff_fffe, 24), 0x00ff_fffe);
+        assert_eq!(extend(0x00ff_fffe, 0x00_0003, 24), 0x0100_0003);
+        // ts: wrapping 32-bit clock, 22 bits sent.
+        assert_eq!(extend_ts(0xffff_ff00, 0x40), 0x0000_0040);
+        assert_eq!(extend_ts(0x0000_0040, 0x3f_ff00), 0xffff_ff00);
     }
 
     #[test]
@@ -942,7 +1189,7 @@ mod tests {
             assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
         }
         b[0] = VERSION;
-        for t in [0u8, 8, 255] {
+        for t in [0u8, 9, 0x14, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -994,8 +1241,20 @@ mod tests {
     #[test]
     fn body_lengths_are_checked() {
         use PacketType::*;
-        assert_eq!(Body::parse(Data, &[0; 16]), Err(WireError::Truncated));
-        assert!(Body::parse(Data, &[0; 17]).is_ok());
+        // DATA's fields are in its header (DataRepr::parse_sent), not in a body.
+        assert_eq!(Body::parse(Data, &[0; 17]), Err(WireError::Malformed));
+        assert_eq!(Body::parse(Feedback, &[0; 8]), Err(WireError::Truncated));
+        assert_eq!(Body::parse(Feedback, &[0; 9]), Err(WireError::Malformed));
+        assert_eq!(Body::parse(Feedback, &[0; 11]), Err(WireError::Malformed));
+        assert!(Body::parse(Feedback, &[0; 10]).is_ok());
+        assert!(Body::parse(Feedback, &[0; 8 + 512]).is_ok());
+        assert_eq!(
+            Body::parse(Feedback, &[0; 8 + 514]),
+            Err(WireError::Malformed)
+        );
+        let mut reserved = [0u8; 12];
+        reserved[10] = 0x10;
+        assert_eq!(Body::parse(Feedback, &reserved), Err(WireError::Malformed));
         assert_eq!(Body::parse(Probe, &[0; 11]), Err(WireError::Truncated));
         assert!(Body::parse(Probe, &[0; 12 + 65535]).is_ok());
         assert_eq!(
@@ -1115,7 +1374,7 @@ mod tests {
             if let Some(t) = PacketType::from_u8(v) {
                 assert_eq!(t as u8, v);
             } else {
-                assert!(v == 0 || v > 7);
+                assert!(v == 0 || v > 8);
             }
             if let Some(c) = CipherId::from_u8(v) {
                 assert_eq!(c as u8, v);
@@ -1130,7 +1389,7 @@ mod tests {
     }
 
     fn arb_ptype() -> impl Strategy<Value = PacketType> {
-        (1u8..=7).prop_map(|v| PacketType::from_u8(v).unwrap())
+        (1u8..=8).prop_map(|v| PacketType::from_u8(v).unwrap())
     }
 
     /// A body with an owned payload (DataRepr borrows).
@@ -1141,6 +1400,7 @@ mod tests {
         ProbeAck(ProbeAckRepr),
         Close(Common),
         Nack(Common, Vec<u8>),
+        Feedback(Common, Vec<u8>),
     }
 
     impl OwnedBody {
@@ -1156,6 +1416,10 @@ mod tests {
                 OwnedBody::ProbeAck(a) => Body::ProbeAck(*a),
                 OwnedBody::Close(c) => Body::Close(*c),
                 OwnedBody::Nack(c, ranges) => Body::Nack(NackRepr { common: *c, ranges }),
+                OwnedBody::Feedback(c, entries) => Body::Feedback(FeedbackRepr {
+                    common: *c,
+                    entries,
+                }),
             }
         }
     }
@@ -1197,6 +1461,14 @@ mod tests {
             arb_common().prop_map(OwnedBody::Close),
             (
                 arb_common(),
+                proptest::collection::vec(any::<u16>(), 1..=MAX_FEEDBACK_ENTRIES)
+            )
+                .prop_map(|(c, e)| OwnedBody::Feedback(
+                    c,
+                    e.iter().flat_map(|v| (v & !0x1000).to_be_bytes()).collect()
+                )),
+            (
+                arb_common(),
                 proptest::collection::vec((any::<u64>(), 1u16..), 1..=MAX_NACK_RANGES)
             )
                 .prop_map(|(c, ranges)| {
@@ -1213,8 +1485,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn header_round_trip(t in arb_ptype(), link: u16, session: u32, counter: u64,
+        fn header_round_trip(t in arb_ptype(), link in 0..=MAX_LINK_ID, session: u32, counter: u64,
                              tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+            // DATA's compact header carries the counter's low 32 bits.
+            let counter = if t == PacketType::Data { counter as u32 as u64 } else { counter };
             let h = Header { ptype: t, link, session, counter };
             let mut b = vec![0xaa; HEADER_LEN];
             h.emit(&mut b);
@@ -1249,17 +1523,29 @@ mod tests {
             let mut c = vec![!junk; n];
             body.emit(&mut c);
             prop_assert_eq!(&b[..n], &c[..]);
-            prop_assert_eq!(Body::parse(body.ptype(), &b[..n]), Ok(body));
+            match body {
+                Body::Data(d) => prop_assert_eq!(&b[..n], d.payload),
+                _ => prop_assert_eq!(Body::parse(body.ptype(), &b[..n]), Ok(body)),
+            }
         }
 
         #[test]
         fn parse_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             if let Ok(h) = Header::parse(&bytes) {
-                prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
+                if h.ptype == PacketType::Data {
+                    // seq, ts and flags are DataRepr's; the rest re-emits.
+                    prop_assert_eq!(&h.to_bytes()[2..11], &bytes[2..11]);
+                    let d = DataRepr::parse_sent(&bytes, &[]).unwrap();
+                    let mut out = [0u8; HEADER_LEN];
+                    d.emit_header(&h, &mut out);
+                    prop_assert_eq!(&out[2..], &bytes[2..HEADER_LEN]);
+                } else {
+                    prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
+                }
             }
             let _ = HelloRepr::parse(&bytes);
             let _ = HelloAckRepr::parse(&bytes);
-            for t in 1..=7u8 {
+            for t in 1..=8u8 {
                 let t = PacketType::from_u8(t).unwrap();
                 if let Ok(body) = Body::parse(t, &bytes) {
                     // Whatever parses, re-emits to the same bytes (the encoding is canonical).

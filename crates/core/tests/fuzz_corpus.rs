@@ -111,7 +111,7 @@ fn receive_harness_reaches_the_endpoint() {
     assert!(empty.keys_observed, "handshake not observed");
     assert!(empty.client.session.is_some() && empty.server.session.is_some());
 
-    let r = receive_path_report(&seed("sealed-data-empty-unordered"));
+    let r = receive_path_report(&seed("sealed-data-unordered"));
     assert!(r.keys_observed);
     assert_eq!(r.server.drops.auth, 0, "{:?}", r.server.drops);
     assert!(

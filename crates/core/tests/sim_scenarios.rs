@@ -202,7 +202,12 @@ fn equalisation_gives_bulk_packets_the_slowest_links_delay() {
             && (33.0..40.0).contains(&r.added_latency_p99_ms),
         "bulk packets held to about 40 ms: {r:?}"
     );
-    assert!(r.delivered_ratio > 0.99 && r.out_of_order == 0, "{r:?}");
+    // Everything arrives, in order; the rate ratio is a little under 1 because the packets of the
+    // run's last 35 ms are still held when it ends.
+    assert!(
+        r.lost == 0 && r.delivered == r.sent && r.out_of_order == 0 && r.delivered_ratio > 0.985,
+        "{r:?}"
+    );
     let r = sim::run(&light("small packets").packet_size(100));
     show(&r);
     assert!(r.added_latency_p99_ms < 3.0, "acks are not held: {r:?}");

@@ -79,6 +79,8 @@ struct BundleRepr {
     reorder_max_ms: Option<Spanned<u64>>,
     /// Bound of delay equalisation, milliseconds (0: off; default the core's, 100).
     equalize_max_ms: Option<Spanned<u64>>,
+    /// Inner header compression of the DATA this end sends (default on).
+    compression: Option<bool>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
@@ -119,6 +121,8 @@ pub struct Config {
     pub reorder_max: Option<Duration>,
     /// Bound of delay equalisation (`Some(ZERO)`: off; `None`: the core's default).
     pub equalize_max: Option<Duration>,
+    /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
+    pub compression: bool,
     pub connect_timeout: Option<Duration>,
     pub txqueuelen: u32,
     pub links: Vec<LinkSpec>,
@@ -375,6 +379,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         down_after: ms(&b.down_after_ms, "bundle.down_after_ms", 1, 600_000)?,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
+        compression: b.compression.unwrap_or(true),
         connect_timeout,
         txqueuelen: src
             .optional(&b.txqueuelen, "bundle.txqueuelen", |&q| {
@@ -561,6 +566,13 @@ mod tests {
     fn equalisation_bound() {
         let c = parse(&client("", LINKS)).unwrap();
         assert_eq!(c.equalize_max, None, "the core's default");
+        assert!(c.compression, "on by default");
+        assert!(
+            !parse(&client("compression = false", LINKS))
+                .unwrap()
+                .compression
+        );
+        assert!(parse(&client("compression = \"no\"", LINKS)).is_err());
         let c = parse(&client("equalize_max_ms = 0", LINKS)).unwrap();
         assert_eq!(c.equalize_max, Some(Duration::ZERO), "off");
         let c = parse(&client("equalize_max_ms = 250", LINKS)).unwrap();

@@ -342,6 +342,46 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "TCP segments written to the TUN glued into larger writes",
         &[(b.clone(), t.glued_packets)],
     );
+    let c = &s.compression;
+    let labelled = |pairs: &[(&str, &str)], v: u64| {
+        let mut l = bundle(n);
+        l.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        (l, v)
+    };
+    r.counter(
+        "compression_packets",
+        "DATA payloads by direction and encoding (inner header compression)",
+        &[
+            labelled(&[("direction", "tx"), ("encoding", "plain")], c.tx_plain),
+            labelled(&[("direction", "tx"), ("encoding", "full")], c.tx_full),
+            labelled(
+                &[("direction", "tx"), ("encoding", "compressed")],
+                c.tx_compressed,
+            ),
+            labelled(&[("direction", "rx"), ("encoding", "plain")], c.rx_plain),
+            labelled(&[("direction", "rx"), ("encoding", "full")], c.rx_full),
+            labelled(
+                &[("direction", "rx"), ("encoding", "compressed")],
+                c.rx_compressed,
+            ),
+        ],
+    );
+    r.counter(
+        "compression_saved_bytes",
+        "Inner header bytes not sent (tx) or rebuilt (rx)",
+        &[
+            labelled(&[("direction", "tx")], c.tx_bytes_saved),
+            labelled(&[("direction", "rx")], c.rx_bytes_saved),
+        ],
+    );
+    r.counter(
+        "compression_drops",
+        "Received DATA payloads that did not decompress, by reason",
+        &[
+            labelled(&[("reason", "no_context")], c.rx_dropped_no_context),
+            labelled(&[("reason", "malformed")], c.rx_dropped_malformed),
+        ],
+    );
     r.counter(
         "tun_rx_packets",
         "IP packets read from the TUN device",

@@ -207,6 +207,7 @@ impl Runner {
         if let Some(e) = cfg.equalize_max {
             ep_cfg.equalize_max = e;
         }
+        ep_cfg.compression = cfg.compression;
         if let Some(m) = cfg.reorder_max {
             ep_cfg.reorder.max_timeout = m;
             ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
@@ -578,6 +579,10 @@ impl Runner {
                 Event::LinkLearned { link, addr } => {
                     tracing::info!("link {} learned: client at {addr}", self.link_name(link))
                 }
+                Event::VersionMismatch { theirs, ours } => tracing::error!(
+                    "the peer speaks braid wire protocol version {theirs}, this braid speaks \
+                     version {ours}: run the same braid release at both ends"
+                ),
             }
         }
     }
