@@ -117,12 +117,6 @@ impl SentRing {
     }
 
     /// The packet sent as `seq`, if still held.
-    pub fn get(&self, seq: u64) -> Option<&Sent> {
-        let i = self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?;
-        self.entries.get(i)
-    }
-
-    /// The packet sent as `seq`, if still held.
     pub fn get_mut(&mut self, seq: u64) -> Option<&mut Sent> {
         let i = self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?;
         self.entries.get_mut(i)

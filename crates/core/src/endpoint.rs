@@ -261,20 +261,6 @@ const REPAIR_BURST: f64 = 8.0;
 /// another one delivers is avoided at once (its packets would be lost), well before its probes
 /// time out and it is declared DOWN.
 const SILENCE_SLACK: Duration = Duration::from_millis(50);
-/// A link that was bringing us data is silent sooner: after `max(3 x its smoothed data
-/// inter-arrival, srtt / 2 + 4 x rttvar, QUIET_MIN)` with nothing from it (its data comes several
-/// times a round trip, so a pause that long is not jitter). Both ends then act at once: the
-/// receiver stops waiting for the link in its reorder buffer and holds the gaps it leaves for
-/// the copies (NACKing them), the sender reinjects; detection was the largest part of the stall.
-const QUIET_MIN: Duration = Duration::from_millis(50);
-/// After a link falls silent, lost gaps are NACKed and held for their copies this long, even
-/// with [`Config::nack`] off: the dead link's packets are reinjected, not lost.
-const FAILOVER_REPAIR: Duration = Duration::from_secs(1);
-/// A NACK naming at least this many packets first sent on one link, which has brought nothing
-/// for [`QUIET_MIN`], tells the sender that link died: it is silenced and what it carried lately
-/// is reinjected, without waiting for its own silence rule (the data sender may hear little on
-/// a link that carries the peer's few ACKs).
-const FAILOVER_NACK_MIN: usize = 4;
 /// Sequence numbers resent per NACK at most (a range may name up to 65535).
 const MAX_RESEND_PER_NACK: usize = 4096;
 /// Packets shorter than this are not held for delay equalisation: pure TCP acks, DNS, keystrokes
@@ -352,8 +338,6 @@ struct Link {
     rx_meter: Meter,
     /// Last time a DATA packet arrived on this link.
     last_data_rx: Option<Instant>,
-    /// Smoothed time between DATA arrivals on this link (gain 1/8, samples capped at 1 s).
-    data_gap: Option<Duration>,
     last_rx: Option<Instant>,
     /// Silent (see [`Endpoint::is_silent`]) at the last look: avoided, and what it carried
     /// lately was reinjected.
@@ -405,8 +389,6 @@ pub struct Endpoint {
     nack_ranges: Vec<SeqRange>,
     resend_seqs: Vec<u64>,
     nack_buf: Vec<u8>,
-    /// Lost gaps are NACKed and held until then (a link fell silent; see [`FAILOVER_REPAIR`]).
-    failover_until: Option<Instant>,
 }
 
 const POOL_MAX: usize = 4096;
@@ -459,7 +441,6 @@ impl Endpoint {
             nack_ranges: Vec::new(),
             resend_seqs: Vec::new(),
             nack_buf: Vec::new(),
-            failover_until: None,
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -493,7 +474,6 @@ impl Endpoint {
             tx_meter: Meter::default(),
             rx_meter: Meter::default(),
             last_data_rx: None,
-            data_gap: None,
             last_rx: None,
             silent: false,
             silence_checked: None,
@@ -862,8 +842,6 @@ impl Endpoint {
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
         link.last_rx = Some(now);
-        // A silent link stays so until it brings something again.
-        link.silent = false;
         let common = body.common();
         link.health
             .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
@@ -876,13 +854,6 @@ impl Endpoint {
 
         match body {
             Body::Data(d) => {
-                if let Some(prev) = link.last_data_rx {
-                    let gap = now.saturating_duration_since(prev).min(Duration::from_secs(1));
-                    link.data_gap = Some(match link.data_gap {
-                        Some(g) => (g * 7 + gap) / 8,
-                        None => gap,
-                    });
-                }
                 link.last_data_rx = Some(now);
                 let mut buf = self.take_buf();
                 buf.extend_from_slice(d.payload);
@@ -943,8 +914,7 @@ impl Endpoint {
 
     /// Sets the repair wait (receiver) and the ring's age bound (sender) from the links' RTTs.
     fn tick_repair(&mut self, now: Instant) {
-        let failover = self.failover_until.is_some_and(|t| now < t);
-        if !self.cfg.repair || !(self.cfg.nack || failover) {
+        if !self.cfg.repair || !self.cfg.nack {
             self.reorder.set_repair_wait(Duration::ZERO);
             return;
         }
@@ -1021,27 +991,11 @@ impl Endpoint {
 
     /// How long a link may bring nothing before [`is_silent`](Self::is_silent) calls it silent.
     fn silence_after(&self, li: usize) -> Duration {
-        let l = &self.links[li];
         let floor = self.cfg.health.probe_interval + SILENCE_SLACK;
-        let slow = l.health.srtt().map_or(floor, |s| (3 * s).max(floor));
-        self.quiet_after(li).map_or(slow, |q| q.min(slow))
-    }
-
-    /// The quicker silence bound of a link that was bringing us data up to its last packet
-    /// (see [`QUIET_MIN`]); `None` for a link that carries only keepalives or little data.
-    fn quiet_after(&self, li: usize) -> Option<Duration> {
-        let l = &self.links[li];
-        let gap = l.data_gap?;
-        let (last, data) = (l.last_rx?, l.last_data_rx?);
-        // Data kept coming until the link's last packet.
-        if last.saturating_duration_since(data) > 2 * gap {
-            return None;
-        }
-        let jitter = match (l.health.srtt(), l.health.rttvar()) {
-            (Some(s), Some(v)) => s / 2 + 4 * v,
-            _ => Duration::ZERO,
-        };
-        Some((3 * gap).max(jitter).max(QUIET_MIN))
+        self.links[li]
+            .health
+            .srtt()
+            .map_or(floor, |s| (3 * s).max(floor))
     }
 
     /// Link index `li` has brought nothing (not even the peer's probes) for
@@ -1054,7 +1008,6 @@ impl Endpoint {
         let Some(last) = self.links[li].last_rx else {
             return false;
         };
-
         let after = self.silence_after(li);
         now.saturating_duration_since(last) >= after
             && self.links.iter().enumerate().any(|(j, l)| {
@@ -1073,20 +1026,11 @@ impl Endpoint {
                 self.links[li].silence_checked = self.links[li].last_rx;
             }
             if silent && !self.links[li].silent {
-                self.fall_silent(now, li);
+                self.links[li].silent = true;
+                self.reinject(now, li);
+            } else if !silent {
+                self.links[li].silent = false;
             }
-        }
-    }
-
-    /// Link index `li` fell silent: avoided from now on, what it carried lately reinjected; the
-    /// reorder buffer stops waiting for it and holds the gaps it left for their copies.
-    fn fall_silent(&mut self, now: Instant, li: usize) {
-        self.links[li].silent = true;
-        self.reinject(now, li);
-        if self.cfg.repair {
-            self.reorder.remove_link(self.links[li].id);
-            self.failover_until = Some(now + FAILOVER_REPAIR);
-            self.tick_repair(now);
         }
     }
 
@@ -1106,34 +1050,14 @@ impl Endpoint {
                 seqs.push(r.first.wrapping_add(k));
             }
         }
-        self.nack_failover(now, &seqs);
         for &seq in &seqs {
             // Each sequence number is sent again once at most: a second loss of the same
             // packet, or a NACK for a congestion burst, is left to the inner TCP.
-            let Some(sent) = self.ring.get(seq) else {
-                self.repair.nack_unserved += 1;
-                continue;
-            };
-            // A packet first sent on a link now silent or DOWN is a reinjection, not a repair
-            // of congestion: not budgeted, and sent again if its copy went out more than a
-            // round trip ago on the fastest link (the links left are congested: a copy may be
-            // dropped too).
-            let dead = self.link_index(sent.link).is_none_or(|i| {
-                self.links[i].silent || self.links[i].health.state() == LinkState::Down
-            });
-            let again_after = self
-                .fastest_link(now, None)
-                .and_then(|i| self.links[i].health.srtt())
-                .unwrap_or(Duration::from_millis(100));
-            let due = match sent.resent_at {
-                None => true,
-                Some(t) => dead && now.saturating_duration_since(t) >= again_after,
-            };
-            if !due {
-                self.repair.nack_unserved += 1;
-            } else if dead && self.resend(now, seq) {
-                self.repair.reinjected += 1;
-            } else if !dead && self.repair_budget >= 1.0 && self.resend(now, seq) {
+            let once = self
+                .ring
+                .get_mut(seq)
+                .is_some_and(|s| s.resent_at.is_none());
+            if once && self.repair_budget >= 1.0 && self.resend(now, seq) {
                 self.repair_budget -= 1.0;
                 self.repair.retransmits_sent += 1;
             } else {
@@ -1141,33 +1065,6 @@ impl Endpoint {
             }
         }
         self.resend_seqs = seqs;
-    }
-
-    /// A NACK naming [`FAILOVER_NACK_MIN`] packets or more first sent on a link that has brought
-    /// nothing for [`QUIET_MIN`]: that link died (the peer saw it fall quiet): silence it now.
-    fn nack_failover(&mut self, now: Instant, seqs: &[u64]) {
-        for li in 0..self.links.len() {
-            let l = &self.links[li];
-            let quiet = l
-                .last_rx
-                .is_some_and(|t| now.saturating_duration_since(t) >= QUIET_MIN);
-            if l.silent || !quiet || l.health.state() == LinkState::Down {
-                continue;
-            }
-            let id = l.id;
-            let lost = seqs
-                .iter()
-                .filter(|&&seq| {
-                    self.ring
-                        .get(seq)
-                        .is_some_and(|s| s.link == id && s.resent_at.is_none())
-                })
-                .take(FAILOVER_NACK_MIN)
-                .count();
-            if lost >= FAILOVER_NACK_MIN {
-                self.fall_silent(now, li);
-            }
-        }
     }
 
     /// Sends ring entry `seq` again, marked as a retransmission, on the fastest live link (from
@@ -1577,7 +1474,7 @@ impl Endpoint {
         for l in &self.links {
             // Counted by what arrives from it, whatever our own health check says: a link we
             // declare DOWN (our probes go unanswered) may still carry the peer's packets.
-            if alive(l.last_rx) && !l.silent {
+            if alive(l.last_rx) {
                 active.push(l.id);
                 bases.extend(l.health.base_rel_owd());
                 // Current one-way delay (base + queueing), as this receiver measures it: packets
@@ -1603,11 +1500,6 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
-        // A link that brings data is awaited (its gaps not timed out) until it is silent.
-        for li in 0..self.links.len() {
-            let flowing = self.quiet_after(li).unwrap_or(crate::reorder::FLOWING);
-            self.reorder.set_flowing(self.links[li].id, flowing);
-        }
         (self.equalize_rel, self.equalize_add) = match self.equalize_target(&bases) {
             Some((target, add)) => (Some(target), add),
             None => (None, Duration::ZERO),

@@ -254,9 +254,6 @@ pub struct ReorderBuffer {
     /// and when it arrived.
     link_ts: Vec<(LinkId, u32, Instant)>,
     links: Vec<LinkId>,
-    /// How recently a link must have delivered to count as flowing, where the endpoint set one
-    /// ([`ReorderBuffer::set_flowing`]); [`FLOWING`] otherwise.
-    flowing: Vec<(LinkId, Duration)>,
     timeout: Duration,
     /// Hold time added to `timeout` because packets turned up after their gap timed out.
     extra: Duration,
@@ -293,7 +290,6 @@ impl ReorderBuffer {
             link_max: Vec::new(),
             link_ts: Vec::new(),
             links: Vec::new(),
-            flowing: Vec::new(),
             timeout,
             extra: Duration::ZERO,
             extra_at: Instant::now(),
@@ -533,8 +529,7 @@ impl ReorderBuffer {
             .iter()
             .any(|l| match self.link_ts.iter().find(|e| e.0 == *l) {
                 Some(e) => {
-                    !Self::has_passed(e, behind)
-                        && now.saturating_duration_since(e.2) < self.flowing_window(e.0)
+                    !Self::has_passed(e, behind) && now.saturating_duration_since(e.2) < FLOWING
                 }
                 None => false,
             })
@@ -557,28 +552,6 @@ impl ReorderBuffer {
                     .any(|e| e.0 == *l && Self::has_passed(e, behind))
             })
     }
-    /// A link that delivered within `window` counts as flowing (see [`FLOWING`], the default):
-    /// the endpoint sets, for a link that brings data, how long a pause it takes for silence,
-    /// so that a gap is not given up while the link that may hold it is not known to be dead.
-    pub fn set_flowing(&mut self, link: LinkId, window: Duration) {
-        match self.flowing.iter_mut().find(|e| e.0 == link) {
-            Some(e) => e.1 = window,
-            None => self.flowing.push((link, window)),
-        }
-    }
-    fn flowing_window(&self, link: LinkId) -> Duration {
-        self.flowing
-            .iter()
-            .find(|e| e.0 == link)
-            .map_or(FLOWING, |e| e.1)
-    }
-
-    /// Stops waiting for `link` (it went silent) until the next [`set_links`](Self::set_links)
-    /// names it again: gaps the other links have passed are lost (or, with repair, asked for).
-    pub fn remove_link(&mut self, link: LinkId) {
-        self.links.retain(|&l| l != link);
-    }
-
     /// The links that currently carry data; a gap that every one of them has passed is lost.
     pub fn set_links(&mut self, links: &[LinkId]) {
         self.links.clear();
@@ -866,7 +839,7 @@ impl ReorderBuffer {
                 .iter()
                 .filter_map(|l| self.link_ts.iter().find(|e| e.0 == *l))
                 .filter(|e| !Self::has_passed(e, behind))
-                .map(|e| e.2 + self.flowing_window(e.0))
+                .map(|e| e.2 + FLOWING)
                 .max()
         });
         Some(match flowing_until {
