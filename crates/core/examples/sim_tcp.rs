@@ -9,6 +9,7 @@
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
 //! - `--duration SECS`, `--warmup SECS`, `--seed N`
 //! - `--no-single`: skip the single-link baseline runs (faster)
+//! - `--failover`: the failover scenarios (`sim::failover_scenarios`, a link going dark) instead
 //! - `--list`: the scenarios and their links
 //! - `--json`: one JSON report per line instead of the table
 
@@ -29,6 +30,7 @@ struct Opts {
     single: bool,
     list: bool,
     json: bool,
+    failover: bool,
 }
 
 fn secs(v: &str) -> Result<Duration, String> {
@@ -78,6 +80,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             }
             "--no-single" => o.single = false,
             "--list" => o.list = true,
+            "--failover" => o.failover = true,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a:?}")),
@@ -91,8 +94,16 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
+fn all_scenarios(o: &Opts) -> Vec<TcpScenario> {
+    if o.failover {
+        sim::failover_scenarios()
+    } else {
+        sim::tcp_scenarios()
+    }
+}
+
 fn selected(o: &Opts) -> Result<Vec<TcpScenario>, String> {
-    let all = sim::tcp_scenarios();
+    let all = all_scenarios(o);
     let Some(want) = &o.scenario else {
         return Ok(all);
     };
@@ -123,7 +134,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--no-single] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -135,7 +146,7 @@ fn main() -> ExitCode {
         }
     };
     if o.list {
-        for (i, s) in sim::tcp_scenarios().iter().enumerate() {
+        for (i, s) in all_scenarios(&o).iter().enumerate() {
             println!("{}: {}: {:?}", i + 1, s.name, s.links);
         }
         return ExitCode::SUCCESS;
@@ -183,6 +194,9 @@ fn main() -> ExitCode {
                         println!("{}", serde_json::to_string(&r).expect("report serializes"));
                     } else {
                         println!("{}", r.table_row());
+                        if o.failover {
+                            println!("  repair: {:?}", r.repair);
+                        }
                     }
                 }
             }

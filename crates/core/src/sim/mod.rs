@@ -30,8 +30,8 @@ pub use crate::endpoint::{IP_UDP_OVERHEAD, WIRE_OVERHEAD};
 pub use cc::CcKind;
 pub use net::{drive, Bundle, BundleOptions, DirCounters, DirectPath, Path, Side, Traffic};
 pub use tcp::{
-    best_single_link, run_tcp, run_tcp_single, tcp_scenarios, with_best_single_link, Direction,
-    TcpReport, TcpScenario,
+    best_single_link, failover_scenarios, run_tcp, run_tcp_single, tcp_scenarios,
+    with_best_single_link, Direction, TcpReport, TcpScenario,
 };
 
 /// One simulated link (both directions alike).

@@ -983,6 +983,37 @@ pub fn tcp_scenarios() -> Vec<TcpScenario> {
     ]
 }
 
+/// Failover scenarios of issue 10 item 3: one link goes dark mid-transfer (8 s into a 12 s run,
+/// measured from 5 s). The default lab's 1+2+3 Mbit/s losing its 3 Mbit/s link, and a high-delay
+/// mix (two 10 Mbit/s links, 20 and 120 ms one way) losing either link.
+pub fn failover_scenarios() -> Vec<TcpScenario> {
+    let ms = Duration::from_millis;
+    let dark = |sc: TcpScenario, link: usize| {
+        sc.duration(Duration::from_secs(12))
+            .event(Duration::from_secs(8), super::LinkEvent::Dark(link))
+    };
+    let high_delay = || {
+        vec![
+            LinkSpec::new(10_000_000, ms(20)),
+            LinkSpec::new(10_000_000, ms(120)),
+        ]
+    };
+    vec![
+        dark(
+            TcpScenario::new("1+2+3 Mbit/s, 10 ms, the 3 Mbit/s dark", links_1_2_3()),
+            2,
+        ),
+        dark(
+            TcpScenario::new("2x10 Mbit/s, 20/120 ms, the 20 ms dark", high_delay()),
+            0,
+        ),
+        dark(
+            TcpScenario::new("2x10 Mbit/s, 20/120 ms, the 120 ms dark", high_delay()),
+            1,
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
