@@ -402,7 +402,10 @@ async fn tcp_accept_loop(
         let conn = ConnGuard::new(shared.clone(), peer.ip());
         let b = b.clone();
         tokio::spawn(async move {
-            serve_tcp(b, conn, client, peer, listen).await;
+            // Both sockets are closed when `serve_tcp` returns; only then does the guard give the
+            // connection's slot back (an admission waiting on it then has the descriptors).
+            serve_tcp(b, &conn, client, peer, listen).await;
+            drop(conn);
         });
     }
 }
@@ -426,6 +429,17 @@ async fn admit(b: &Balancer, shared: &Shared, src: IpAddr) -> bool {
                     count_and_log(&b.counters.evicted, |n| {
                         format!("at max_connections: closed the connection idle the longest to make room ({n} so far)")
                     });
+                    // Wait until the evicted connection has closed its two sockets and given its
+                    // slot back: connecting to a backend before would need descriptors it still
+                    // holds (a burst of evictions ran into EMFILE). Not past a second.
+                    for _ in 0..500 {
+                        match shared.limiter().try_admit(src) {
+                            Ok(()) => return true,
+                            Err(Refused::PerSource) => return false,
+                            Err(Refused::Full) => {}
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
                     return shared.limiter().admit_replacing(src).is_ok();
                 }
                 if !waited {
@@ -493,7 +507,7 @@ fn set_keepalive(s: &TcpStream, idle: Duration) {
 
 async fn serve_tcp(
     b: Arc<Balancer>,
-    conn: ConnGuard,
+    conn: &ConnGuard,
     mut client: TcpStream,
     peer: SocketAddr,
     listen: SocketAddr,
@@ -514,7 +528,7 @@ async fn serve_tcp(
         set_keepalive(&upstream, idle);
     }
     conn.touch();
-    let (to_backend, to_client) = relay(&b, &conn, id, &mut client, &mut upstream).await;
+    let (to_backend, to_client) = relay(&b, conn, id, &mut client, &mut upstream).await;
     let mut t = b.table();
     t.add_bytes(id, to_backend, to_client);
     t.conn_closed(id);
