@@ -117,6 +117,21 @@ pub enum Event {
     },
 }
 
+/// What [`Endpoint::handle_datagram`] made of a datagram, for the I/O layer: which link, if any,
+/// it authenticated as. Only such datagrams may teach the I/O layer anything about the peer
+/// (e.g. which local address a wildcard listener answers that link from): anyone can send a
+/// datagram from any address, only the peer can make one authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Dropped (malformed, not authenticated, replayed, unknown session...): learn nothing.
+    Ignored,
+    /// A HELLO that opened under the handshake key for this link. It may be a replay, so it
+    /// teaches only where to send its own HELLO-ACK (its source), nothing lasting.
+    Hello(LinkId),
+    /// A fresh, authenticated packet of a session on this link: the link's peer is at its source.
+    Link(LinkId),
+}
+
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum EndpointError {
     #[error("link {0} already exists")]
@@ -314,6 +329,8 @@ pub struct Endpoint {
     tun_tx_packets: u64,
     tun_tx_bytes: u64,
     drops: DropStats,
+    /// What the datagram being handled authenticated as (returned by `handle_datagram`).
+    received: Received,
 }
 
 const POOL_MAX: usize = 4096;
@@ -360,6 +377,7 @@ impl Endpoint {
             tun_tx_packets: 0,
             tun_tx_bytes: 0,
             drops: DropStats::default(),
+            received: Received::Ignored,
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -518,24 +536,26 @@ impl Endpoint {
 
     /// A datagram arrived. `via`: the client's link socket it came in on (`None` on the server's
     /// shared listening socket). `from`: its source address. Never panics, whatever the bytes.
+    /// Returns which link, if any, the datagram authenticated as (see [`Received`]).
     pub fn handle_datagram(
         &mut self,
         now: Instant,
         via: Option<LinkId>,
         from: SocketAddr,
         datagram: &mut [u8],
-    ) {
+    ) -> Received {
+        self.received = Received::Ignored;
         let header = match Header::parse(datagram) {
             Ok(h) => h,
             Err(_) => {
                 self.drops.malformed += 1;
-                return;
+                return Received::Ignored;
             }
         };
         if let Some(v) = via {
             if v != header.link {
                 self.drops.wrong_link += 1;
-                return;
+                return Received::Ignored;
             }
         }
         match header.ptype {
@@ -543,6 +563,7 @@ impl Endpoint {
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
         }
+        self.received
     }
 
     /// Opens and checks a HELLO or HELLO-ACK (sealed under the handshake key), counting why
@@ -613,6 +634,7 @@ impl Endpoint {
         };
         let mut out = self.take_buf();
         crypto::seal_hello(&self.hs_key, &reply, &ack, &mut out);
+        self.received = Received::Hello(header.link);
         self.transmits.push_back(Transmit {
             link: header.link,
             dst: Some(from),
@@ -746,6 +768,7 @@ impl Endpoint {
                 self.links.len() - 1
             }
         };
+        self.received = Received::Link(header.link);
         if self.cfg.role == Role::Server && self.links[li].addr != Some(from) {
             self.links[li].addr = Some(from);
             self.events.push_back(Event::LinkLearned {
