@@ -1391,3 +1391,145 @@ fn hostile_peer_flood_leaves_memory_bounded_and_throughput_intact() {
         started.elapsed()
     );
 }
+
+/// The MAC address of `dev` in namespace `ns`.
+fn mac_of(ns: &str, dev: &str) -> String {
+    let o = run("ip", &["-n", ns, "-j", "link", "show", dev]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("ip -j link show");
+    v[0]["address"].as_str().expect("a MAC address").to_string()
+}
+
+/// Sends forged UDP datagrams (random bytes) as raw Ethernet frames on `dev` in namespace `ns`
+/// to the host at `dst_mac`, for `secs` seconds as fast as Python goes: each round, one from
+/// every `spoof` source to every `dst`, plus 64 from random 198.18.0.0/15 sources and ports.
+/// Frames, not routed packets: forged sources pass no reverse-path check on the way out.
+fn spawn_spoofer(
+    ns: &str,
+    dev: &str,
+    dst_mac: &str,
+    spoof: &[String],
+    dsts: &[String],
+    secs: f64,
+) -> Child {
+    const SCRIPT: &str = r#"
+import os, random, socket, struct, sys, time
+dev, dst_mac, spoof, dsts, secs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+def ep(s):
+    a, p = s.rsplit(":", 1)
+    return socket.inet_aton(a), int(p)
+spoof = [ep(x) for x in spoof.split(",") if x]
+dsts = [ep(x) for x in dsts.split(",") if x]
+mac = bytes.fromhex(dst_mac.replace(":", ""))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((dev, 0))
+src_mac = s.getsockname()[4]
+def csum(h):
+    t = sum(struct.unpack("!10H", h))
+    t = (t >> 16) + (t & 0xffff)
+    t += t >> 16
+    return (~t) & 0xffff
+def frame(src, sport, dst, dport):
+    body = os.urandom(random.choice((20, 60, 120, 1000)))
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(body), 0) + body
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
+    h = h[:10] + struct.pack("!H", csum(h)) + h[12:]
+    return mac + src_mac + b"\x08\x00" + h + udp
+end = time.time() + secs
+sent = 0
+while time.time() < end:
+    for d, dp in dsts:
+        for a, p in spoof:
+            s.send(frame(a, p, d, dp)); sent += 1
+        for _ in range(64):
+            a = bytes([198, 18 + random.randrange(2), random.randrange(256), random.randrange(1, 255)])
+            s.send(frame(a, random.randrange(1024, 65535), d, dp)); sent += 1
+print(sent)
+"#;
+    Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", SCRIPT, dev, dst_mac])
+        .arg(spoof.join(","))
+        .arg(dsts.join(","))
+        .arg(secs.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// How many of `count` pings (100 ms apart) from namespace `ns` to `addr` were answered.
+fn pings_answered(ns: &str, addr: &str, count: u32) -> u32 {
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "ping",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.1",
+            "-W",
+            "1",
+            addr,
+        ],
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    text.lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(" transmitted, ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Issue 13 item 4: a server listening on a wildcard address answers each link from the local
+/// address that link's authenticated packets come to. A flood of forged datagrams (garbage from
+/// the client's own link addresses and ports to the server's other addresses, and from thousands
+/// of random sources) must not move that address: pings through the tunnel go on, every link
+/// stays UP.
+#[test]
+fn spoofed_flood_does_not_move_reply_addresses() {
+    let mut net = Net::new("sp", 3);
+    net.start_pair(3);
+    let st = net.status("s.sock").unwrap();
+    let spoof: Vec<String> = links(&st)
+        .iter()
+        .filter_map(|l| l["addr"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        spoof.len(),
+        3,
+        "the server knows every link's address: {st}"
+    );
+    let dsts: Vec<String> = (1..=3).map(|i| format!("198.18.{i}.2:5050")).collect();
+    let mac = mac_of(&net.server, "s1");
+    let mut flood = spawn_spoofer(&net.client, "c1", &mac, &spoof, &dsts, 6.0);
+    std::thread::sleep(Duration::from_millis(1000));
+    let answered = pings_answered(&net.client, "198.19.0.1", 30);
+    let c = net.status("c.sock").unwrap();
+    let s = net.status("s.sock").unwrap();
+    let _ = flood.kill();
+    let out = flood.wait_with_output().unwrap();
+    let malformed = s["drops"]["malformed"].as_u64().unwrap_or(0)
+        + s["drops"]["unknown_session"].as_u64().unwrap_or(0)
+        + s["drops"]["auth"].as_u64().unwrap_or(0);
+    assert!(
+        malformed > 10_000,
+        "the flood did not reach the server (drops {}); spoofer: {}",
+        s["drops"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        answered >= 27,
+        "{answered} of 30 pings answered under the flood; {}; server drops {}",
+        net.why(),
+        s["drops"]
+    );
+    assert_eq!(links_up(&c), 3, "client links under the flood: {c}");
+    assert!(
+        !net.log("client").contains(": down"),
+        "a link went down under the flood:\n{}",
+        net.log("client")
+    );
+}

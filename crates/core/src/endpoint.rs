@@ -171,6 +171,21 @@ pub enum Event {
     },
 }
 
+/// What [`Endpoint::handle_datagram`] made of a datagram, for the I/O layer: which link, if any,
+/// it authenticated as. Only such datagrams may teach the I/O layer anything about the peer
+/// (e.g. which local address a wildcard listener answers that link from): anyone can send a
+/// datagram from any address, only the peer can make one authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Dropped (malformed, not authenticated, replayed, unknown session...): learn nothing.
+    Ignored,
+    /// A HELLO that opened under the handshake key for this link. It may be a replay, so it
+    /// teaches only where to send its own HELLO-ACK (its source), nothing lasting.
+    Hello(LinkId),
+    /// A fresh, authenticated packet of a session on this link: the link's peer is at its source.
+    Link(LinkId),
+}
+
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum EndpointError {
     #[error("link {0} already exists")]
@@ -538,6 +553,8 @@ pub struct Endpoint {
     nack_ranges: Vec<SeqRange>,
     resend_seqs: Vec<u64>,
     nack_buf: Vec<u8>,
+    /// What the datagram being handled authenticated as (returned by `handle_datagram`).
+    received: Received,
 }
 
 const POOL_MAX: usize = 4096;
@@ -608,6 +625,7 @@ impl Endpoint {
             nack_ranges: Vec::new(),
             resend_seqs: Vec::new(),
             nack_buf: Vec::new(),
+            received: Received::Ignored,
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -796,13 +814,15 @@ impl Endpoint {
 
     /// A datagram arrived. `via`: the client's link socket it came in on (`None` on the server's
     /// shared listening socket). `from`: its source address. Never panics, whatever the bytes.
+    /// Returns which link, if any, the datagram authenticated as (see [`Received`]).
     pub fn handle_datagram(
         &mut self,
         now: Instant,
         via: Option<LinkId>,
         from: SocketAddr,
         datagram: &mut [u8],
-    ) {
+    ) -> Received {
+        self.received = Received::Ignored;
         let header = match Header::parse(datagram) {
             Ok(h) => h,
             Err(e) => {
@@ -810,13 +830,13 @@ impl Endpoint {
                 if let wire::WireError::Version(theirs) = e {
                     self.version_mismatch(theirs);
                 }
-                return;
+                return Received::Ignored;
             }
         };
         if let Some(v) = via {
             if v != header.link {
                 self.drops.wrong_link += 1;
-                return;
+                return Received::Ignored;
             }
         }
         match header.ptype {
@@ -824,6 +844,7 @@ impl Endpoint {
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
         }
+        self.received
     }
 
     /// A datagram of protocol version `theirs` arrived: said once per version (as an event the
@@ -973,6 +994,7 @@ impl Endpoint {
         let packet_salt = self.packet_salt();
         let mut out = self.take_buf();
         crypto::seal_hello_ack(self.hs_key(hs_cipher), &reply, &packet_salt, &ack, &mut out);
+        self.received = Received::Hello(header.link);
         self.transmits.push_back(Transmit {
             link: header.link,
             dst: Some(from),
@@ -1168,6 +1190,7 @@ impl Endpoint {
                 self.links.len() - 1
             }
         };
+        self.received = Received::Link(header.link);
         if self.cfg.role == Role::Server && self.links[li].addr != Some(from) {
             self.links[li].addr = Some(from);
             self.events.push_back(Event::LinkLearned {

@@ -49,5 +49,5 @@ pub mod wire;
 /// every packet's header; the server learns links by it.
 pub type LinkId = u16;
 
-pub use endpoint::{Config, Endpoint, Event, LinkConfig, Role, Transmit};
+pub use endpoint::{Config, Endpoint, Event, LinkConfig, Received, Role, Transmit};
 pub use health::LinkState;

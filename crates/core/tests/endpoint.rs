@@ -709,3 +709,52 @@ fn tcp_headers_are_compressed_and_rebuilt_exactly() {
         assert_eq!(rx.rx_dropped_no_context + rx.rx_dropped_malformed, 0);
     }
 }
+
+/// `handle_datagram` says which link a datagram authenticated as, and nothing for garbage,
+/// a wrong key or a replay: the I/O layer learns reply addresses only from what it returns.
+#[test]
+fn handle_datagram_reports_only_authenticated_links() {
+    use braid_core::Received;
+    let mut p = Pair::new(2);
+    let mut garbage = vec![0xabu8; 120];
+    assert_eq!(
+        p.server
+            .handle_datagram(p.now, None, client_addr(1), &mut garbage),
+        Received::Ignored
+    );
+    p.client.handle_timeout(p.now);
+    let hello = p.client.poll_transmit().expect("hello");
+    let mut forged = hello.payload.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    assert_eq!(
+        p.server
+            .handle_datagram(p.now, None, client_addr(1), &mut forged),
+        Received::Ignored,
+        "a HELLO that fails authentication"
+    );
+    let mut d = hello.payload;
+    assert_eq!(
+        p.server
+            .handle_datagram(p.now, None, client_addr(hello.link), &mut d),
+        Received::Hello(hello.link)
+    );
+    p.run_for(Duration::from_secs(1));
+    assert!(p.server.is_connected());
+    p.captured.clear();
+    p.client.send_packet(p.now, &ip_packet(3));
+    let t = p.client.poll_transmit().expect("data");
+    let mut copy = t.payload.clone();
+    let mut d = t.payload;
+    assert_eq!(
+        p.server
+            .handle_datagram(p.now, None, client_addr(t.link), &mut d),
+        Received::Link(t.link)
+    );
+    assert_eq!(
+        p.server
+            .handle_datagram(p.now, None, client_addr(t.link), &mut copy),
+        Received::Ignored,
+        "a replay"
+    );
+}

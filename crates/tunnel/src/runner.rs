@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
-use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Transmit};
+use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Received, Transmit};
 use braid_linux::tun::Tun;
 use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
 use mio::unix::SourceFd;
@@ -129,9 +129,15 @@ struct Sock {
     /// The client link this socket carries (`None`: the server's listening socket).
     link: Option<LinkId>,
     readable: bool,
-    pending: VecDeque<Transmit>,
-    /// Server: the local address each peer address last reached us at (IP_PKTINFO).
-    reply_from: HashMap<SocketAddr, std::net::IpAddr>,
+    /// Datagrams waiting for buffer space, each with the local address to send it from.
+    pending: VecDeque<(Transmit, Option<IpAddr>)>,
+    /// Server on a wildcard address: per link, the peer address and the local address (IP_PKTINFO)
+    /// of its last authenticated packet; that link's replies go from there. Learned only from
+    /// what the core authenticated ([`Received::Link`]), so spoofed datagrams cannot move it.
+    reply_from: HashMap<LinkId, (SocketAddr, IpAddr)>,
+    /// HELLOs of this turn that authenticated: their HELLO-ACK goes from the local address the
+    /// HELLO came to. Emptied at every flush (a replayed HELLO teaches nothing lasting).
+    hello_from: HashMap<SocketAddr, IpAddr>,
     /// The last receive error (ICMP unreachable on a connected client socket).
     last_recv_error: Option<String>,
     /// Send errors since the last log line about them.
@@ -429,18 +435,20 @@ impl Runner {
                     }
                     let via = s.link;
                     for i in 0..n {
-                        if let Some(local) = self.recv.local(i) {
-                            if let Some((from, _)) = self.recv.get_mut(i) {
-                                if s.reply_from.get(&from) != Some(&local) {
-                                    if s.reply_from.len() >= 4096 {
-                                        s.reply_from.clear();
-                                    }
-                                    s.reply_from.insert(from, local);
-                                }
+                        let local = self.recv.local(i);
+                        let Some((from, bytes)) = self.recv.get_mut(i) else {
+                            continue;
+                        };
+                        let got = self.ep.handle_datagram(now, via, from, bytes);
+                        let Some(local) = local else { continue };
+                        match got {
+                            Received::Link(link) => {
+                                s.reply_from.insert(link, (from, local));
                             }
-                        }
-                        if let Some((from, bytes)) = self.recv.get_mut(i) {
-                            self.ep.handle_datagram(now, via, from, bytes);
+                            Received::Hello(_) => {
+                                s.hello_from.insert(from, local);
+                            }
+                            Received::Ignored => {}
                         }
                     }
                 }
@@ -479,24 +487,29 @@ impl Runner {
                 Role::Client => self.links.get(&t.link).map(|(tok, _)| *tok),
             };
             match tok.and_then(|tok| self.socks.get_mut(&tok)) {
-                Some(s) if s.pending.len() < MAX_PENDING => s.pending.push_back(t),
+                Some(s) if s.pending.len() < MAX_PENDING => {
+                    let src = s.reply_src(&t);
+                    s.pending.push_back((t, src));
+                }
                 _ => {
                     self.udp_drops += 1;
                     self.ep.recycle(t.payload);
                 }
             }
         }
+        for s in self.socks.values_mut() {
+            s.hello_from.clear();
+        }
         let mut dead_socks = Vec::new();
         for (tok, s) in self.socks.iter_mut() {
             while !s.pending.is_empty() {
                 let (a, b) = s.pending.as_slices();
                 let part = if a.is_empty() { b } else { a };
-                let reply_from = &s.reply_from;
                 let msgs: Vec<Datagram> = part
                     .iter()
-                    .map(|t| Datagram {
+                    .map(|(t, src)| Datagram {
                         dst: t.dst,
-                        src: t.dst.and_then(|d| reply_from.get(&d).copied()),
+                        src: *src,
                         payload: t.payload.as_slice(),
                     })
                     .collect();
@@ -521,7 +534,7 @@ impl Runner {
                     s.last_send_error = rep.last_error.map(|e| e.to_string());
                 }
                 for _ in 0..consumed {
-                    if let Some(t) = s.pending.pop_front() {
+                    if let Some((t, _)) = s.pending.pop_front() {
                         self.ep.recycle(t.payload);
                     }
                 }
@@ -798,7 +811,7 @@ impl Runner {
                     .poll
                     .registry()
                     .deregister(&mut SourceFd(&s.sock.as_raw_fd()));
-                for t in s.pending.drain(..) {
+                for (t, _) in s.pending.drain(..) {
                     self.ep.recycle(t.payload);
                 }
             }
@@ -898,6 +911,17 @@ impl Runner {
 }
 
 impl Sock {
+    /// The local address to send `t` from: where its link's last authenticated packet came to
+    /// (if it goes to the same peer address), or where the HELLO it answers came to; `None`
+    /// (the kernel chooses by route) on a socket without IP_PKTINFO or before anything authenticated.
+    fn reply_src(&self, t: &Transmit) -> Option<IpAddr> {
+        let dst = t.dst?;
+        match self.reply_from.get(&t.link) {
+            Some(&(peer, local)) if peer == dst => Some(local),
+            _ => self.hello_from.get(&dst).copied(),
+        }
+    }
+
     fn new(sock: UdpSocket, link: Option<LinkId>) -> Sock {
         Sock {
             sock,
@@ -905,6 +929,7 @@ impl Sock {
             readable: true,
             pending: VecDeque::new(),
             reply_from: HashMap::new(),
+            hello_from: HashMap::new(),
             last_recv_error: None,
             send_errors: 0,
             last_send_error: None,
