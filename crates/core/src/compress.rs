@@ -37,6 +37,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::inner::ipv4_checksum;
+
 /// The most contexts an id can name (12 bits).
 pub const MAX_CONTEXTS: usize = 4096;
 
@@ -215,19 +217,6 @@ fn parse(packet: &[u8]) -> Option<Parsed<'_>> {
         options: &seg[20..doff],
         payload: &seg[doff..],
     })
-}
-
-/// The one's-complement sum of an IPv4 header, folded and inverted: 0 for a correct header, the
-/// checksum to write for a header whose checksum field is zero.
-fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 // The first byte of a compressed packet's dynamic fields.

@@ -53,6 +53,35 @@ pub fn is_tcp(packet: &[u8]) -> bool {
     matches!(transport(packet), Some((TCP, _)))
 }
 
+/// The 16-bit one's-complement sum (RFC 1071) of `data` added to `sum`: not folded, not
+/// inverted, so sums of several pieces (a pseudo-header and a segment) add up. Eight bytes per
+/// step; an odd last byte counts as its high half.
+pub fn sum16(data: &[u8], mut sum: u64) -> u64 {
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_be_bytes(c.try_into().expect("8 bytes"));
+        sum += (w >> 48) + ((w >> 32) & 0xffff) + ((w >> 16) & 0xffff) + (w & 0xffff);
+    }
+    for c in chunks.remainder().chunks(2) {
+        sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    sum
+}
+
+/// Folds a [`sum16`] into 16 bits (still not inverted).
+pub fn fold16(mut sum: u64) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// The checksum of an IPv4 header: 0 for a correct header, the value to write for a header whose
+/// checksum field is zero.
+pub fn ipv4_checksum(header: &[u8]) -> u16 {
+    !fold16(sum16(header, 0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,8 @@
 
 use std::ops::Range;
 
+use braid_core::inner::{fold16 as fold, sum16};
+
 /// `struct virtio_net_hdr` (include/uapi/linux/virtio_net.h), in host byte order as the TUN uses
 /// it by default (no `TUNSETVNETBE`/`LE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,27 +70,6 @@ impl VirtioNetHdr {
     }
 }
 
-/// The 16-bit one's-complement sum of `data` added to `sum` (not folded, not inverted).
-fn sum16(data: &[u8], mut sum: u64) -> u64 {
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        let w = u64::from_be_bytes(c.try_into().expect("8 bytes"));
-        sum += (w >> 48) + ((w >> 32) & 0xffff) + ((w >> 16) & 0xffff) + (w & 0xffff);
-    }
-    let mut rest = chunks.remainder().chunks(2);
-    for c in &mut rest {
-        sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    sum
-}
-
-fn fold(mut sum: u64) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
-}
-
 /// The pseudo-header sum of a transport segment of `len` bytes in IP packet `ip`.
 fn pseudo_sum(ip: &[u8], v6: bool, proto: u8, len: usize) -> u64 {
     let addrs = if v6 { &ip[8..40] } else { &ip[12..20] };
@@ -99,7 +80,7 @@ fn pseudo_sum(ip: &[u8], v6: bool, proto: u8, len: usize) -> u64 {
 fn set_ipv4_checksum(ip: &mut [u8]) {
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     ip[10..12].fill(0);
-    let c = !fold(sum16(&ip[..ihl], 0));
+    let c = braid_core::inner::ipv4_checksum(&ip[..ihl]);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
