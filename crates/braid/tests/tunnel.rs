@@ -1222,3 +1222,95 @@ fn spoofed_flood_does_not_move_reply_addresses() {
         net.log("client")
     );
 }
+
+/// Where the server sees link `name` (`link1`...) come from.
+fn server_link_addr(net: &Net, name: &str) -> Option<String> {
+    let st = net.status("s.sock")?;
+    links(&st)
+        .iter()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["addr"].as_str().map(str::to_string))
+}
+
+/// Waits (at most `limit`) until the client's link `name` is UP and the server sees it from an
+/// address starting with `from`; the time it took.
+fn link_back(
+    net: &Net,
+    name: &str,
+    server_name: &str,
+    from: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let t0 = Instant::now();
+    wait_for(limit, || {
+        let c = net.status("c.sock")?;
+        let at = server_link_addr(net, server_name)?;
+        (link_state(&c, name).as_deref() == Some("up") && at.starts_with(from)).then_some(())
+    })?;
+    Some(t0.elapsed())
+}
+
+/// Issue 13 item 5: an uplink that changes its address (an LTE modem reconnecting), goes down
+/// and up, or is unplugged and plugged back (the device deleted and created again, with a new
+/// index) comes back UP within seconds: the client reopens the link's socket on the netlink
+/// notice, and the server follows the new source address.
+#[test]
+fn link_socket_follows_address_change_and_replug() {
+    let mut net = Net::new("re", 2);
+    net.start_pair(2);
+    let c = net.client.clone();
+    let s = net.server.clone();
+    let limit = Duration::from_secs(5);
+
+    // 1. New address on c1 (link isp1 is bound by device): 198.18.1.1 -> 198.18.1.77.
+    ip(&["-n", &c, "addr", "del", "198.18.1.1/24", "dev", "c1"]);
+    ip(&["-n", &c, "addr", "add", "198.18.1.77/24", "dev", "c1"]);
+    let took = link_back(&net, "isp1", "link1", "198.18.1.77:", limit);
+    assert!(
+        took.is_some(),
+        "isp1 did not come back after an address change (server sees it at {:?}); {}\n{}",
+        server_link_addr(&net, "link1"),
+        net.why(),
+        net.log("client")
+    );
+    eprintln!("address change: back in {:?}", took.unwrap());
+
+    // 2. Interface down for 1.5 s (the link goes DOWN), then up.
+    ip(&["-n", &c, "link", "set", "c1", "down"]);
+    let down = wait_for(Duration::from_secs(3), || {
+        let st = net.status("c.sock")?;
+        (link_state(&st, "isp1").as_deref() == Some("down")).then_some(())
+    });
+    assert!(down.is_some(), "isp1 not DOWN with its interface down");
+    std::thread::sleep(Duration::from_millis(1500));
+    ip(&["-n", &c, "link", "set", "c1", "up"]);
+    let took = link_back(&net, "isp1", "link1", "198.18.1.77:", limit);
+    assert!(
+        took.is_some(),
+        "isp1 did not come back after down/up; {}\n{}",
+        net.why(),
+        net.log("client")
+    );
+    eprintln!("down/up: back in {:?}", took.unwrap());
+
+    // 3. Unplugged and plugged back: the veth pair deleted and created again (same names and
+    //    addresses, new interface index), as a USB modem re-enumerates.
+    ip(&["-n", &c, "link", "del", "c1"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    ip(&[
+        "link", "add", "c1", "netns", &c, "type", "veth", "peer", "name", "s1", "netns", &s,
+    ]);
+    ip(&["-n", &c, "addr", "add", "198.18.1.1/24", "dev", "c1"]);
+    ip(&["-n", &s, "addr", "add", "198.18.1.2/24", "dev", "s1"]);
+    ip(&["-n", &c, "link", "set", "c1", "up"]);
+    ip(&["-n", &s, "link", "set", "s1", "up"]);
+    let took = link_back(&net, "isp1", "link1", "198.18.1.1:", limit);
+    assert!(
+        took.is_some(),
+        "isp1 did not come back after a re-plug; {}\n{}",
+        net.why(),
+        net.log("client")
+    );
+    eprintln!("re-plug: back in {:?}", took.unwrap());
+    assert!(net.ping(3), "no ping at the end; {}", net.why());
+}
