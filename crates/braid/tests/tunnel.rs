@@ -1314,3 +1314,130 @@ fn link_socket_follows_address_change_and_replug() {
     eprintln!("re-plug: back in {:?}", took.unwrap());
     assert!(net.ping(3), "no ping at the end; {}", net.why());
 }
+
+/// Issue 13 item 9: a full TUN queue is a drop reason. With a 2-packet queue on the client's TUN,
+/// a UDP blast into the tunnel overflows it; `status --json` and the metrics count the packets
+/// the kernel dropped there as `tun_queue`.
+#[test]
+fn full_tun_queue_drops_are_counted() {
+    let mut net = Net::new("tq", 1);
+    let s = net.server_config("");
+    let c = net.client_config(1, &net.key.clone(), "txqueuelen = 2");
+    net.start_pair_with(1, &s, &c);
+    let srv = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.server,
+            "iperf3",
+            "-s",
+            "-1",
+            "-p",
+            "5209",
+        ])
+        .args(["-B", "198.19.0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let srv = ChildGuard(srv);
+    std::thread::sleep(Duration::from_millis(300));
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &net.client,
+            "iperf3",
+            "-c",
+            "198.19.0.1",
+            "-p",
+            "5209",
+            "-u",
+            "-b",
+            "5G",
+            "-l",
+            "1300",
+            "-t",
+            "2",
+            "--connect-timeout",
+            "3000",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "iperf3 -u: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let st = net.status("c.sock").unwrap();
+    let dropped = st["drops"]["tun_queue"].as_u64();
+    assert!(
+        dropped.is_some_and(|d| d > 0),
+        "no tun_queue drops counted after a UDP blast into a 2-packet TUN queue: {}",
+        st["drops"]
+    );
+    drop(srv);
+}
+
+/// Kills the child (by its PID, through `Child`) when dropped.
+struct ChildGuard(Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Removes `/etc/netns/<ns>` (the per-namespace files `ip netns exec` mounts over /etc).
+struct NetnsEtc(PathBuf);
+impl Drop for NetnsEtc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Issue 13 item 9: `braid link add --remote HOST:PORT` resolves HOST off the data plane. The
+/// client's namespace gets a resolver that never answers (a name server on the link's subnet
+/// that does not exist, 3 s timeout): while `link add` waits for it, pings through the tunnel
+/// go on.
+#[test]
+fn link_add_dns_lookup_does_not_block_the_data_plane() {
+    let mut net = Net::new("dn", 2);
+    let etc = NetnsEtc(PathBuf::from(format!("/etc/netns/{}", net.client)));
+    std::fs::create_dir_all(&etc.0).unwrap();
+    std::fs::write(
+        etc.0.join("resolv.conf"),
+        "nameserver 198.18.1.99\noptions timeout:3 attempts:1\n",
+    )
+    .unwrap();
+    std::fs::write(etc.0.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+    let s = net.server_config("");
+    let c = net.client_config(1, &net.key.clone(), "");
+    net.start_pair_with(1, &s, &c);
+    let sock = net.path("c.sock");
+    let t0 = Instant::now();
+    let add = Command::new(BRAID)
+        .arg("--control")
+        .arg(&sock)
+        .args(["link", "add", "isp2", "--bind", "198.18.2.1"])
+        .args(["--remote", "braid-test-server.example:5050"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut add = ChildGuard(add);
+    std::thread::sleep(Duration::from_millis(300));
+    let answered = pings_answered(&net.client, "198.19.0.1", 15);
+    let done = wait_for(Duration::from_secs(15), || add.0.try_wait().ok().flatten());
+    let took = t0.elapsed();
+    assert!(done.is_some(), "link add did not finish");
+    assert!(
+        took >= Duration::from_millis(2500),
+        "the lookup took only {took:?}: the resolver did not stall, the test proves nothing"
+    );
+    assert!(
+        answered >= 14,
+        "{answered} of 15 pings answered while link add waited for DNS ({took:?})"
+    );
+    drop(etc);
+}

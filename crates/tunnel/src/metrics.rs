@@ -37,6 +37,8 @@ type GaugeFam = Family<Labels, Gauge<f64, AtomicU64>>;
 pub struct Extra {
     pub udp_send_drops: u64,
     pub tun_write_errors: u64,
+    /// Packets dropped at a full TUN queue, either way.
+    pub tun_queue_drops: u64,
 }
 
 struct Reg<'a> {
@@ -263,6 +265,7 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     };
     drops.push(reason("udp_send", extra.udp_send_drops));
     drops.push(reason("tun_write", extra.tun_write_errors));
+    drops.push(reason("tun_queue", extra.tun_queue_drops));
     r.counter("drops", "Datagrams or packets dropped, by reason", &drops);
     r.counter(
         "tun_rx_packets",
@@ -328,6 +331,7 @@ mod tests {
             Extra {
                 udp_send_drops: 3,
                 tun_write_errors: 0,
+                tun_queue_drops: 0,
             },
         );
         for want in [

@@ -52,7 +52,8 @@ const RETRY_MAX: Duration = Duration::from_secs(4);
 pub enum Command {
     Status,
     Metrics,
-    LinkAdd(LinkAddReq),
+    /// A link to add, with its `remote` already resolved (see [`Handle::control`]).
+    LinkAdd(LinkAddReq, Option<SocketAddr>),
     LinkRemove {
         name: String,
     },
@@ -103,10 +104,29 @@ impl Handle {
                 if let Some(o) = body.as_object_mut() {
                     o.remove("cmd");
                 }
-                match serde_json::from_value::<LinkAddReq>(body) {
-                    Ok(r) => self.call(Command::LinkAdd(r)),
-                    Err(e) => json!({"error": format!("link-add: {e}")}),
-                }
+                let r = match serde_json::from_value::<LinkAddReq>(body) {
+                    Ok(r) => r,
+                    Err(e) => return json!({"error": format!("link-add: {e}")}),
+                };
+                // A host name is resolved here, on the control thread: a DNS lookup can take
+                // seconds, and the event loop carries the data plane.
+                let remote = match &r.remote {
+                    Some(t) => {
+                        let hint = r
+                            .bind
+                            .as_deref()
+                            .and_then(|b| crate::config::parse_bind(b).ok())
+                            .map(|b| b.ip());
+                        match crate::config::resolve_remote(t, hint) {
+                            Ok(a) => Some(a),
+                            Err(m) => {
+                                return json!({"error": format!("link {}: remote: {m}", r.name)})
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                self.call(Command::LinkAdd(r, remote))
             }
             "link-remove" => match name() {
                 Some(name) => self.call(Command::LinkRemove { name }),
@@ -203,6 +223,8 @@ pub struct Runner {
     started: Instant,
     session_seen: bool,
     tun_write_errors: u64,
+    /// Packets for the TUN device refused because its queue was full (`EAGAIN`).
+    tun_write_full: u64,
     udp_drops: u64,
     last_auth_warn: (Instant, u64),
     /// Client: interface and address changes (`None` if netlink refused; then only send
@@ -363,6 +385,7 @@ impl Runner {
             started: now,
             session_seen: false,
             tun_write_errors: 0,
+            tun_write_full: 0,
             udp_drops: 0,
             last_auth_warn: (now, 0),
             monitor,
@@ -717,7 +740,8 @@ impl Runner {
     fn deliver(&mut self, now: Instant) {
         while let Some(p) = self.ep.poll_deliver(now) {
             match self.tun.send(&p) {
-                Ok(_) => {}
+                Ok(true) => {}
+                Ok(false) => self.tun_write_full += 1,
                 Err(e) => {
                     self.tun_write_errors += 1;
                     tracing::debug!("TUN {}: write failed: {e}", self.cfg.name);
@@ -844,8 +868,8 @@ impl Runner {
                     &self.ep.stats(now),
                     self.extra_counters(),
                 )),
-                Command::LinkAdd(r) => self
-                    .link_add(now, r)
+                Command::LinkAdd(r, remote) => self
+                    .link_add(now, r, remote)
                     .map(|()| json!({"ok": true}))
                     .unwrap_or_else(err_json),
                 Command::LinkRemove { name } => self
@@ -866,9 +890,13 @@ impl Runner {
     }
 
     fn extra_counters(&self) -> crate::metrics::Extra {
+        // Both ways through the TUN device: writes the kernel refused, and packets the kernel
+        // dropped because braid did not read them fast enough (the device's tx_dropped).
+        let kernel = braid_linux::tun::queue_drops(&self.cfg.name).unwrap_or(0);
         crate::metrics::Extra {
             udp_send_drops: self.udp_drops,
             tun_write_errors: self.tun_write_errors,
+            tun_queue_drops: self.tun_write_full + kernel,
         }
     }
 
@@ -879,7 +907,13 @@ impl Runner {
         stats.links.iter().find(|l| l.name == name).map(|l| l.id)
     }
 
-    fn link_add(&mut self, now: Instant, r: LinkAddReq) -> anyhow::Result<()> {
+    /// Adds a client link; `resolved` is `r.remote` resolved (on the control thread).
+    fn link_add(
+        &mut self,
+        now: Instant,
+        r: LinkAddReq,
+        resolved: Option<SocketAddr>,
+    ) -> anyhow::Result<()> {
         if self.cfg.role == Role::Server {
             anyhow::bail!("links are added on the client; the server learns them as they arrive");
         }
@@ -899,13 +933,10 @@ impl Runner {
             ),
             None => None,
         };
-        let (remote_text, remote) = match &r.remote {
-            Some(t) => (
-                t.clone(),
-                crate::config::resolve_remote(t, bind.map(|b| b.ip()))
-                    .map_err(|m| anyhow::anyhow!("link {}: remote: {m}", r.name))?,
-            ),
-            None => match self.cfg.links.first() {
+        let (remote_text, remote) = match (&r.remote, resolved) {
+            (Some(t), Some(a)) => (t.clone(), a),
+            (Some(_), None) => anyhow::bail!("link {}: remote was not resolved", r.name),
+            (None, _) => match self.cfg.links.first() {
                 Some(first) => (first.remote_text.clone(), first.remote),
                 None => anyhow::bail!("link {}: needs --remote HOST:PORT", r.name),
             },
@@ -1036,6 +1067,12 @@ impl Runner {
                 json!(self.cfg.listen.map(|l| l.to_string())),
             );
             o.insert("connected".into(), json!(self.ep.is_connected()));
+            let extra = self.extra_counters();
+            if let Some(Value::Object(d)) = o.get_mut("drops") {
+                d.insert("udp_send".into(), json!(extra.udp_send_drops));
+                d.insert("tun_write".into(), json!(extra.tun_write_errors));
+                d.insert("tun_queue".into(), json!(extra.tun_queue_drops));
+            }
             o.insert("links_up".into(), json!(up));
             o.insert("total_bandwidth_bps".into(), json!(total_bw));
             o.insert(
