@@ -686,6 +686,13 @@ impl Endpoint {
         }
         self.session = Some(session);
         self.last_auth_rx = Some(now);
+        // A new session may be a new peer process: what each link learned of the old one
+        // (its link sequence numbers, clock, delivery feedback) would make the peer's fresh
+        // counters look like total loss and stall its sending window. Measure afresh.
+        for link in &mut self.links {
+            link.health = LinkHealth::new(self.cfg.health.clone(), now);
+            link.tx_seq = 0;
+        }
         self.next_data_seq = 0;
         self.reorder.reset(0);
         self.direct.clear();
