@@ -1081,6 +1081,12 @@ impl Endpoint {
         self.end_session();
         self.session = Some(session);
         self.last_auth_rx = Some(now);
+        // A new session may be a new peer process: what each link learned of the old one
+        // (its clock, delivery feedback; the link counters live in the session) would make the peer's fresh
+        // counters look like total loss and stall its sending window. Measure afresh.
+        for link in &mut self.links {
+            link.health = LinkHealth::new(self.cfg.health.clone(), now);
+        }
         self.next_data_seq = 0;
         self.reorder.reset(0);
         self.direct.clear();

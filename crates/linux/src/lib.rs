@@ -3,7 +3,8 @@
 //! - [`tun`]: the TUN device (batch read/write of IP packets);
 //! - [`udp`]: link sockets with `recvmmsg`/`sendmmsg` batches, `SO_BINDTODEVICE`, big buffers;
 //! - [`offload`]: TUN offload packet logic: TSO super-packets split, segments coalesced (GRO);
-//! - [`netlink`]: interface address/MTU/up/delete through rtnetlink;
+//! - [`netlink`]: interface address/MTU/up/delete through rtnetlink, and a [`netlink::Monitor`] of
+//!   link and address changes;
 //! - [`control`]: the control socket (server and client, one JSON object per line);
 //! - [`fuzzing`]: the body of the metrics HTTP fuzz target (shared by `fuzz/` and the tests);
 //! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`, and `braid_build_info`;

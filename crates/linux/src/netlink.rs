@@ -256,9 +256,158 @@ pub fn delete(name: &str) -> Result<(), NetlinkError> {
     })
 }
 
+/// A non-blocking rtnetlink socket subscribed to interface and address changes
+/// (`RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`), for a poll loop: register
+/// [`AsRawFd::as_raw_fd`] for readability, then call [`Monitor::drain`]. A plain socket rather than
+/// `rtnetlink`'s async stream: the event loop is `mio`, and all it needs is "something changed".
+pub struct Monitor {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Monitor {
+    pub fn open() -> std::io::Result<Monitor> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the descriptor is owned at once.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sockaddr_nl is plain old data; zeroed is valid.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups =
+            (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        // SAFETY: bind with a pointer to a sockaddr_nl and its size.
+        let rc = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Monitor { fd })
+    }
+
+    /// Reads every queued notification; whether any said that a link or an address appeared,
+    /// changed or went away. An overrun (`ENOBUFS`: the kernel dropped notifications) counts
+    /// as a change, since what was lost is unknown.
+    pub fn drain(&self) -> std::io::Result<bool> {
+        let mut changed = false;
+        let mut buf = vec![0u8; 16384];
+        loop {
+            // SAFETY: reading into a buffer we own, up to its length.
+            let r = unsafe {
+                libc::recv(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(changed),
+                    Some(libc::EINTR) => continue,
+                    Some(libc::ENOBUFS) => {
+                        changed = true;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            changed |= has_change(&buf[..r as usize]);
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for Monitor {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+}
+
+/// Whether a buffer of netlink messages holds an RTM_{NEW,DEL}{LINK,ADDR}. Walks the
+/// `nlmsghdr` lengths only; a truncated or malformed message ends the walk.
+fn has_change(mut buf: &[u8]) -> bool {
+    const HDR: usize = 16;
+    while buf.len() >= HDR {
+        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+        if matches!(
+            ty,
+            libc::RTM_NEWLINK | libc::RTM_DELLINK | libc::RTM_NEWADDR | libc::RTM_DELADDR
+        ) {
+            return true;
+        }
+        let step = (len + 3) & !3;
+        if len < HDR || step > buf.len() {
+            return false;
+        }
+        buf = &buf[step..];
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn msg(ty: u16, len: u32) -> Vec<u8> {
+        let mut m = len.to_ne_bytes().to_vec();
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.resize(len as usize, 0);
+        m
+    }
+
+    #[test]
+    fn change_messages_are_recognised() {
+        assert!(!has_change(&[]));
+        assert!(!has_change(&msg(libc::RTM_NEWROUTE, 28)));
+        let mut two = msg(libc::RTM_NEWROUTE, 28);
+        two.extend(msg(libc::RTM_DELADDR, 24));
+        assert!(has_change(&two));
+        assert!(has_change(&msg(libc::RTM_NEWLINK, 32)));
+        // A length that runs past the buffer, or is shorter than a header, ends the walk.
+        let mut bad = msg(libc::RTM_NEWROUTE, 28);
+        bad[0] = 200;
+        bad.extend(msg(libc::RTM_NEWADDR, 24));
+        assert!(!has_change(&bad));
+        let mut zero = msg(libc::RTM_NEWROUTE, 28);
+        zero[..4].copy_from_slice(&0u32.to_ne_bytes());
+        assert!(!has_change(&zero));
+    }
+
+    /// In a private network namespace: the monitor sees an address added to a device.
+    #[test]
+    fn monitor_sees_address_changes_in_private_netns() {
+        std::thread::spawn(|| {
+            if nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                eprintln!("skipped: cannot unshare a network namespace (not root)");
+                return;
+            }
+            let m = Monitor::open().unwrap();
+            assert!(!m.drain().unwrap(), "nothing changed yet");
+            let tun = crate::tun::Tun::open("braidm0").unwrap();
+            configure("braidm0", &[("198.18.98.1".parse().unwrap(), 30)], 1400).unwrap();
+            assert!(m.drain().unwrap(), "link and address changes seen");
+            assert!(!m.drain().unwrap(), "drained");
+            drop(tun);
+        })
+        .join()
+        .unwrap();
+    }
 
     /// In a private network namespace (this thread only): create a TUN, configure it through
     /// netlink with an IPv4 and an IPv6 address, see it up with its MTU and both addresses, delete

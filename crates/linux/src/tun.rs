@@ -327,6 +327,30 @@ fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<bool> {
     }
 }
 
+/// Packets the kernel dropped because the device `name`'s queue towards its reader (braid) was
+/// full: its `tx_dropped`, read from `/proc/self/net/dev` (this process's network namespace).
+pub fn queue_drops(name: &str) -> io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/net/dev")?;
+    tx_dropped(&text, name).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{name} not in /proc/net/dev"),
+        )
+    })
+}
+
+/// The transmit `drop` column of `name`'s line in `/proc/net/dev` text.
+fn tx_dropped(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (dev, counters) = l.split_once(':')?;
+        if dev.trim() != name {
+            return None;
+        }
+        // 8 receive columns, then transmit bytes, packets, errs, drop.
+        counters.split_whitespace().nth(11)?.parse().ok()
+    })
+}
+
 impl AsRawFd for Tun {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -346,6 +370,14 @@ mod tests {
     #[test]
     fn ifreq_layout_matches_kernel() {
         assert_eq!(std::mem::size_of::<IfReq>(), 40);
+    }
+
+    #[test]
+    fn tx_dropped_is_read_from_proc_net_dev() {
+        let text = "Inter-|   Receive |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes packets errs drop fifo colls carrier compressed\n    lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\nbraid0: 500 5 0 2 0 0 0 0 900 9 1 37 0 0 0 0\n";
+        assert_eq!(tx_dropped(text, "braid0"), Some(37));
+        assert_eq!(tx_dropped(text, "lo"), Some(0));
+        assert_eq!(tx_dropped(text, "braid"), None);
     }
 
     #[test]

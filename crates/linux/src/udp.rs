@@ -360,6 +360,11 @@ impl UdpSocket {
         };
         for i in 0..got {
             batch.lens[i] = msgs[i].msg_len as usize;
+            if msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                // Larger than MAX_DATAGRAM: what we hold is cut short and would only fail
+                // authentication; an empty datagram is counted as malformed instead.
+                batch.lens[i] = 0;
+            }
             // SAFETY: the kernel filled `names[i]` with `msg_namelen` bytes of a sockaddr.
             let sa = unsafe { SockAddr::new(names[i], msgs[i].msg_hdr.msg_namelen) };
             batch.addrs[i] = sa.as_socket().or(self.connected);
@@ -790,6 +795,37 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(cli.recv_batch(&mut batch).unwrap(), 1);
         assert_eq!(batch.get_mut(0).unwrap().1, b"pong");
+    }
+
+    /// A datagram larger than the receive buffer arrives empty, not cut short.
+    #[test]
+    fn oversized_datagram_arrives_empty() {
+        let a = UdpSocket::bind(&BindOptions {
+            addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut b = UdpSocket::bind(&BindOptions {
+            addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+        b.connect(a.local_addr().unwrap()).unwrap();
+        let big = vec![7u8; MAX_DATAGRAM + 100];
+        let ok = vec![8u8; 100];
+        fn d(p: &[u8]) -> Datagram<'_> {
+            Datagram {
+                dst: None,
+                src: None,
+                payload: p,
+            }
+        }
+        assert_eq!(b.send_batch(&[d(&big), d(&ok)]).sent, 2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut batch = RecvBatch::new(4);
+        assert_eq!(a.recv_batch(&mut batch).unwrap(), 2);
+        assert!(batch.get_mut(0).unwrap().1.is_empty());
+        assert_eq!(batch.get_mut(1).unwrap().1, &ok[..]);
     }
 
     #[test]

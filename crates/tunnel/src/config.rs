@@ -37,6 +37,9 @@ use serde::Deserialize;
 /// Default MTU of the TUN device: leaves room for braid's 77 bytes of overhead (IPv4 + UDP +
 /// header + tag) on a 1500-byte uplink, with margin for PPPoE and similar.
 pub const DEFAULT_MTU: u32 = 1400;
+/// The largest `mtu`: a tunnel packet plus braid's per-packet overhead must fit the link
+/// sockets' receive buffer, or it arrives cut short (and fails authentication).
+pub const MAX_MTU: u32 = (braid_linux::udp::MAX_DATAGRAM - braid_core::wire::DATA_OVERHEAD) as u32;
 /// Default transmit queue of the TUN device (packets). The kernel's 500 for TUN drops bursts
 /// once braid is CPU-bound: one TCP flow over one veth link, 8 s, 2-core VM: 500 -> ~1.5 Gbit/s
 /// with 19201 retransmits; 1000 -> 1.27-1.35 Gbit/s, 1541-2683 retransmits; 2000 -> 1.39-1.54
@@ -317,6 +320,13 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
     let ipv6 = addresses.iter().find(|a| a.ip.is_ipv6());
     let mtu = src.optional(&b.mtu, "bundle.mtu", |&m| {
         let m = in_range(m, 576, 65535)?;
+        if m > MAX_MTU {
+            return Err(format!(
+                "{m} is above {MAX_MTU}: a packet plus braid's {} bytes of overhead must fit in a {}-byte datagram",
+                braid_core::wire::DATA_OVERHEAD,
+                braid_linux::udp::MAX_DATAGRAM
+            ));
+        }
         match ipv6 {
             Some(v6) if m < 1280 => Err(format!(
                 "{m} is below 1280, the least IPv6 allows, and address has {v6} (raise mtu or drop the IPv6 address)"
@@ -753,6 +763,10 @@ mod tests {
             (
                 client("", LINKS).replace("mtu = 1400", "mtu = 10"),
                 "6:7: bundle.mtu: 10 is out of range 576..65535",
+            ),
+            (
+                client("", LINKS).replace("mtu = 1400", "mtu = 9168"),
+                "6:7: bundle.mtu: 9168 is above 9167: a packet plus braid's 49 bytes of overhead must fit in a 9216-byte datagram",
             ),
             (
                 client("", LINKS).replace("mtu = 1400", "mtu = \"big\""),

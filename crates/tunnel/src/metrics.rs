@@ -38,7 +38,8 @@ type GaugeFam = Family<Labels, Gauge<f64, AtomicU64>>;
 pub struct Extra {
     pub udp_send_drops: u64,
     pub tun_write_errors: u64,
-    /// Packets for the TUN dropped because its queue was full.
+    /// Packets dropped at a full TUN queue, either way: writes the device refused, and packets
+    /// the kernel dropped because braid did not read them in time.
     pub tun_full_drops: u64,
     /// The TUN's offload path (super-packets cut, segments glued).
     pub tun: braid_linux::tun::TunStats,

@@ -7,6 +7,10 @@
 //! 3. `poll_transmit` drained into per-socket queues -> one `sendmmsg` per socket;
 //! 4. `poll_deliver` drained -> TUN writes; `poll_event` -> log lines.
 //!
+//! Link sockets follow their uplink: a netlink notice (address or interface change) or send
+//! errors make the runner open a fresh socket per link and keep it if it is tied to a new address
+//! or device (see `Runner::relink`).
+//!
 //! Readiness is edge-triggered: a source that filled a whole batch stays "ready" and is served
 //! again on the next turn (after the others), so one busy source cannot starve the rest.
 
@@ -33,16 +37,24 @@ use crate::config::{Config, LinkSpec};
 const TUN: Token = Token(0);
 const WAKER: Token = Token(1);
 const SIGNAL: Token = Token(2);
+const NETLINK: Token = Token(3);
 const FIRST_SOCKET: usize = 16;
 /// Datagrams a socket may hold waiting for buffer space before new ones are dropped.
 const MAX_PENDING: usize = 4096;
+/// After a netlink notice, how long to let a burst of them (address deleted, added, routes) settle
+/// before the link sockets are checked.
+const RELINK_SETTLE: Duration = Duration::from_millis(100);
+/// Backoff between attempts to reopen a link socket that fails to send or to open.
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(4);
 
 /// A request from the control socket or the metrics server to the loop.
 #[derive(Debug)]
 pub enum Command {
     Status,
     Metrics,
-    LinkAdd(LinkAddReq),
+    /// A link to add, with its `remote` already resolved (see [`Handle::control`]).
+    LinkAdd(LinkAddReq, Option<SocketAddr>),
     LinkRemove {
         name: String,
     },
@@ -93,10 +105,29 @@ impl Handle {
                 if let Some(o) = body.as_object_mut() {
                     o.remove("cmd");
                 }
-                match serde_json::from_value::<LinkAddReq>(body) {
-                    Ok(r) => self.call(Command::LinkAdd(r)),
-                    Err(e) => json!({"error": format!("link-add: {e}")}),
-                }
+                let r = match serde_json::from_value::<LinkAddReq>(body) {
+                    Ok(r) => r,
+                    Err(e) => return json!({"error": format!("link-add: {e}")}),
+                };
+                // A host name is resolved here, on the control thread: a DNS lookup can take
+                // seconds, and the event loop carries the data plane.
+                let remote = match &r.remote {
+                    Some(t) => {
+                        let hint = r
+                            .bind
+                            .as_deref()
+                            .and_then(|b| crate::config::parse_bind(b).ok())
+                            .map(|b| b.ip());
+                        match crate::config::resolve_remote(t, hint) {
+                            Ok(a) => Some(a),
+                            Err(m) => {
+                                return json!({"error": format!("link {}: remote: {m}", r.name)})
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                self.call(Command::LinkAdd(r, remote))
             }
             "link-remove" => match name() {
                 Some(name) => self.call(Command::LinkRemove { name }),
@@ -143,6 +174,33 @@ struct Sock {
     /// Send errors since the last log line about them.
     send_errors: u64,
     last_send_error: Option<String>,
+    /// Client link: what the socket is tied to; a change means it must be reopened.
+    binding: Binding,
+    /// Client link: when to try reopening it (after send errors or a failed reopen), and the
+    /// backoff that led there (doubles up to [`RETRY_MAX`], reset when the link is UP).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+/// What a connected link socket is tied to: the local address the kernel chose (or the one it
+/// was bound to) and the index of its device. An uplink that gets a new address, or a modem
+/// unplugged and plugged back (same name, new index), changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Binding {
+    local: Option<IpAddr>,
+    ifindex: Option<u32>,
+}
+
+impl Binding {
+    fn of(sock: &UdpSocket, spec: &LinkSpec) -> Binding {
+        Binding {
+            local: sock.local_addr().ok().map(|a| a.ip()),
+            ifindex: spec
+                .dev
+                .as_deref()
+                .and_then(|d| nix::net::if_::if_nametoindex(d).ok()),
+        }
+    }
 }
 
 /// A running endpoint: its I/O and the sans-I/O core.
@@ -169,6 +227,11 @@ pub struct Runner {
     tun_full_drops: u64,
     udp_drops: u64,
     last_auth_warn: (Instant, u64),
+    /// Client: interface and address changes (`None` if netlink refused; then only send
+    /// errors lead to a reopen).
+    monitor: Option<braid_linux::netlink::Monitor>,
+    /// Client: when to check every link socket's binding (set by a netlink notice).
+    relink_at: Option<Instant>,
 }
 
 /// Why the loop stopped.
@@ -251,7 +314,9 @@ impl Runner {
                     // Errors found only now (an address not on this host) name the file too.
                     let s = open_link_socket(spec)
                         .map_err(|e| anyhow::anyhow!("{}: {e:#}", cfg.path.display()))?;
-                    socks.insert(Token(next_token), Sock::new(s, Some(spec.id)));
+                    let mut sock = Sock::new(s, Some(spec.id));
+                    sock.binding = Binding::of(&sock.sock, spec);
+                    socks.insert(Token(next_token), sock);
                     links.insert(spec.id, (Token(next_token), spec.clone()));
                     next_token += 1;
                 }
@@ -276,6 +341,24 @@ impl Runner {
             ep.add_link(now, *id, link_config(spec))
                 .map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
         }
+
+        let monitor = match cfg.role {
+            Role::Client => match braid_linux::netlink::Monitor::open() {
+                Ok(m) => {
+                    poll.registry().register(
+                        &mut SourceFd(&m.as_raw_fd()),
+                        NETLINK,
+                        Interest::READABLE,
+                    )?;
+                    Some(m)
+                }
+                Err(e) => {
+                    tracing::warn!("no netlink notices of address changes ({e}): link sockets are reopened after send errors only");
+                    None
+                }
+            },
+            Role::Server => None,
+        };
 
         let (signal_tx, signal_rx) = UnixStream::pair()?;
         signal_rx.set_nonblocking(true)?;
@@ -313,6 +396,8 @@ impl Runner {
             tun_full_drops: 0,
             udp_drops: 0,
             last_auth_warn: (now, 0),
+            monitor,
+            relink_at: None,
         })
     }
 
@@ -330,11 +415,14 @@ impl Runner {
             let timeout = if busy {
                 Duration::ZERO
             } else {
-                let until = self
+                let mut until = self
                     .ep
                     .poll_timeout()
                     .unwrap_or(now + Duration::from_secs(1))
                     .min(next_check);
+                if let Some(t) = self.next_relink() {
+                    until = until.min(t);
+                }
                 until.saturating_duration_since(now)
             };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
@@ -348,6 +436,16 @@ impl Runner {
                 match ev.token() {
                     TUN => self.tun_ready = true,
                     WAKER => {}
+                    NETLINK => {
+                        let changed = self.monitor.as_ref().map(|m| m.drain());
+                        match changed {
+                            Some(Ok(true)) => {
+                                self.relink_at.get_or_insert(Instant::now() + RELINK_SETTLE);
+                            }
+                            Some(Err(e)) => tracing::debug!("netlink notices: {e}"),
+                            _ => {}
+                        }
+                    }
                     SIGNAL => {
                         let mut b = [0u8; 16];
                         while matches!((&self.signal_rx).read(&mut b), Ok(n) if n > 0) {}
@@ -375,6 +473,7 @@ impl Runner {
             }
             let now = Instant::now();
             self.serve_commands(now);
+            self.relink(now);
             self.read_tun(now);
             self.flush_transmits();
             self.read_sockets(now);
@@ -389,6 +488,83 @@ impl Runner {
                 next_check = now + Duration::from_secs(1);
                 self.check(now)?;
             }
+        }
+    }
+
+    /// The earliest time a link socket is due for a check or a reopen attempt.
+    fn next_relink(&self) -> Option<Instant> {
+        let retries = self.socks.values().filter_map(|s| s.retry_at);
+        retries.chain(self.relink_at).min()
+    }
+
+    /// Reopens the client link sockets that need it. After a netlink notice every link is
+    /// checked: a fresh socket is opened as the configuration says and replaces the old one if
+    /// its [`Binding`] differs (new address, device re-created), else it is dropped. A link due
+    /// for a retry (send errors) is reopened whatever its binding. A socket that cannot be
+    /// opened now (device or address missing) keeps the old one and retries with backoff.
+    /// The server learns the new source address from the next authenticated packet.
+    fn relink(&mut self, now: Instant) {
+        let all = self.relink_at.is_some_and(|t| t <= now);
+        if all {
+            self.relink_at = None;
+        }
+        let due: Vec<(LinkId, Token, LinkSpec)> = self
+            .links
+            .iter()
+            .filter(|(_, (tok, _))| {
+                all || self
+                    .socks
+                    .get(tok)
+                    .and_then(|s| s.retry_at)
+                    .is_some_and(|t| t <= now)
+            })
+            .map(|(id, (tok, spec))| (*id, *tok, spec.clone()))
+            .collect();
+        for (_, tok, spec) in due {
+            let Some(s) = self.socks.get_mut(&tok) else {
+                continue;
+            };
+            let forced = s.retry_at.is_some_and(|t| t <= now);
+            s.retry_at = None;
+            let fresh = match open_link_socket(&spec) {
+                Ok(f) => f,
+                Err(e) => {
+                    s.schedule_retry(now);
+                    tracing::debug!("link {}: cannot reopen yet: {e:#}", spec.name);
+                    continue;
+                }
+            };
+            let binding = Binding::of(&fresh, &spec);
+            if !forced && binding == s.binding {
+                continue;
+            }
+            let registry = self.poll.registry();
+            let _ = registry.deregister(&mut SourceFd(&s.sock.as_raw_fd()));
+            if let Err(e) = registry.register(
+                &mut SourceFd(&fresh.as_raw_fd()),
+                tok,
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!("link {}: cannot poll its new socket: {e}", spec.name);
+                let _ = registry.register(
+                    &mut SourceFd(&s.sock.as_raw_fd()),
+                    tok,
+                    Interest::READABLE | Interest::WRITABLE,
+                );
+                s.schedule_retry(now);
+                continue;
+            }
+            let show = |b: Binding| b.local.map_or("no address".to_string(), |a| a.to_string());
+            tracing::info!(
+                "link {}: socket reopened ({} -> {})",
+                spec.name,
+                show(s.binding),
+                show(binding)
+            );
+            s.sock = fresh;
+            s.binding = binding;
+            s.readable = true;
+            s.last_recv_error = None;
         }
     }
 
@@ -531,6 +707,16 @@ impl Runner {
                     if gone {
                         dead_socks.push(*tok);
                     }
+                    // The socket may be tied to an address or device that is gone: try a new
+                    // one (with backoff) until sends succeed again.
+                    let stale = rep
+                        .last_error
+                        .as_ref()
+                        .and_then(|e| e.raw_os_error())
+                        .is_some_and(|c| matches!(c, libc::EADDRNOTAVAIL | libc::EINVAL));
+                    if s.link.is_some() && (gone || stale) && s.retry_at.is_none() {
+                        s.schedule_retry(Instant::now());
+                    }
                     s.last_send_error = rep.last_error.map(|e| e.to_string());
                 }
                 for _ in 0..consumed {
@@ -584,7 +770,14 @@ impl Runner {
                 Event::LinkState { link, state } => {
                     let name = self.link_name(link);
                     match state {
-                        LinkState::Up => tracing::info!("link {name}: up"),
+                        LinkState::Up => {
+                            if let Some((tok, _)) = self.links.get(&link) {
+                                if let Some(s) = self.socks.get_mut(tok) {
+                                    s.backoff = Duration::ZERO;
+                                }
+                            }
+                            tracing::info!("link {name}: up")
+                        }
                         LinkState::Degraded => tracing::warn!("link {name}: degraded (loss)"),
                         LinkState::Down => tracing::warn!("link {name}: down"),
                     }
@@ -683,8 +876,8 @@ impl Runner {
                     &self.ep.stats(now),
                     self.extra_counters(),
                 )),
-                Command::LinkAdd(r) => self
-                    .link_add(now, r)
+                Command::LinkAdd(r, remote) => self
+                    .link_add(now, r, remote)
                     .map(|()| json!({"ok": true}))
                     .unwrap_or_else(err_json),
                 Command::LinkRemove { name } => self
@@ -705,10 +898,13 @@ impl Runner {
     }
 
     fn extra_counters(&self) -> crate::metrics::Extra {
+        // Both ways through the TUN device: writes the kernel refused, and packets the kernel
+        // dropped because braid did not read them fast enough (the device's tx_dropped).
+        let kernel = braid_linux::tun::queue_drops(&self.cfg.name).unwrap_or(0);
         crate::metrics::Extra {
             udp_send_drops: self.udp_drops,
             tun_write_errors: self.tun_write_errors,
-            tun_full_drops: self.tun_full_drops,
+            tun_full_drops: self.tun_full_drops + kernel,
             tun: self.tun.stats(),
         }
     }
@@ -720,7 +916,13 @@ impl Runner {
         stats.links.iter().find(|l| l.name == name).map(|l| l.id)
     }
 
-    fn link_add(&mut self, now: Instant, r: LinkAddReq) -> anyhow::Result<()> {
+    /// Adds a client link; `resolved` is `r.remote` resolved (on the control thread).
+    fn link_add(
+        &mut self,
+        now: Instant,
+        r: LinkAddReq,
+        resolved: Option<SocketAddr>,
+    ) -> anyhow::Result<()> {
         if self.cfg.role == Role::Server {
             anyhow::bail!("links are added on the client; the server learns them as they arrive");
         }
@@ -740,13 +942,10 @@ impl Runner {
             ),
             None => None,
         };
-        let (remote_text, remote) = match &r.remote {
-            Some(t) => (
-                t.clone(),
-                crate::config::resolve_remote(t, bind.map(|b| b.ip()))
-                    .map_err(|m| anyhow::anyhow!("link {}: remote: {m}", r.name))?,
-            ),
-            None => match self.cfg.links.first() {
+        let (remote_text, remote) = match (&r.remote, resolved) {
+            (Some(t), Some(a)) => (t.clone(), a),
+            (Some(_), None) => anyhow::bail!("link {}: remote was not resolved", r.name),
+            (None, _) => match self.cfg.links.first() {
                 Some(first) => (first.remote_text.clone(), first.remote),
                 None => anyhow::bail!("link {}: needs --remote HOST:PORT", r.name),
             },
@@ -791,6 +990,7 @@ impl Runner {
             spec.remote
         );
         let mut s = Sock::new(sock, Some(id));
+        s.binding = Binding::of(&s.sock, &spec);
         s.readable = true;
         self.socks.insert(tok, s);
         self.links.insert(id, (tok, spec));
@@ -876,6 +1076,12 @@ impl Runner {
                 json!(self.cfg.listen.map(|l| l.to_string())),
             );
             o.insert("connected".into(), json!(self.ep.is_connected()));
+            let extra = self.extra_counters();
+            if let Some(Value::Object(d)) = o.get_mut("drops") {
+                d.insert("udp_send".into(), json!(extra.udp_send_drops));
+                d.insert("tun_write".into(), json!(extra.tun_write_errors));
+                d.insert("tun_full".into(), json!(extra.tun_full_drops));
+            }
             o.insert("links_up".into(), json!(up));
             o.insert("total_bandwidth_bps".into(), json!(total_bw));
             o.insert(
@@ -933,7 +1139,15 @@ impl Sock {
             last_recv_error: None,
             send_errors: 0,
             last_send_error: None,
+            binding: Binding::default(),
+            retry_at: None,
+            backoff: Duration::ZERO,
         }
+    }
+
+    fn schedule_retry(&mut self, now: Instant) {
+        self.backoff = (self.backoff * 2).clamp(RETRY_MIN, RETRY_MAX);
+        self.retry_at = Some(now + self.backoff);
     }
 }
 
