@@ -765,8 +765,8 @@ mod tests {
                 "6:7: bundle.mtu: 10 is out of range 576..65535",
             ),
             (
-                client("", LINKS).replace("mtu = 1400", "mtu = 9168"),
-                "6:7: bundle.mtu: 9168 is above 9167: a packet plus braid's 49 bytes of overhead must fit in a 9216-byte datagram",
+                client("", LINKS).replace("mtu = 1400", "mtu = 9185"),
+                "6:7: bundle.mtu: 9185 is above 9184: a packet plus braid's 32 bytes of overhead must fit in a 9216-byte datagram",
             ),
             (
                 client("", LINKS).replace("mtu = 1400", "mtu = \"big\""),
