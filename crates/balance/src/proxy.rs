@@ -54,7 +54,8 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
         }),
         Protocol::Udp => 1,
     };
-    let nofile = raise_fd_limit();
+    // Each proxied TCP connection holds two descriptors.
+    let nofile = braid_linux::process::raise_fd_limit();
     let budget = fd_budget(nofile, b.config.protocol);
     let mut max = b.config.max_connections.unwrap_or(budget);
     if b.config.protocol == Protocol::Udp {
@@ -116,35 +117,6 @@ pub fn run(b: Arc<Balancer>) -> anyhow::Result<()> {
         }
     }
     result
-}
-
-/// Each proxied TCP connection holds two descriptors: raise the soft limit to the hard one (the
-/// usual soft default of 1024 would cap us at ~500 concurrent clients). Returns the soft limit
-/// in force afterwards.
-fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
-    #[allow(unsafe_code)]
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                lim = want;
-            } else {
-                tracing::debug!("could not raise the open-files limit");
-            }
-        }
-    }
-    lim.rlim_cur
 }
 
 /// The default `max_connections`: what `nofile` descriptors allow after a reserve (64 plus 5%)

@@ -7,6 +7,9 @@
 //! model, the one the simulator uses: rate, drop-tail queue, delay, jitter, loss) and sends them out of the other veth when they are due. It is an L2 wire:
 //! ARP and everything else cross it unchanged.
 //!
+//! The sockets are braid-linux's [`PacketSocket`]s, read in batches (`recvmmsg`); a VLAN tag the
+//! kernel stripped on receive is put back on send.
+//!
 //! Timing: the thread sleeps in `ppoll` with a nanosecond timeout until the next frame is due or a
 //! frame arrives, with the thread's timer slack set to 1 ns (`PR_SET_TIMERSLACK`), so frames leave
 //! within some tens of microseconds of their due time.
@@ -17,16 +20,17 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::LinkSpec;
 use braid_core::netem::{queue_limit_bytes, LinkModel, LinkParams, Verdict};
+use braid_linux::packet::{self, FrameBatch, PacketOptions, PacketSocket};
+use braid_linux::process;
 
 /// Ethernet header length: the rate counts the bytes after it (the IP packet).
 const ETH_HLEN: usize = 14;
@@ -75,111 +79,25 @@ impl Counters {
     }
 }
 
-fn errno_err(what: &str) -> anyhow::Error {
-    anyhow::anyhow!("{what}: {}", std::io::Error::last_os_error())
-}
-
-/// Opens a promiscuous AF_PACKET socket on `ifname` that ignores its own transmissions.
-fn packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(ifname)?;
-    // SAFETY: plain libc calls on a fresh fd and properly initialized C structs.
-    unsafe {
-        let ifindex = libc::if_nametoindex(cname.as_ptr());
-        if ifindex == 0 {
-            bail!("no interface {ifname} in the emulator namespace");
-        }
-        // Protocol 0: receive nothing until bound to the interface below.
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(errno_err("socket(AF_PACKET)"));
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = ifindex as i32;
-        if libc::bind(
-            fd.as_raw_fd(),
-            &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        ) < 0
-        {
-            return Err(errno_err(&format!("bind AF_PACKET to {ifname}")));
-        }
-        let mut mreq: libc::packet_mreq = std::mem::zeroed();
-        mreq.mr_ifindex = ifindex as i32;
-        mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
-        if libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_ADD_MEMBERSHIP,
-            &mreq as *const libc::packet_mreq as *const libc::c_void,
-            std::mem::size_of::<libc::packet_mreq>() as u32,
-        ) < 0
-        {
-            return Err(errno_err(&format!("promiscuous mode on {ifname}")));
-        }
-        let one: libc::c_int = 1;
-        if libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_IGNORE_OUTGOING,
-            &one as *const libc::c_int as *const libc::c_void,
-            4,
-        ) < 0
-        {
-            return Err(errno_err("PACKET_IGNORE_OUTGOING"));
-        }
-        let size: libc::c_int = 8 << 20;
-        for opt in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &size as *const libc::c_int as *const libc::c_void,
-                4,
-            );
-        }
-        Ok(fd)
-    }
-}
-
-/// Sets this thread's timer slack to 1 ns so that `ppoll` wakes up on time, and gives it a
-/// real-time priority (SCHED_FIFO; best effort) so that a busy machine (a build, other tests on two
-/// cores) does not delay frames by milliseconds. The threads sleep in `ppoll` between frames, so
-/// they cannot starve the machine.
-fn precise_timers() {
-    // SAFETY: prctl with integer arguments; pthread_setschedparam on this thread with a valid param.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
-        let param = libc::sched_param { sched_priority: 20 };
-        libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param);
-    }
-}
-
-/// Waits until `fd` is readable or `timeout` passes.
-fn wait_readable(fd: i32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+/// Opens the emulator's promiscuous `AF_PACKET` socket on `ifname` (own transmissions ignored).
+fn packet_socket(ifname: &str) -> anyhow::Result<PacketSocket> {
+    let index = packet::ifindex(ifname).context("in the emulator namespace")?;
+    let opts = PacketOptions {
+        vnet_hdr: false,
+        promiscuous: true,
     };
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-    unsafe {
-        libc::ppoll(&mut pfd, 1, &ts, std::ptr::null());
-    }
+    PacketSocket::open(index, opts).with_context(|| format!("raw socket on {ifname}"))
 }
+
+/// Frames taken from the socket per `recvmmsg`.
+const RX_BATCH: usize = 16;
 
 /// Frames due this close to now are sent rather than slept for.
 const EARLY: Duration = Duration::from_micros(20);
 
 struct Direction {
-    rx: Arc<OwnedFd>,
-    tx: Arc<OwnedFd>,
+    rx: Arc<PacketSocket>,
+    tx: Arc<PacketSocket>,
     link: LinkModel,
     counters: Arc<Counters>,
     failed: Arc<AtomicBool>,
@@ -188,11 +106,10 @@ struct Direction {
 
 impl Direction {
     fn run(mut self) {
-        precise_timers();
+        process::precise_timers();
         let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
         let mut spare: Vec<Vec<u8>> = Vec::new();
-        let rx = self.rx.as_raw_fd();
-        let tx = self.tx.as_raw_fd();
+        let mut batch = FrameBatch::new(RX_BATCH);
         while !self.stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             while let Some((at, _)) = queue.front() {
@@ -200,17 +117,7 @@ impl Direction {
                     break;
                 }
                 let (_, frame) = queue.pop_front().expect("front exists");
-                // SAFETY: sending an initialized buffer on a bound packet socket.
-                let n = unsafe {
-                    libc::send(tx, frame.as_ptr() as *const libc::c_void, frame.len(), 0)
-                };
-                if n >= 0 {
-                    self.counters.bytes.fetch_add(
-                        frame.len().saturating_sub(ETH_HLEN) as u64,
-                        Ordering::Relaxed,
-                    );
-                    self.counters.frames.fetch_add(1, Ordering::Relaxed);
-                }
+                self.send(&frame);
                 spare.push(frame);
             }
             let timeout = match queue.front() {
@@ -219,43 +126,76 @@ impl Direction {
                     .min(Duration::from_millis(100)),
                 None => Duration::from_millis(100),
             };
-            wait_readable(rx, timeout);
+            // An error (the veth went away) ends nothing here: the lab tears the links down.
+            let _ = self.rx.wait_readable(timeout);
             // Drain what arrived (bounded, so due frames are not held back by a burst).
-            for _ in 0..256 {
-                let mut buf = spare.pop().unwrap_or_default();
-                buf.resize(65536, 0);
-                // SAFETY: receiving into a buffer of the given length.
-                let n = unsafe {
-                    libc::recv(
-                        rx,
-                        buf.as_mut_ptr() as *mut libc::c_void,
-                        buf.len(),
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                if n <= 0 {
-                    spare.push(buf);
+            for _ in 0..256 / RX_BATCH {
+                let n = self.rx.recv_batch(&mut batch).unwrap_or(0);
+                let now = Instant::now();
+                for i in 0..n {
+                    self.take(now, &mut batch, i, &mut queue, &mut spare);
+                }
+                if n < RX_BATCH {
                     break;
                 }
-                let now = Instant::now();
-                buf.truncate(n as usize);
-                if self.failed.load(Ordering::Relaxed) {
-                    self.counters.fail_drops.fetch_add(1, Ordering::Relaxed);
-                    spare.push(buf);
-                    continue;
-                }
-                match self.link.on_frame(now, buf.len().saturating_sub(ETH_HLEN)) {
-                    Verdict::Deliver(at) => queue.push_back((at, buf)),
-                    Verdict::Lost => {
-                        self.counters.lost.fetch_add(1, Ordering::Relaxed);
-                        spare.push(buf);
-                    }
-                    Verdict::QueueFull => {
-                        self.counters.queue_drops.fetch_add(1, Ordering::Relaxed);
-                        spare.push(buf);
-                    }
-                }
             }
+        }
+    }
+
+    /// Frame `i` of `batch` enters the link model: queued until due, or dropped.
+    fn take(
+        &mut self,
+        now: Instant,
+        batch: &mut FrameBatch,
+        i: usize,
+        queue: &mut VecDeque<(Instant, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+    ) {
+        // A wire passes a VLAN tag on: put back the one the kernel stripped.
+        if batch.frame_mut(i).is_empty() || !batch.restore_vlan(i) {
+            return;
+        }
+        if self.failed.load(Ordering::Relaxed) {
+            self.counters.fail_drops.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let frame = batch.sendable(i);
+        match self
+            .link
+            .on_frame(now, frame.len().saturating_sub(ETH_HLEN))
+        {
+            Verdict::Deliver(at) => {
+                let mut buf = spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(frame);
+                queue.push_back((at, buf));
+            }
+            Verdict::Lost => {
+                self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::QueueFull => {
+                self.counters.queue_drops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Sends a due frame out of the far veth; a full socket queue is waited for (briefly), as a
+    /// wire would hold the frame rather than lose it.
+    fn send(&self, frame: &[u8]) {
+        let mut sent = self.tx.send(frame);
+        if matches!(sent, Ok(false)) && self.tx.wait_writable(Duration::from_millis(10)).is_ok() {
+            sent = self.tx.send(frame);
+        }
+        match sent {
+            Ok(true) => {
+                let bytes = frame.len().saturating_sub(ETH_HLEN) as u64;
+                self.counters.bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.counters.frames.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {
+                self.counters.queue_drops.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
         }
     }
 }

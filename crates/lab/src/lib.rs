@@ -301,8 +301,7 @@ pub fn install_signal_handlers() -> anyhow::Result<()> {
 
 /// Whether this process runs as root (the lab needs it for namespaces).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    braid_linux::process::is_root()
 }
 
 /// Options of a [`Lab`].

@@ -195,18 +195,10 @@ impl Proc {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(logf);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        // SAFETY: the closure only makes one prctl call (async-signal-safe); nothing else runs
+        // between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGTERM as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                );
-                Ok(())
-            });
+            cmd.pre_exec(braid_linux::process::terminate_with_parent);
         }
         let mut child = cmd.spawn().with_context(|| format!("start {name}"))?;
         let stdout = child.stdout.take().map(BufReader::new);
@@ -303,10 +295,8 @@ impl Proc {
         if self.try_wait().is_some() {
             return;
         }
-        // SAFETY: signalling our own child by PID; it has not been reaped yet.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
+        // Our own child, not reaped yet: the PID is still its.
+        let _ = braid_linux::process::terminate(self.child.id());
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline {
             if self.try_wait().is_some() {

@@ -1,10 +1,13 @@
-//! braid-linux: the only place braid talks to the kernel for the tunnel.
+//! braid-linux: the only place braid talks to the kernel (tunnel, balancer and lab).
 //!
 //! - [`tun`]: the TUN device (batch read/write of IP packets);
 //! - [`udp`]: link sockets with `recvmmsg`/`sendmmsg` batches, `SO_BINDTODEVICE`, big buffers;
 //! - [`offload`]: TUN offload packet logic: TSO super-packets split, segments coalesced (GRO);
 //! - [`netlink`]: interface address/MTU/up/delete through rtnetlink, and a [`netlink::Monitor`] of
 //!   link and address changes;
+//! - [`packet`]: `AF_PACKET` raw sockets in batches, for the DSR balancer and the lab's link
+//!   emulator;
+//! - [`process`]: open-files limit, timer precision of a thread, signals to children;
 //! - [`control`]: the control socket (server and client, one JSON object per line);
 //! - [`fuzzing`]: the body of the metrics HTTP fuzz target (shared by `fuzz/` and the tests);
 //! - [`metrics`]: a tiny HTTP server for Prometheus text on `GET /metrics`, and `braid_build_info`;
@@ -17,6 +20,8 @@ pub mod fuzzing;
 pub mod metrics;
 pub mod netlink;
 pub mod offload;
+pub mod packet;
+pub mod process;
 pub mod serve;
 pub mod service;
 pub mod sysctl;

@@ -7,8 +7,6 @@
 //! and `braid status` act on the same shared [`BackendTable`]; the loop picks their changes up
 //! through the table's generation counter.
 
-pub mod packet;
-
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +15,9 @@ use std::time::{Duration, Instant};
 use braid_lb::dsr::{Action, DsrBalancer, DsrConfig, DsrStats, DsrTimers, Mac, Transport};
 use braid_lb::BackendTable;
 
-use packet::{with_empty_vnet, with_empty_vnet_tagged, FrameBatch, InterfaceInfo, PacketSocket};
+use braid_linux::packet::{
+    with_empty_vnet, with_empty_vnet_tagged, FrameBatch, InterfaceInfo, PacketOptions, PacketSocket,
+};
 
 /// What DSR mode needs from the configuration.
 #[derive(Debug, Clone)]
@@ -214,7 +214,7 @@ impl Dsr {
                 settings.interface
             );
         }
-        let sock = PacketSocket::open(iface.index).map_err(|e| {
+        let sock = PacketSocket::open(iface.index, DSR_SOCKET).map_err(|e| {
             anyhow::anyhow!(
                 "cannot open a raw socket on {} (DSR needs root or CAP_NET_RAW): {e}",
                 settings.interface
@@ -336,7 +336,7 @@ impl Dsr {
                 if !iface.up {
                     anyhow::bail!("{} is down", iface.name);
                 }
-                let sock = PacketSocket::open(iface.index)?;
+                let sock = PacketSocket::open(iface.index, DSR_SOCKET)?;
                 if let IpAddr::V6(v6) = self.settings.vip {
                     sock.join_multicast(braid_lb::dsr::solicited_node_mac(v6))?;
                 }
@@ -361,6 +361,13 @@ impl Dsr {
 }
 
 /// How often a DSR data path whose interface went down checks whether it is back.
+/// The DSR socket: offload headers pass through (a frame leaves as it came: checksummed and
+/// segmented by the kernel on the way out); only frames for the interface's own MACs.
+const DSR_SOCKET: PacketOptions = PacketOptions {
+    vnet_hdr: true,
+    promiscuous: false,
+};
+
 pub const REOPEN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Counters of the runtime itself (the balancer's own are in [`DsrStats`]).
@@ -437,7 +444,10 @@ impl DataPath {
                     .max(now + Duration::from_millis(1));
             }
             let wait = next_housekeeping.saturating_duration_since(Instant::now());
-            if !wait_readable(sock.as_raw_fd(), wait)? {
+            let ready = sock
+                .wait_readable(wait.min(Duration::from_secs(1)))
+                .map_err(|e| anyhow::anyhow!("the DSR interface's socket: {e}"))?;
+            if !ready {
                 continue;
             }
             // Drain what is queued, a batch at a time (bounded so housekeeping still runs).
@@ -468,7 +478,7 @@ impl DataPath {
                 // A frame that came tagged leaves tagged (one that cannot take its tag back is
                 // not sent: untagged, it would land on another VLAN).
                 forwards.retain(|&i| batch.restore_vlan(i));
-                let mut out: Vec<&[u8]> = forwards.iter().map(|&i| batch.with_vnet(i)).collect();
+                let mut out: Vec<&[u8]> = forwards.iter().map(|&i| batch.sendable(i)).collect();
                 out.extend(replies.iter().map(|r| r.as_slice()));
                 let res = sock.send_batch(&out);
                 if res.dropped > 0 {
@@ -536,29 +546,6 @@ fn publish(
         interface_down: counters.interface_down,
         interface_restarts: counters.interface_restarts,
     };
-}
-
-/// poll(2) for readability; `Ok(false)` on timeout or signal.
-fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> anyhow::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(1000) as libc::c_int;
-    // SAFETY: one live pollfd.
-    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        anyhow::bail!("poll on the DSR socket: {e}");
-    }
-    if pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
-        anyhow::bail!("the DSR interface's socket failed (interface gone?)");
-    }
-    Ok(r > 0)
 }
 
 /// Whether the kernel forwards IP on `iface` (read from /proc; false if unknown).

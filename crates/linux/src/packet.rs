@@ -1,7 +1,9 @@
-//! The DSR balancer's only door to the kernel: one `AF_PACKET` raw socket bound to the DSR
-//! interface, read and written in batches (`recvmmsg` / `sendmmsg`).
+//! `AF_PACKET` raw sockets bound to one interface, read and written in batches (`recvmmsg` /
+//! `sendmmsg`): the DSR balancer's only door to the kernel, and the lab link emulator's wire.
+//! Written once here for both (the emulator asks for a promiscuous socket without offload
+//! headers; the balancer for one with them).
 //!
-//! The socket runs with `PACKET_VNET_HDR`: every frame is preceded by a 10-byte `virtio_net_hdr`
+//! With [`PacketOptions::vnet_hdr`] the socket runs with `PACKET_VNET_HDR`: every frame is preceded by a 10-byte `virtio_net_hdr`
 //! that carries the kernel's checksum-offload and segmentation state. The balancer passes it back
 //! unchanged with the frame, so a frame whose TCP checksum is still to be filled in by the NIC
 //! (`CHECKSUM_PARTIAL`, common on veth and with TSO) or a GRO/TSO super-frame bigger than the MTU
@@ -18,6 +20,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use braid_lb::dsr::{insert_vlan_tag, Mac, VlanTag};
 
@@ -30,6 +33,7 @@ const ETH_P_ALL: u16 = 0x0003;
 // <linux/if_packet.h>
 const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
 const PACKET_MR_MULTICAST: libc::c_int = 0;
+const PACKET_MR_PROMISC: libc::c_int = 1;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_STATISTICS: libc::c_int = 6;
@@ -140,6 +144,28 @@ impl InterfaceInfo {
 pub struct PacketSocket {
     fd: OwnedFd,
     ifindex: u32,
+    /// Bytes before each frame: a `virtio_net_hdr`, or none.
+    hdr_len: usize,
+}
+
+/// How a [`PacketSocket`] is opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PacketOptions {
+    /// Frames carry a `virtio_net_hdr` (`PACKET_VNET_HDR`): checksum and segmentation offload
+    /// state passes through unchanged.
+    pub vnet_hdr: bool,
+    /// Receive every frame on the wire, not only those for the interface's MACs.
+    pub promiscuous: bool,
+}
+
+/// The index of interface `name` (a clear error if there is none).
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    nix::net::if_::if_nametoindex(name).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("interface {name:?} does not exist"),
+        )
+    })
 }
 
 fn cvt(r: libc::c_int, what: &str) -> io::Result<libc::c_int> {
@@ -172,8 +198,9 @@ fn setsockopt_int(
 }
 
 impl PacketSocket {
-    /// Opens a raw socket on interface `ifindex` (needs CAP_NET_RAW).
-    pub fn open(ifindex: u32) -> io::Result<PacketSocket> {
+    /// Opens a raw socket on interface `ifindex` (needs CAP_NET_RAW). Non-blocking; own
+    /// transmissions are not received back.
+    pub fn open(ifindex: u32, opts: PacketOptions) -> io::Result<PacketSocket> {
         // Protocol 0 at creation: nothing is queued until bind() names the interface, so no frame
         // of another interface ever slips in.
         // SAFETY: plain socket(2) call.
@@ -189,9 +216,11 @@ impl PacketSocket {
         )?;
         // SAFETY: `raw` is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        setsockopt_int(raw, libc::SOL_PACKET, PACKET_VNET_HDR, 1, "PACKET_VNET_HDR")?;
+        if opts.vnet_hdr {
+            setsockopt_int(raw, libc::SOL_PACKET, PACKET_VNET_HDR, 1, "PACKET_VNET_HDR")?;
+        }
         setsockopt_int(raw, libc::SOL_PACKET, PACKET_AUXDATA, 1, "PACKET_AUXDATA")?;
-        // Linux >= 4.20; without it our own frames come back and are ignored by MAC anyway.
+        // Linux >= 4.20; without it our own frames come back and recv_batch drops them by type.
         let _ = setsockopt_int(
             raw,
             libc::SOL_PACKET,
@@ -224,18 +253,34 @@ impl PacketSocket {
             },
             "bind(AF_PACKET)",
         )?;
-        Ok(PacketSocket { fd, ifindex })
+        let sock = PacketSocket {
+            fd,
+            ifindex,
+            hdr_len: if opts.vnet_hdr { VNET_HDR_LEN } else { 0 },
+        };
+        if opts.promiscuous {
+            sock.add_membership(PACKET_MR_PROMISC, None)
+                .map_err(|e| io::Error::new(e.kind(), format!("promiscuous mode: {e}")))?;
+        }
+        Ok(sock)
     }
 
     /// Also receive frames sent to this multicast MAC (IPv6 solicited-node address of the VIP),
     /// which a NIC would otherwise filter out.
     pub fn join_multicast(&self, mac: Mac) -> io::Result<()> {
+        self.add_membership(PACKET_MR_MULTICAST, Some(mac))
+    }
+
+    /// `PACKET_ADD_MEMBERSHIP` of type `kind` (multicast with an address, or promiscuous).
+    fn add_membership(&self, kind: libc::c_int, mac: Option<Mac>) -> io::Result<()> {
         // SAFETY: packet_mreq is plain old data.
         let mut mr: libc::packet_mreq = unsafe { MaybeUninit::zeroed().assume_init() };
         mr.mr_ifindex = self.ifindex as i32;
-        mr.mr_type = PACKET_MR_MULTICAST as u16;
-        mr.mr_alen = 6;
-        mr.mr_address[..6].copy_from_slice(&mac);
+        mr.mr_type = kind as u16;
+        if let Some(mac) = mac {
+            mr.mr_alen = 6;
+            mr.mr_address[..6].copy_from_slice(&mac);
+        }
         // SAFETY: pointer to a live packet_mreq and its size.
         let r = unsafe {
             libc::setsockopt(
@@ -247,6 +292,45 @@ impl PacketSocket {
             )
         };
         cvt(r, "PACKET_ADD_MEMBERSHIP").map(|_| ())
+    }
+
+    /// Waits up to `timeout` (to the nanosecond: `ppoll`) for a frame. `Ok(false)` on timeout
+    /// or a signal; an error if the socket failed (its interface went away).
+    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        self.wait(libc::POLLIN, timeout)
+    }
+
+    /// Waits up to `timeout` for room in the socket's send queue (after [`PacketSocket::send`]
+    /// found it full).
+    pub fn wait_writable(&self, timeout: Duration) -> io::Result<bool> {
+        self.wait(libc::POLLOUT, timeout)
+    }
+
+    fn wait(&self, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(3600) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, a valid timespec, no signal mask.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(io::Error::new(e.kind(), format!("poll: {e}")));
+        }
+        if pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+            return Err(io::Error::other(
+                "the packet socket failed (interface gone?)",
+            ));
+        }
+        Ok(r > 0)
     }
 
     /// Frames the kernel dropped because our receive queue was full, since the last call
@@ -280,6 +364,7 @@ impl PacketSocket {
     pub fn recv_batch(&self, batch: &mut FrameBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
         batch.len = 0;
+        batch.hdr_len = self.hdr_len;
         // Each buffer keeps 4 bytes spare for a VLAN tag put back on send.
         let mut iovs: Vec<libc::iovec> = batch
             .bufs
@@ -342,7 +427,32 @@ impl PacketSocket {
         Ok(got)
     }
 
-    /// Sends `frames` (each starting with its `virtio_net_hdr`) in as few `sendmmsg` calls as
+    /// Sends one frame (after its `virtio_net_hdr` if the socket has them). `Ok(false)`: the
+    /// socket's queue is full and the frame was not sent.
+    pub fn send(&self, frame: &[u8]) -> io::Result<bool> {
+        loop {
+            // SAFETY: sends an initialised buffer we borrow for the call on a bound socket.
+            let r = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r >= 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Sends `frames` (each starting with its `virtio_net_hdr` if the socket has them) in as few `sendmmsg` calls as
     /// possible. Returns how many were sent; a frame the kernel refuses is skipped (counted by
     /// the caller as a send error), a full queue stops the batch.
     pub fn send_batch(&self, frames: &[&[u8]]) -> SendOutcome {
@@ -433,10 +543,12 @@ pub struct SendOutcome {
     pub last_error: Option<io::Error>,
 }
 
-/// Receive buffers for [`PacketSocket::recv_batch`]. Frame `i` is `frame(i)`; its
-/// `virtio_net_hdr` precedes it in `with_vnet(i)`.
+/// Receive buffers for [`PacketSocket::recv_batch`]. Frame `i` is `frame_mut(i)`; its
+/// `virtio_net_hdr` (on a socket with them) precedes it in [`FrameBatch::sendable`].
 pub struct FrameBatch {
     bufs: Vec<Vec<u8>>,
+    /// Bytes before each frame (the receiving socket's `virtio_net_hdr`, or none).
+    hdr_len: usize,
     lens: Vec<usize>,
     /// The VLAN tag the kernel stripped from each frame.
     vlans: Vec<Option<VlanTag>>,
@@ -449,6 +561,7 @@ impl FrameBatch {
     pub fn new(n: usize) -> Self {
         FrameBatch {
             bufs: vec![vec![0u8; FRAME_BUF_LEN]; n.max(1)],
+            hdr_len: VNET_HDR_LEN,
             lens: vec![0; n.max(1)],
             vlans: vec![None; n.max(1)],
             ctrl: vec![[0; CMSG_BUF_LEN / 8]; n.max(1)],
@@ -473,14 +586,14 @@ impl FrameBatch {
     /// The Ethernet frame `i` (empty if it was truncated, ours, or shorter than the header).
     pub fn frame_mut(&mut self, i: usize) -> &mut [u8] {
         let l = self.lens[i];
-        if l <= VNET_HDR_LEN {
+        if l <= self.hdr_len {
             return &mut [];
         }
-        &mut self.bufs[i][VNET_HDR_LEN..l]
+        &mut self.bufs[i][self.hdr_len..l]
     }
 
-    /// Frame `i` with its `virtio_net_hdr`, as it must be sent.
-    pub fn with_vnet(&self, i: usize) -> &[u8] {
+    /// Frame `i` with its `virtio_net_hdr` (if the socket has them), as it must be sent.
+    pub fn sendable(&self, i: usize) -> &[u8] {
         &self.bufs[i][..self.lens[i]]
     }
 
@@ -497,11 +610,16 @@ impl FrameBatch {
             return true;
         };
         let l = self.lens[i];
-        if l <= VNET_HDR_LEN {
+        if l <= self.hdr_len {
             return false;
         }
         let buf = &mut self.bufs[i];
-        match retag(buf, l, tag) {
+        let tagged = if self.hdr_len == 0 {
+            insert_vlan_tag(buf, l, tag)
+        } else {
+            retag(buf, l, tag)
+        };
+        match tagged {
             Some(n) => {
                 self.lens[i] = n;
                 self.vlans[i] = None;
@@ -603,6 +721,26 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_without_offload_header_gets_its_vlan_tag_back() {
+        let mut frame = vec![0u8; 60];
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        let tag = VlanTag {
+            tpid: 0x8100,
+            tci: 7,
+        };
+        let mut b = FrameBatch::new(1);
+        b.hdr_len = 0;
+        b.bufs[0][..60].copy_from_slice(&frame);
+        b.lens[0] = 60;
+        b.vlans[0] = Some(tag);
+        b.len = 1;
+        assert_eq!(b.frame_mut(0).len(), 60);
+        assert!(b.restore_vlan(0));
+        assert_eq!(b.sendable(0).len(), 64);
+        assert_eq!(&b.sendable(0)[12..18], &[0x81, 0x00, 0, 7, 0x08, 0x00]);
+    }
+
+    #[test]
     fn a_forwarded_frame_gets_its_vlan_tag_back_and_its_offload_offsets_follow() {
         let mut frame = vec![0u8; 60];
         frame[12..14].copy_from_slice(&[0x08, 0x00]);
@@ -624,7 +762,7 @@ mod tests {
         b.set(1, [0; VNET_HDR_LEN], &frame, None);
         assert_eq!(b.vlan(0), Some(tag));
         assert!(b.restore_vlan(0) && b.restore_vlan(1));
-        let out = b.with_vnet(0);
+        let out = b.sendable(0);
         assert_eq!(out.len(), VNET_HDR_LEN + 64);
         let f = &out[VNET_HDR_LEN..];
         assert_eq!(&f[12..18], &[0x81, 0x00, 0, 100, 0x08, 0x00]);
@@ -636,8 +774,8 @@ mod tests {
         );
         // Restoring twice does not tag twice; an untagged frame is left alone.
         assert!(b.restore_vlan(0));
-        assert_eq!(b.with_vnet(0).len(), VNET_HDR_LEN + 64);
-        assert_eq!(&b.with_vnet(1)[VNET_HDR_LEN..], &frame[..]);
+        assert_eq!(b.sendable(0).len(), VNET_HDR_LEN + 64);
+        assert_eq!(&b.sendable(1)[VNET_HDR_LEN..], &frame[..]);
         // An answer (ARP reply) to a tagged request is tagged too, with an empty vnet header.
         let r = with_empty_vnet_tagged(&frame, Some(tag));
         assert_eq!(&r[..VNET_HDR_LEN], &[0; VNET_HDR_LEN]);
