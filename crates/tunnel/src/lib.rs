@@ -7,13 +7,14 @@
 //! - [`status`]: `braid status` for humans.
 
 pub mod config;
+pub mod control;
 pub mod metrics;
 pub mod runner;
 pub mod status;
 
 use std::path::PathBuf;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub use status::render_status;
 
@@ -80,10 +81,7 @@ pub fn run_up(args: UpArgs) -> anyhow::Result<()> {
             let h = runner.handle();
             Some(braid_linux::metrics::MetricsServer::bind(
                 addr,
-                move || match h.call(runner::Command::Metrics) {
-                    Value::String(s) => s,
-                    v => format!("# error: {v}\n"),
-                },
+                move || h.metrics(),
             )?)
         }
         None => None,

@@ -12,14 +12,18 @@
 //! or device (see `Runner::relink`).
 //!
 //! Readiness is edge-triggered: a source that filled a whole batch stays "ready" and is served
-//! again on the next turn (after the others), so one busy source cannot starve the rest.
+//! again on the next turn (after the others), so one busy source cannot starve the rest. A link
+//! socket is watched for writability only while datagrams wait for room in it.
+//!
+//! This is the data plane. The control plane ([`crate::control`]: control socket, metrics
+//! server) runs on other threads and reaches it only through typed commands; it renders status
+//! and metrics itself from a snapshot the loop hands over.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,9 +34,9 @@ use braid_linux::tun::Tun;
 use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use serde_json::{json, Value};
 
 use crate::config::{Config, LinkSpec};
+use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
 
 const TUN: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -47,113 +51,6 @@ const RELINK_SETTLE: Duration = Duration::from_millis(100);
 /// Backoff between attempts to reopen a link socket that fails to send or to open.
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
-
-/// A request from the control socket or the metrics server to the loop.
-#[derive(Debug)]
-pub enum Command {
-    Status,
-    Metrics,
-    /// A link to add, with its `remote` already resolved (see [`Handle::control`]).
-    LinkAdd(LinkAddReq, Option<SocketAddr>),
-    LinkRemove {
-        name: String,
-    },
-    LinkSet {
-        name: String,
-        bandwidth: Option<u64>,
-        priority: Option<u8>,
-    },
-}
-
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LinkAddReq {
-    pub name: String,
-    pub dev: Option<String>,
-    pub bind: Option<String>,
-    pub remote: Option<String>,
-    pub bandwidth: Option<u64>,
-    pub priority: Option<u8>,
-}
-
-/// Hands commands to the loop and waits for its answer.
-#[derive(Clone)]
-pub struct Handle {
-    tx: mpsc::Sender<(Command, mpsc::Sender<Value>)>,
-    waker: Arc<Waker>,
-}
-
-impl Handle {
-    pub fn call(&self, cmd: Command) -> Value {
-        let (rtx, rrx) = mpsc::channel();
-        if self.tx.send((cmd, rtx)).is_err() || self.waker.wake().is_err() {
-            return json!({"error": "braid is shutting down"});
-        }
-        rrx.recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| json!({"error": "braid did not answer in time"}))
-    }
-
-    /// Parses a control request line into a command and runs it.
-    pub fn control(&self, req: Value) -> Value {
-        let cmd = req.get("cmd").and_then(|c| c.as_str()).unwrap_or("");
-        let name = || req.get("name").and_then(|n| n.as_str()).map(str::to_string);
-        match cmd {
-            "status" => self.call(Command::Status),
-            "metrics" => self.call(Command::Metrics),
-            "link-add" => {
-                let mut body = req.clone();
-                if let Some(o) = body.as_object_mut() {
-                    o.remove("cmd");
-                }
-                let r = match serde_json::from_value::<LinkAddReq>(body) {
-                    Ok(r) => r,
-                    Err(e) => return json!({"error": format!("link-add: {e}")}),
-                };
-                // A host name is resolved here, on the control thread: a DNS lookup can take
-                // seconds, and the event loop carries the data plane.
-                let remote = match &r.remote {
-                    Some(t) => {
-                        let hint = r
-                            .bind
-                            .as_deref()
-                            .and_then(|b| crate::config::parse_bind(b).ok())
-                            .map(|b| b.ip());
-                        match crate::config::resolve_remote(t, hint) {
-                            Ok(a) => Some(a),
-                            Err(m) => {
-                                return json!({"error": format!("link {}: remote: {m}", r.name)})
-                            }
-                        }
-                    }
-                    None => None,
-                };
-                self.call(Command::LinkAdd(r, remote))
-            }
-            "link-remove" => match name() {
-                Some(name) => self.call(Command::LinkRemove { name }),
-                None => json!({"error": "link-remove needs a name"}),
-            },
-            "link-set" => match name() {
-                Some(name) => {
-                    let bandwidth = req.get("bandwidth").and_then(|b| b.as_u64());
-                    let priority = match req.get("priority").and_then(|p| p.as_u64()) {
-                        Some(p) if p > 255 => return json!({"error": "priority must be 0..255"}),
-                        p => p.map(|p| p as u8),
-                    };
-                    self.call(Command::LinkSet {
-                        name,
-                        bandwidth,
-                        priority,
-                    })
-                }
-                None => json!({"error": "link-set needs a name"}),
-            },
-            other => {
-                json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set)")})
-            }
-        }
-    }
-}
 
 struct Sock {
     sock: UdpSocket,
@@ -180,6 +77,8 @@ struct Sock {
     /// backoff that led there (doubles up to [`RETRY_MAX`], reset when the link is UP).
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// Registered for writability (while `pending` is not empty).
+    writable_watched: bool,
 }
 
 /// What a connected link socket is tied to: the local address the kernel chose (or the one it
@@ -214,7 +113,7 @@ pub struct Runner {
     links: BTreeMap<LinkId, (Token, LinkSpec)>,
     next_token: usize,
     next_link_id: LinkId,
-    cmd_rx: mpsc::Receiver<(Command, mpsc::Sender<Value>)>,
+    cmd_rx: Commands,
     handle: Handle,
     signal_rx: UnixStream,
     tun_ready: bool,
@@ -287,7 +186,7 @@ impl Runner {
             .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let (tx, cmd_rx) = mpsc::channel();
+        let (handle, cmd_rx) = Handle::new(Arc::new(cfg.clone()), waker);
 
         // Sockets first: a bad interface or address fails before the TUN device exists.
         let mut socks = HashMap::new();
@@ -331,11 +230,8 @@ impl Runner {
         poll.registry()
             .register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
         for (t, s) in &socks {
-            poll.registry().register(
-                &mut SourceFd(&s.sock.as_raw_fd()),
-                *t,
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
+            poll.registry()
+                .register(&mut SourceFd(&s.sock.as_raw_fd()), *t, Interest::READABLE)?;
         }
         for (id, (_, spec)) in &links {
             ep.add_link(now, *id, link_config(spec))
@@ -375,7 +271,7 @@ impl Runner {
         let mtu_buf = (cfg.mtu as usize).max(1500) + 64;
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
         Ok(Runner {
-            handle: Handle { tx, waker },
+            handle,
             cfg,
             ep,
             poll,
@@ -406,46 +302,28 @@ impl Runner {
     }
 
     /// Runs until SIGINT/SIGTERM (`Ok`) or a fatal condition (`Err`, e.g. no session in time).
+    ///
+    /// The clock is read once per turn, right after the poll: every step of the turn sees the
+    /// same `now`, and the next poll's timeout is reckoned from it (late by at most the turn's
+    /// own work, which is zero-timeout polling anyway while a source is busy).
     pub fn run(&mut self) -> anyhow::Result<Exit> {
         let mut events = Events::with_capacity(256);
-        let mut next_check = Instant::now() + Duration::from_secs(1);
+        let mut now = Instant::now();
+        let mut next_check = now + Duration::from_secs(1);
         loop {
-            let now = Instant::now();
-            let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
-            let timeout = if busy {
-                Duration::ZERO
-            } else {
-                let mut until = self
-                    .ep
-                    .poll_timeout()
-                    .unwrap_or(now + Duration::from_secs(1))
-                    .min(next_check);
-                if let Some(t) = self.next_relink() {
-                    until = until.min(t);
-                }
-                until.saturating_duration_since(now)
-            };
+            let timeout = self.poll_timeout(now, next_check);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(e.into());
                 }
             }
+            now = Instant::now();
             let mut signalled = false;
-            let mut writable = Vec::new();
             for ev in events.iter() {
                 match ev.token() {
                     TUN => self.tun_ready = true,
                     WAKER => {}
-                    NETLINK => {
-                        let changed = self.monitor.as_ref().map(|m| m.drain());
-                        match changed {
-                            Some(Ok(true)) => {
-                                self.relink_at.get_or_insert(Instant::now() + RELINK_SETTLE);
-                            }
-                            Some(Err(e)) => tracing::debug!("netlink notices: {e}"),
-                            _ => {}
-                        }
-                    }
+                    NETLINK => self.on_netlink(now),
                     SIGNAL => {
                         let mut b = [0u8; 16];
                         while matches!((&self.signal_rx).read(&mut b), Ok(n) if n > 0) {}
@@ -453,12 +331,8 @@ impl Runner {
                     }
                     t => {
                         if let Some(s) = self.socks.get_mut(&t) {
-                            if ev.is_readable() || ev.is_error() {
-                                s.readable = true;
-                            }
-                            if ev.is_writable() {
-                                writable.push(t);
-                            }
+                            s.readable |= ev.is_readable() || ev.is_error();
+                            // Room again for what waits in `pending`: sent below.
                         }
                     }
                 }
@@ -468,26 +342,54 @@ impl Runner {
                     "signal received: closing the session and removing {}",
                     self.cfg.name
                 );
-                self.shutdown();
+                self.shutdown(now);
                 return Ok(Exit::Signal);
             }
-            let now = Instant::now();
             self.serve_commands(now);
             self.relink(now);
             self.read_tun(now);
-            self.flush_transmits();
+            self.flush_transmits(now);
             self.read_sockets(now);
             if self.ep.poll_timeout().is_some_and(|t| t <= now) {
                 self.ep.handle_timeout(now);
             }
-            self.flush_transmits();
-            let _ = writable;
+            self.flush_transmits(now);
             self.deliver(now);
             self.log_events();
             if now >= next_check {
                 next_check = now + Duration::from_secs(1);
                 self.check(now)?;
             }
+        }
+    }
+
+    /// How long the next poll may sleep: not at all while a source has more to give, else until
+    /// the core's next timer, the next once-a-second check or the next link socket check.
+    fn poll_timeout(&self, now: Instant, next_check: Instant) -> Duration {
+        let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
+        if busy {
+            return Duration::ZERO;
+        }
+        let mut until = self
+            .ep
+            .poll_timeout()
+            .unwrap_or(now + Duration::from_secs(1))
+            .min(next_check);
+        if let Some(t) = self.next_relink() {
+            until = until.min(t);
+        }
+        until.saturating_duration_since(now)
+    }
+
+    /// Netlink says an interface or address changed: check the link sockets once the burst of
+    /// notices has settled.
+    fn on_netlink(&mut self, now: Instant) {
+        match self.monitor.as_ref().map(|m| m.drain()) {
+            Some(Ok(true)) => {
+                self.relink_at.get_or_insert(now + RELINK_SETTLE);
+            }
+            Some(Err(e)) => tracing::debug!("netlink notices: {e}"),
+            _ => {}
         }
     }
 
@@ -540,17 +442,13 @@ impl Runner {
             }
             let registry = self.poll.registry();
             let _ = registry.deregister(&mut SourceFd(&s.sock.as_raw_fd()));
-            if let Err(e) = registry.register(
-                &mut SourceFd(&fresh.as_raw_fd()),
-                tok,
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
+            if let Err(e) =
+                registry.register(&mut SourceFd(&fresh.as_raw_fd()), tok, Interest::READABLE)
+            {
                 tracing::warn!("link {}: cannot poll its new socket: {e}", spec.name);
-                let _ = registry.register(
-                    &mut SourceFd(&s.sock.as_raw_fd()),
-                    tok,
-                    Interest::READABLE | Interest::WRITABLE,
-                );
+                let _ =
+                    registry.register(&mut SourceFd(&s.sock.as_raw_fd()), tok, Interest::READABLE);
+                s.writable_watched = false;
                 s.schedule_retry(now);
                 continue;
             }
@@ -564,6 +462,7 @@ impl Runner {
             s.sock = fresh;
             s.binding = binding;
             s.readable = true;
+            s.writable_watched = false; // registered afresh, for reading only
             s.last_recv_error = None;
         }
     }
@@ -650,8 +549,10 @@ impl Runner {
         }
     }
 
-    /// Moves the endpoint's datagrams into per-socket queues and sends each queue in batches.
-    fn flush_transmits(&mut self) {
+    /// Moves the endpoint's datagrams into per-socket queues and sends each queue in batches. A
+    /// socket whose queue the kernel could not take whole is watched for writability until it
+    /// is empty again (and only then: a writable socket would wake every poll).
+    fn flush_transmits(&mut self, now: Instant) {
         let listen = if self.cfg.role == Role::Server {
             self.socks.keys().next().copied()
         } else {
@@ -715,7 +616,7 @@ impl Runner {
                         .and_then(|e| e.raw_os_error())
                         .is_some_and(|c| matches!(c, libc::EADDRNOTAVAIL | libc::EINVAL));
                     if s.link.is_some() && (gone || stale) && s.retry_at.is_none() {
-                        s.schedule_retry(Instant::now());
+                        s.schedule_retry(now);
                     }
                     s.last_send_error = rep.last_error.map(|e| e.to_string());
                 }
@@ -728,11 +629,11 @@ impl Runner {
                     break;
                 }
             }
+            s.watch_writable(&self.poll, *tok);
         }
         if !dead_socks.is_empty() {
             // The kernel says the uplink's network is gone: take the link out of the bundle now
             // rather than after its probes go unanswered.
-            let now = Instant::now();
             let ids: Vec<LinkId> = self
                 .links
                 .iter()
@@ -867,33 +768,40 @@ impl Runner {
         Ok(())
     }
 
+    /// Answers what the control plane asked (see [`crate::control`]): only what needs this
+    /// thread's state; the asking thread renders the answer.
     fn serve_commands(&mut self, now: Instant) {
         while let Ok((cmd, reply)) = self.cmd_rx.try_recv() {
-            let v = match cmd {
-                Command::Status => self.status(now),
-                Command::Metrics => Value::String(crate::metrics::encode(
-                    &self.cfg,
-                    &self.ep.stats(now),
-                    self.extra_counters(),
-                )),
-                Command::LinkAdd(r, remote) => self
-                    .link_add(now, r, remote)
-                    .map(|()| json!({"ok": true}))
-                    .unwrap_or_else(err_json),
-                Command::LinkRemove { name } => self
-                    .link_remove(now, &name)
-                    .map(|()| json!({"ok": true}))
-                    .unwrap_or_else(err_json),
+            let r = match cmd {
+                Command::Snapshot => Reply::Snapshot(Box::new(self.snapshot(now))),
+                Command::LinkAdd(r, remote) => self.link_add(now, r, remote).into(),
+                Command::LinkRemove { name } => self.link_remove(now, &name).into(),
                 Command::LinkSet {
                     name,
                     bandwidth,
                     priority,
-                } => self
-                    .link_set(&name, bandwidth, priority)
-                    .map(|()| json!({"ok": true}))
-                    .unwrap_or_else(err_json),
+                } => self.link_set(now, &name, bandwidth, priority).into(),
             };
-            let _ = reply.send(v);
+            let _ = reply.send(r);
+        }
+    }
+
+    fn snapshot(&self, now: Instant) -> Snapshot {
+        Snapshot {
+            stats: self.ep.stats(now),
+            extra: self.extra_counters(),
+            connected: self.ep.is_connected(),
+            uptime: now.saturating_duration_since(self.started),
+            links: self
+                .links
+                .iter()
+                .map(|(id, (_, spec))| LinkInfo {
+                    id: *id,
+                    dev: spec.dev.clone(),
+                    bind: spec.bind,
+                    remote: spec.remote,
+                })
+                .collect(),
         }
     }
 
@@ -966,11 +874,9 @@ impl Runner {
         };
         let sock = open_link_socket(&spec)?;
         let tok = Token(self.next_token);
-        self.poll.registry().register(
-            &mut SourceFd(&sock.as_raw_fd()),
-            tok,
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
+        self.poll
+            .registry()
+            .register(&mut SourceFd(&sock.as_raw_fd()), tok, Interest::READABLE)?;
         self.ep
             .add_link(now, id, link_config(&spec))
             .map_err(|e: EndpointError| {
@@ -1004,7 +910,7 @@ impl Runner {
             .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
         self.ep.remove_link(now, id)?;
         // Datagrams queued for it are sent if they can be, then the socket goes.
-        self.flush_transmits();
+        self.flush_transmits(now);
         if let Some((tok, _)) = self.links.remove(&id) {
             if let Some(mut s) = self.socks.remove(&tok) {
                 let _ = self
@@ -1022,11 +928,12 @@ impl Runner {
 
     fn link_set(
         &mut self,
+        now: Instant,
         name: &str,
         bandwidth: Option<u64>,
         priority: Option<u8>,
     ) -> anyhow::Result<()> {
-        let stats = self.ep.stats(Instant::now());
+        let stats = self.ep.stats(now);
         let id = self
             .find_link(name, &stats)
             .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
@@ -1046,73 +953,10 @@ impl Runner {
         Ok(())
     }
 
-    /// The `status` reply: the core's statistics plus what the runner knows (kind, name, link
-    /// devices and remotes, totals).
-    fn status(&self, now: Instant) -> Value {
-        let stats = self.ep.stats(now);
-        let mut v =
-            serde_json::to_value(&stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
-        let up = stats
-            .links
-            .iter()
-            .filter(|l| l.state != LinkState::Down)
-            .count();
-        let total_bw: u64 = stats
-            .links
-            .iter()
-            .filter(|l| l.state != LinkState::Down)
-            .filter_map(|l| l.bandwidth_bps)
-            .sum();
-        if let Some(o) = v.as_object_mut() {
-            o.insert("kind".into(), json!("tunnel"));
-            o.insert("name".into(), json!(self.cfg.name));
-            // "address": all of them in one line (what `braid status` prints); "addresses": a list.
-            o.insert("address".into(), json!(self.cfg.addresses_text()));
-            let all: Vec<String> = self.cfg.addresses.iter().map(|a| a.to_string()).collect();
-            o.insert("addresses".into(), json!(all));
-            o.insert("mtu".into(), json!(self.cfg.mtu));
-            o.insert(
-                "listen".into(),
-                json!(self.cfg.listen.map(|l| l.to_string())),
-            );
-            o.insert("connected".into(), json!(self.ep.is_connected()));
-            let extra = self.extra_counters();
-            if let Some(Value::Object(d)) = o.get_mut("drops") {
-                d.insert("udp_send".into(), json!(extra.udp_send_drops));
-                d.insert("tun_write".into(), json!(extra.tun_write_errors));
-                d.insert("tun_full".into(), json!(extra.tun_full_drops));
-            }
-            o.insert("links_up".into(), json!(up));
-            o.insert("total_bandwidth_bps".into(), json!(total_bw));
-            o.insert(
-                "uptime_s".into(),
-                json!(now.saturating_duration_since(self.started).as_secs_f64()),
-            );
-            if let Some(Value::Array(links)) = o.get_mut("links") {
-                for l in links.iter_mut() {
-                    let id = l.get("id").and_then(|i| i.as_u64()).unwrap_or(0) as LinkId;
-                    let rtt_ms = l
-                        .get("srtt_us")
-                        .and_then(|r| r.as_f64())
-                        .map(|r| r / 1000.0);
-                    if let Some(lo) = l.as_object_mut() {
-                        lo.insert("rtt_ms".into(), json!(rtt_ms));
-                        if let Some((_, spec)) = self.links.get(&id) {
-                            lo.insert("dev".into(), json!(spec.dev));
-                            lo.insert("bind".into(), json!(spec.bind.map(|b| b.to_string())));
-                            lo.insert("remote".into(), json!(spec.remote.to_string()));
-                        }
-                    }
-                }
-            }
-        }
-        v
-    }
-
     /// Says goodbye on every link, sends what can be sent, and releases the TUN device.
-    fn shutdown(&mut self) {
-        self.ep.close(Instant::now());
-        self.flush_transmits();
+    fn shutdown(&mut self, now: Instant) {
+        self.ep.close(now);
+        self.flush_transmits(now);
     }
 }
 
@@ -1142,6 +986,29 @@ impl Sock {
             binding: Binding::default(),
             retry_at: None,
             backoff: Duration::ZERO,
+            writable_watched: false,
+        }
+    }
+
+    /// Registers for writability while datagrams wait in `pending`, and drops it once they are
+    /// gone.
+    fn watch_writable(&mut self, poll: &Poll, tok: Token) {
+        let want = !self.pending.is_empty();
+        if want == self.writable_watched {
+            return;
+        }
+        let interest = if want {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let fd = self.sock.as_raw_fd();
+        match poll
+            .registry()
+            .reregister(&mut SourceFd(&fd), tok, interest)
+        {
+            Ok(()) => self.writable_watched = want,
+            Err(e) => tracing::debug!("poll interest of a link socket: {e}"),
         }
     }
 
@@ -1157,8 +1024,4 @@ fn link_config(spec: &LinkSpec) -> LinkConfig {
         bandwidth_bps: spec.bandwidth_bps,
         priority: spec.priority,
     }
-}
-
-fn err_json(e: anyhow::Error) -> Value {
-    json!({"error": format!("{e:#}")})
 }
