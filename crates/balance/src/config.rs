@@ -12,6 +12,7 @@
 //! vip = "198.18.0.100"           # dsr mode: the service address; port 0 = all ports
 //! interface = "eth1"             # dsr mode: where frames for the VIP arrive
 //! algorithm = "maglev"           # round-robin | weighted | least-connections | source-hash | maglev
+//! steer = "flow"                 # dsr mode: or "braid" (UDP to braid concentrators, maglev only)
 //! health = { interval_ms = 500, timeout_ms = 300, fall = 2, rise = 2 }   # http_path = "/x" for HTTP
 //! metrics = "127.0.0.1:9151"     # optional
 //! # optional: control = "/run/braid/web.sock", table_size = 65537, connect_timeout_ms = 1000,
@@ -33,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use braid_config::{in_range, Source, Spanned};
+use braid_lb::dsr::Steer;
 use braid_lb::Algorithm;
 use serde::Deserialize;
 
@@ -108,6 +110,8 @@ pub struct Config {
     /// DSR mode (required, must exist): the interface where frames for the VIP arrive.
     pub interface: Option<String>,
     pub algorithm: Algorithm,
+    /// DSR mode: what picks a packet's backend (the connection, or braid's route id).
+    pub steer: braid_lb::dsr::Steer,
     pub health: HealthConfig,
     pub metrics: Option<SocketAddr>,
     /// Control socket (default `/run/braid/<name>.sock`).
@@ -159,6 +163,7 @@ struct RawBalance {
     vip: Option<Spanned<String>>,
     interface: Option<Spanned<String>>,
     algorithm: Option<Spanned<String>>,
+    steer: Option<Spanned<String>>,
     health: Option<Spanned<RawHealth>>,
     metrics: Option<Spanned<String>>,
     control: Option<Spanned<String>>,
@@ -291,6 +296,27 @@ fn validate_balance(src: &Source, balance: &Spanned<RawBalance>) -> Result<Confi
     let algorithm = src.optional(&b.algorithm, "balance.algorithm", |a| {
         a.parse::<Algorithm>().map_err(|e| e.to_string())
     })?;
+    let steer = src.optional(&b.steer, "balance.steer", |s| match s.as_str() {
+        "flow" => Ok(Steer::Flow),
+        "braid" => Ok(Steer::BraidRoute),
+        other => Err(format!("{other:?}: expected \"flow\" or \"braid\"")),
+    })?;
+    if let (Some(Steer::BraidRoute), Some(v)) = (steer, &b.steer) {
+        // The route id must pick the same concentrator on every balancer, whatever the link's
+        // source address: a consistent hash of it, UDP, in DSR mode.
+        let why = if mode != Mode::Dsr {
+            Some("needs mode = \"dsr\"")
+        } else if protocol != Protocol::Udp {
+            Some("needs protocol = \"udp\" (braid's links are UDP)")
+        } else if algorithm.is_some_and(|a| a != Algorithm::Maglev) {
+            Some("needs algorithm = \"maglev\" (every balancer must pick the same concentrator)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(src.at(v, "balance.steer", format!("\"braid\" {why}")));
+        }
+    }
     let listen = src.optional(&b.listen, "balance.listen", |s| addr_with_port(s))?;
     let vip = src.optional(&b.vip, "balance.vip", |s| {
         parse_addr(s, Some(0)).ok_or_else(|| {
@@ -355,6 +381,7 @@ fn validate_balance(src: &Source, balance: &Spanned<RawBalance>) -> Result<Confi
         vip,
         interface,
         algorithm: algorithm.unwrap_or(Algorithm::Maglev),
+        steer: steer.unwrap_or_default(),
         health,
         metrics,
         table_size: table_size.unwrap_or(braid_lb::DEFAULT_TABLE_SIZE),
@@ -644,6 +671,43 @@ weight = 3
                 e.starts_with(&format!("t.toml:{want}")),
                 "want {want:?}, got {e:?}"
             );
+        }
+    }
+
+    /// `steer = "braid"`: DSR, UDP and Maglev only, each refusal naming what is missing.
+    #[test]
+    fn steer_braid_needs_dsr_udp_and_maglev() {
+        let dsr_udp = GOOD
+            .replace("mode = \"proxy\"", "mode = \"dsr\"\nsteer = \"braid\"")
+            .replace("protocol = \"tcp\"", "protocol = \"udp\"")
+            .replace(
+                "listen = \"198.18.0.10:8080\"",
+                "vip = \"198.18.0.100\"\ninterface = \"lo\"",
+            );
+        let c = parse(&dsr_udp).unwrap();
+        assert_eq!(c.steer, Steer::BraidRoute);
+        assert_eq!(parse(GOOD).unwrap().steer, Steer::Flow, "default");
+        let cases = [
+            (
+                GOOD.replace("mode = \"proxy\"", "mode = \"proxy\"\nsteer = \"braid\""),
+                "balance.steer: \"braid\" needs mode = \"dsr\"",
+            ),
+            (
+                dsr_udp.replace("protocol = \"udp\"", "protocol = \"tcp\""),
+                "balance.steer: \"braid\" needs protocol = \"udp\"",
+            ),
+            (
+                dsr_udp.replace("algorithm = \"maglev\"", "algorithm = \"round-robin\""),
+                "balance.steer: \"braid\" needs algorithm = \"maglev\"",
+            ),
+            (
+                dsr_udp.replace("steer = \"braid\"", "steer = \"route\""),
+                "balance.steer: \"route\": expected \"flow\" or \"braid\"",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(&text);
+            assert!(e.contains(want), "want {want:?}, got {e:?}");
         }
     }
 

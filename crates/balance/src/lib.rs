@@ -104,6 +104,7 @@ fn run_dsr(b: &Arc<Balancer>) -> anyhow::Result<()> {
             Protocol::Tcp => Transport::Tcp,
             Protocol::Udp => Transport::Udp,
         },
+        steer: cfg.steer,
         timers: DsrTimers {
             flow_idle: match cfg.protocol {
                 Protocol::Tcp => defaults.flow_idle,

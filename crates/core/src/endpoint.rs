@@ -101,6 +101,11 @@ pub struct Config {
     /// as its clock does not go back). [`Config::new`] reads the system clock for it, the one
     /// place the core looks at a clock: simulations and tests that run in virtual time set it.
     pub wall_clock: SystemTime,
+    /// Client: the route id its HELLOs carry (docs/protocol.md §9.2): the server's session id
+    /// for this client starts with it, so every packet of every link names it, and a balancer
+    /// in front of several servers steers the whole bundle to one of them by it. `None`: a
+    /// random one per endpoint.
+    pub route_id: Option<u16>,
 }
 
 impl Config {
@@ -124,6 +129,7 @@ impl Config {
             ring: RingConfig::default(),
             compression: true,
             wall_clock: SystemTime::now(),
+            route_id: None,
         }
     }
 }
@@ -509,6 +515,8 @@ pub struct Endpoint {
     newest_hello: Option<u64>,
     /// Client: the timestamp of the last HELLO made (the next is at least one more).
     last_hello_ts: u64,
+    /// Client: the route id in its HELLOs (see [`Config::route_id`]).
+    route_id: u16,
     /// Bit `v % 64`: a datagram of protocol version `v` was reported ([`Event::VersionMismatch`]).
     versions_seen: u64,
     /// Compression counters of the sessions that ended.
@@ -586,7 +594,9 @@ impl Endpoint {
         let reorder = ReorderBuffer::new(config.reorder.clone());
         let mut rng = rng;
         let ack_limiter = AckLimiter::new((rng.next_u64(), rng.next_u64()));
+        let route_id = config.route_id.unwrap_or_else(|| rng.next_u32() as u16);
         let mut ep = Endpoint {
+            route_id,
             epoch: now,
             rng,
             hs_keys,
@@ -795,7 +805,7 @@ impl Endpoint {
             let header = Header {
                 ptype: PacketType::Hello,
                 link: id,
-                session: 0,
+                session: wire::route_session(self.route_id, 0),
                 counter: 0,
             };
             let packet_salt = self.packet_salt();
@@ -940,7 +950,8 @@ impl Endpoint {
         from: SocketAddr,
         datagram: &mut [u8],
     ) {
-        if self.cfg.role != Role::Server || header.session != 0 {
+        // A HELLO names only a route id (top 16 bits); the rest is the server's to choose.
+        if self.cfg.role != Role::Server || header.session & 0xffff != 0 {
             self.drops.malformed += 1;
             return;
         }
@@ -982,7 +993,7 @@ impl Endpoint {
                 // Not rate-limited: an attacker cannot make newer HELLOs without the PSK, so
                 // these are at most one per HELLO the client ever sent.
                 self.newest_hello = Some(hello.timestamp);
-                self.new_pending(&hello, cipher)
+                self.new_pending(&hello, cipher, wire::route_of(header.session))
             }
         };
         let reply = Header {
@@ -1002,9 +1013,17 @@ impl Endpoint {
         });
     }
 
-    /// Server: a pending session for a new HELLO (replacing any older pending one).
-    fn new_pending(&mut self, hello: &HelloRepr, cipher: CipherId) -> HelloAckRepr {
-        let local_id = self.random_id();
+    /// Server: a pending session for a new HELLO (replacing any older pending one). Its id
+    /// starts with the HELLO's route id (§9.2); the low 16 bits are random, not zero, and not
+    /// those of the current session (packets to either must tell them apart).
+    fn new_pending(&mut self, hello: &HelloRepr, cipher: CipherId, route: u16) -> HelloAckRepr {
+        let current = self.session.as_ref().map(|s| s.local_id);
+        let local_id = loop {
+            let id = wire::route_session(route, self.rng.next_u32() as u16);
+            if id & 0xffff != 0 && Some(id) != current {
+                break id;
+            }
+        };
         let mut salt = [0u8; 32];
         self.rng.fill_bytes(&mut salt);
         let keys = crypto::session_keys(&self.cfg.psk, cipher, &hello.salt, &salt, false);

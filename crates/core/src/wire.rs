@@ -1062,6 +1062,38 @@ impl<'a> Body<'a> {
     }
 }
 
+/// The receiver session id a route id and a server's own low 16 bits make (docs/protocol.md
+/// §9.2). In a HELLO the low bits are zero.
+pub fn route_session(route: u16, low: u16) -> u32 {
+    (u32::from(route) << 16) | u32::from(low)
+}
+
+/// The route id in a receiver session id: its top 16 bits.
+pub fn route_of(session: u32) -> u16 {
+    (session >> 16) as u16
+}
+
+/// The route id of a braid datagram sent to a server, read from its clear header without any
+/// cryptography, for a balancer steering every link of a client to one server (§9.2): `None`
+/// if the bytes are not a braid packet of this version that carries one (a HELLO-ACK, which
+/// only servers send, or anything too short).
+pub fn peek_route(datagram: &[u8]) -> Option<u16> {
+    if datagram.len() < HEADER_LEN || datagram[field::VERSION] != VERSION {
+        return None;
+    }
+    let ty = datagram[field::TYPE];
+    let at = if ty & 0x0f == PacketType::Data as u8 {
+        field::D_SESSION
+    } else {
+        match PacketType::from_u8(ty)? {
+            PacketType::HelloAck => return None,
+            _ => field::SESSION,
+        }
+    };
+    let session = u32::from_be_bytes(datagram[at].try_into().ok()?);
+    Some(route_of(session))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1366,6 +1398,30 @@ mod tests {
         assert!(NackRepr::encode(c, &[SeqRange { first: 1, count: 0 }], &mut buf).is_none());
         let many = vec![SeqRange { first: 1, count: 1 }; MAX_NACK_RANGES + 1];
         assert!(NackRepr::encode(c, &many, &mut buf).is_none());
+    }
+
+    #[test]
+    fn route_id_is_read_from_every_packet_a_client_sends() {
+        let mut data = [0u8; 40];
+        data[0] = VERSION;
+        data[1] = 0x20 | PacketType::Data as u8; // RETRANSMIT flag set: still DATA
+        data[3..7].copy_from_slice(&route_session(0x1234, 0x5678).to_be_bytes());
+        assert_eq!(peek_route(&data), Some(0x1234));
+        let mut long = [0u8; 40];
+        long[0] = VERSION;
+        long[4..8].copy_from_slice(&route_session(0xabcd, 0).to_be_bytes());
+        for t in [PacketType::Hello, PacketType::Probe, PacketType::Close] {
+            long[1] = t as u8;
+            assert_eq!(peek_route(&long), Some(0xabcd), "{t:?}");
+        }
+        long[1] = PacketType::HelloAck as u8;
+        assert_eq!(peek_route(&long), None, "HELLO-ACK: server to client");
+        long[1] = 0x7f;
+        assert_eq!(peek_route(&long), None, "unknown type");
+        data[0] = 1;
+        assert_eq!(peek_route(&data), None, "other version");
+        assert_eq!(peek_route(&long[..15]), None, "short");
+        assert_eq!(route_of(route_session(7, 9)), 7);
     }
 
     #[test]

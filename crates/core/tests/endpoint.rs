@@ -758,3 +758,57 @@ fn handle_datagram_reports_only_authenticated_links() {
         "a replay"
     );
 }
+
+/// docs/protocol.md §9.2: every packet a client sends the server, HELLO included and on every
+/// link, names the client's route id in clear, so that a balancer can steer the whole bundle to
+/// one server; the server's session id starts with it.
+#[test]
+fn every_packet_to_the_server_names_the_clients_route_id() {
+    let mut cfg = Config::new(Role::Client, KEY);
+    cfg.route_id = Some(0xbeef);
+    let mut p = Pair::with_config(3, cfg, KEY);
+    p.run_for(Duration::from_secs(1));
+    assert!(p.client.is_connected());
+    for i in 0..30 {
+        p.client.send_packet(p.now, &ip_packet(i));
+    }
+    p.exchange();
+    p.run_for(Duration::from_millis(300));
+    assert_eq!(p.delivered_to_server.len(), 30);
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut links = std::collections::BTreeSet::new();
+    for (link, d) in &p.captured {
+        assert_eq!(
+            braid_core::wire::peek_route(d),
+            Some(0xbeef),
+            "{} bytes on link {link}: {:02x?}",
+            d.len(),
+            &d[..16]
+        );
+        kinds.insert(d[1] & 0x0f);
+        links.insert(*link);
+    }
+    assert!(
+        kinds.contains(&1) && kinds.contains(&3) && kinds.len() >= 3,
+        "{kinds:?}"
+    );
+    assert_eq!(links.len(), 3);
+    let sid = p.server.stats(p.now).session.expect("server session");
+    assert_eq!(sid >> 16, 0xbeef, "{sid:08x}");
+}
+
+/// A HELLO whose receiver session id has low bits set is not one a client makes: dropped as
+/// malformed, and no session comes of it.
+#[test]
+fn hello_with_low_session_bits_is_malformed() {
+    let mut p = Pair::new(1);
+    p.client.handle_timeout(p.now);
+    let mut hello = p.client.poll_transmit().expect("a HELLO").payload;
+    assert_eq!(hello[1], 1);
+    hello[7] ^= 1; // low bits of the receiver session id (authenticated: also fails the AEAD)
+    let before = p.server.stats(p.now).drops.malformed;
+    p.server
+        .handle_datagram(p.now, None, client_addr(1), &mut hello);
+    assert_eq!(p.server.stats(p.now).drops.malformed, before + 1);
+    assert!(p.server.poll_transmit().is_none(), "no HELLO-ACK");
+}

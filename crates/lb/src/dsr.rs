@@ -77,6 +77,23 @@ pub struct DsrConfig {
     /// The balancer's own IPv6 address on the interface (link-local is best): source of its
     /// Neighbor Solicitations. Without one, IPv6 backends cannot be resolved.
     pub ipv6: Option<Ipv6Addr>,
+    /// What picks a packet's backend.
+    pub steer: Steer,
+}
+
+/// What the DSR balancer keys its backend choice on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Steer {
+    /// The connection (5-tuple): each TCP connection or UDP flow stays on its backend.
+    #[default]
+    Flow,
+    /// braid concentrators behind the VIP (UDP): the route id in braid's clear header
+    /// (docs/protocol.md §9.2), which every packet of every link of one client carries, hashed
+    /// by the consistent algorithm alone, without state. All links of a client reach the same
+    /// concentrator whatever their source addresses, every balancer instance agrees, and a
+    /// concentrator added or removed moves only the clients Maglev moves. Datagrams that carry no
+    /// route id (not braid's) go by their flow.
+    BraidRoute,
 }
 
 /// A packet for the VIP that must go to a backend.
@@ -96,6 +113,9 @@ pub struct VipPacket {
     pub fragment: Option<Fragment>,
     /// The IP packet's length in bytes (the frame without its Ethernet header).
     pub ip_len: usize,
+    /// With [`Steer::BraidRoute`]: the braid route id in the datagram (a whole one, or the
+    /// first fragment of one).
+    pub route: Option<u16>,
 }
 
 /// The fragment facts of a packet: the IP identification (IPv4's 16 bits, or the IPv6 fragment
@@ -252,6 +272,7 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
             SocketAddr::new(dst, dport),
         );
         let starts_flow = ports.is_some() && (protocol == IPPROTO_UDP || syn);
+        let route = ports.and_then(|_| braid_route(cfg, protocol, l4));
         return Frame::ToVip(VipPacket {
             flow,
             syn,
@@ -259,6 +280,7 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
             starts_flow,
             fragment: Some(frag),
             ip_len,
+            route,
         });
     }
     if protocol != cfg.transport.ip_number() {
@@ -282,7 +304,26 @@ fn vip_packet(cfg: &DsrConfig, dst_mac: &Mac, ip: IpFacts<'_>) -> Frame {
         starts_flow: protocol == IPPROTO_UDP || syn,
         fragment: None,
         ip_len,
+        route: braid_route(cfg, protocol, l4),
     })
+}
+
+/// The braid route id of a UDP datagram's payload (`l4` starts at the UDP header), when the
+/// balancer steers by it.
+fn braid_route(cfg: &DsrConfig, protocol: u8, l4: &[u8]) -> Option<u16> {
+    if cfg.steer != Steer::BraidRoute || protocol != IPPROTO_UDP {
+        return None;
+    }
+    braid_core::wire::peek_route(l4.get(8..)?)
+}
+
+/// The consistent algorithm's key for a braid route id (the same on every balancer instance).
+fn route_pick_key(route: u16) -> PickKey {
+    let h = crate::hash::fmix64(u64::from(route) | 0xb4a1_d000_0000_0000);
+    PickKey {
+        flow_hash: h,
+        client_hash: h,
+    }
 }
 
 fn classify_ipv4(dst_mac: &Mac, payload: &[u8], cfg: &DsrConfig) -> Frame {
@@ -378,6 +419,7 @@ fn icmp_error(cfg: &DsrConfig, icmp: &[u8], error_types: &[u8], ip_len: usize) -
         starts_flow: false,
         fragment: None,
         ip_len,
+        route: None,
     })
 }
 
@@ -927,6 +969,8 @@ pub struct DsrStats {
     /// Mid-connection TCP packets of flows the table does not know (after a restart or an
     /// eviction), forwarded by hash without creating state.
     pub untracked: u64,
+    /// Packets steered by their braid route id ([`Steer::BraidRoute`]), without flow state.
+    pub braid_routed: u64,
 }
 
 /// Timing and sizes of the DSR data path.
@@ -1169,6 +1213,10 @@ impl DsrBalancer {
         table: &mut BackendTable,
         now: Instant,
     ) -> Result<FlowTarget, DropReason> {
+        if let Some(route) = p.route {
+            self.stats.braid_routed += 1;
+            return self.pick_by(route_pick_key(route), table);
+        }
         let key = p.flow;
         let known = match self.flows.get(&key, now) {
             Some(t) => Some((t, false)),
@@ -1212,6 +1260,14 @@ impl DsrBalancer {
             flow_hash: key.hash(),
             client_hash: key.client_hash(),
         };
+        self.pick_by(pick, table)
+    }
+
+    fn pick_by(
+        &mut self,
+        pick: PickKey,
+        table: &mut BackendTable,
+    ) -> Result<FlowTarget, DropReason> {
         let mut exclude: Vec<BackendId> = Vec::new();
         let mut any_backend = false;
         while let Some(id) = table.pick(pick, &exclude) {
@@ -1317,6 +1373,7 @@ mod tests {
             mac: LB,
             ipv4: Some("198.18.0.2".parse().unwrap()),
             ipv6: Some("fe80::1".parse().unwrap()),
+            steer: Steer::Flow,
         }
     }
 
@@ -2013,6 +2070,126 @@ mod tests {
 
         fn active_sum(t: &BackendTable) -> u64 {
             t.backends().iter().map(|b| b.active).sum()
+        }
+
+        /// A braid datagram from `src:sport` to the VIP, port 5050: a DATA packet, or (`hello`)
+        /// a HELLO, for route id `route`.
+        fn braid4(src: [u8; 4], sport: u16, route: u16, hello: bool) -> Vec<u8> {
+            let mut payload = vec![0u8; 60];
+            payload[0] = braid_core::wire::VERSION;
+            let sid = braid_core::wire::route_session(route, if hello { 0 } else { 0x5a5a });
+            if hello {
+                payload[1] = 1;
+                payload[4..8].copy_from_slice(&sid.to_be_bytes());
+            } else {
+                payload[1] = 3;
+                payload[3..7].copy_from_slice(&sid.to_be_bytes());
+            }
+            let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB)
+                .ipv4(src, [198, 18, 0, 100], 64)
+                .udp(sport, 5050);
+            let mut v = Vec::new();
+            b.write(&mut v, &payload).unwrap();
+            v
+        }
+
+        fn ready_braid(n: u8) -> (DsrBalancer, BackendTable, Instant) {
+            let now = Instant::now();
+            let mut t = table(n);
+            let c = DsrConfig {
+                port: 5050,
+                transport: Transport::Udp,
+                steer: Steer::BraidRoute,
+                ..cfg4()
+            };
+            let mut lb = DsrBalancer::new(c, DsrTimers::default());
+            lb.poll_transmit(&mut t, now);
+            for i in 1..=n {
+                lb.handle_frame(&mut arp_reply(i), &mut t, now);
+            }
+            (lb, t, now)
+        }
+
+        /// issue 14 item 6: every link of a braid client (each from its own source address and
+        /// port), its HELLO and its DATA, reaches one concentrator, chosen by the route id with
+        /// Maglev: the same on every balancer instance, and a concentrator added moves only the
+        /// clients Maglev gives to it.
+        #[test]
+        fn braid_links_of_one_client_reach_one_concentrator_chosen_by_maglev() {
+            let (mut lb, mut t, now) = ready_braid(2);
+            let (mut other, mut t_other, _) = ready_braid(2);
+            let links = |route: u16| {
+                (0..3u8).flat_map(move |l| {
+                    [true, false].map(|hello| {
+                        braid4([198, 18, 1 + l, 7], 40000 + u16::from(l), route, hello)
+                    })
+                })
+            };
+            let mut home = HashMap::new();
+            let mut counts = [0u32; 4];
+            for route in 0..300u16 {
+                let at: Vec<u8> = links(route)
+                    .map(|f| forward(&mut lb, &mut t, f, now))
+                    .collect();
+                assert!(at.iter().all(|&b| b == at[0]), "route {route}: {at:?}");
+                let elsewhere = forward(
+                    &mut other,
+                    &mut t_other,
+                    braid4([198, 18, 9, 9], 1, route, false),
+                    now,
+                );
+                assert_eq!(elsewhere, at[0], "another balancer agrees on route {route}");
+                counts[usize::from(at[0])] += 1;
+                home.insert(route, at[0]);
+            }
+            assert!(counts[1] > 100 && counts[2] > 100, "{counts:?}");
+            assert_eq!(lb.stats().braid_routed, 300 * 6);
+            assert_eq!(lb.flow_count(), (0, 0), "no flow state");
+            assert_eq!(active_sum(&t), 0);
+            // A third concentrator: about a third of the clients move, all of them to it.
+            t.add(SocketAddr::new(IpAddr::V4(backend_ip(3)), 80), 1)
+                .unwrap();
+            lb.poll_transmit(&mut t, now);
+            lb.handle_frame(&mut arp_reply(3), &mut t, now);
+            let mut moved = 0;
+            for route in 0..300u16 {
+                let at: Vec<u8> = links(route)
+                    .map(|f| forward(&mut lb, &mut t, f, now))
+                    .collect();
+                assert!(at.iter().all(|&b| b == at[0]), "route {route}: {at:?}");
+                if at[0] != home[&route] {
+                    assert_eq!(at[0], 3, "route {route} moved between old concentrators");
+                    moved += 1;
+                }
+            }
+            assert!((70..=130).contains(&moved), "{moved} of 300 moved");
+        }
+
+        /// Without `steer = "braid"`, or for datagrams that are not braid's, the flow decides.
+        #[test]
+        fn route_ids_are_read_only_when_steering_by_them() {
+            let f = braid4([198, 18, 1, 7], 40000, 77, false);
+            let flow_cfg = DsrConfig {
+                port: 5050,
+                transport: Transport::Udp,
+                ..cfg4()
+            };
+            let braid_cfg = DsrConfig {
+                steer: Steer::BraidRoute,
+                ..flow_cfg.clone()
+            };
+            let route = |f: &[u8], c: &DsrConfig| match classify(f, c) {
+                Frame::ToVip(p) => p.route,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(route(&f, &flow_cfg), None);
+            assert_eq!(route(&f, &braid_cfg), Some(77));
+            let mut not_braid = f.clone();
+            not_braid[42] = 9; // version byte of the payload
+            assert_eq!(route(&not_braid, &braid_cfg), None);
+            let (mut lb, mut t, now) = ready_braid(2);
+            forward(&mut lb, &mut t, not_braid, now);
+            assert_eq!(lb.flow_count().0, 1, "a non-braid datagram is a flow");
         }
 
         #[test]

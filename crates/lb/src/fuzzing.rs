@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::algo::Algorithm;
 use crate::backend::BackendTable;
 use crate::dsr::{
-    arp_frame, neighbor_advertisement_frame, Action, DsrBalancer, DsrConfig, DsrTimers, Mac,
+    arp_frame, neighbor_advertisement_frame, Action, DsrBalancer, DsrConfig, DsrTimers, Mac, Steer,
     Transport,
 };
 use crate::health::{http_status_code, HealthParams};
@@ -98,6 +98,11 @@ pub fn dsr_frames(data: &[u8]) {
         mac: LB_MAC,
         ipv4: Some(LB_V4),
         ipv6: Some("fe80::1".parse().expect("address")),
+        steer: if conf & 32 != 0 {
+            Steer::BraidRoute
+        } else {
+            Steer::Flow
+        },
     };
     let timers = DsrTimers {
         max_flows,

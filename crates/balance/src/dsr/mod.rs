@@ -28,6 +28,8 @@ pub struct DsrSettings {
     /// 0 = every port.
     pub port: u16,
     pub transport: Transport,
+    /// What picks a packet's backend.
+    pub steer: braid_lb::dsr::Steer,
     pub timers: DsrTimers,
 }
 
@@ -69,6 +71,7 @@ impl DsrStatus {
             "flows_moved": s.flows_moved,
             "flows_evicted": s.flows_evicted,
             "untracked_packets": s.untracked,
+            "braid_routed_packets": s.braid_routed,
             "interface_down": self.interface_down,
             "interface_restarts": self.interface_restarts,
             "send_errors": self.send_errors,
@@ -124,6 +127,11 @@ impl DsrStatus {
             "untracked_packets",
             "Mid-connection TCP packets of unknown flows, forwarded by hash without creating a flow",
             counter(s.untracked),
+        );
+        reg.register(
+            "braid_routed_packets",
+            "Packets steered by the braid route id in their header (steer = \"braid\")",
+            counter(s.braid_routed),
         );
         reg.register(
             "interface_restarts",
@@ -254,6 +262,7 @@ impl Dsr {
             mac: self.iface.mac,
             ipv4: self.iface.ipv4,
             ipv6: self.iface.ipv6,
+            steer: self.settings.steer,
         }
     }
 
