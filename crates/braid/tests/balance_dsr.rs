@@ -484,16 +484,30 @@ impl Bed {
     }
 
     fn start_balancer_with(&mut self, backends: &[u8], v6: bool, protocol: &str, port: u16) {
+        self.start_balancer_full(backends, v6, protocol, (port, port), "")
+    }
+
+    /// `ports`: the VIP's (0: all) and the backends' (where health checks go); `extra`: more
+    /// `[balance]` keys.
+    fn start_balancer_full(
+        &mut self,
+        backends: &[u8],
+        v6: bool,
+        protocol: &str,
+        ports: (u16, u16),
+        extra: &str,
+    ) {
+        let (vip_port, port) = ports;
         let vip = if v6 {
-            format!("[{VIP6}]:{port}")
+            format!("[{VIP6}]:{vip_port}")
         } else {
-            format!("{VIP}:{port}")
+            format!("{VIP}:{vip_port}")
         };
         let mut cfg = format!(
             "[balance]\nname = \"dsrtest\"\nmode = \"dsr\"\nprotocol = \"{protocol}\"\nvip = \"{vip}\"\n\
              interface = \"eth0\"\nalgorithm = \"maglev\"\n\
              health = {{ interval_ms = 200, timeout_ms = 150, fall = 2, rise = 2 }}\ncontrol = \"{}\"\n\
-             metrics = \"127.0.0.1:9151\"\n",
+             metrics = \"127.0.0.1:9151\"\n{extra}",
             self.control().display()
         );
         for i in backends {
@@ -1165,4 +1179,267 @@ fn dsr_survives_an_interface_flap() {
         m.contains("braid_balance_dsr_interface_restarts_total 1\n"),
         "{m}"
     );
+}
+
+// ---------------------------------------------------------------- braid concentrators (issue 14)
+
+/// The braid key of client `k` (the same on every concentrator's server for it): 32 bytes in
+/// base64, told apart by their first byte.
+fn braid_key(k: u16) -> String {
+    let first = char::from(b"BCDEFGHIJK"[usize::from(k) % 10]);
+    format!("{first}AECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+}
+
+impl Bed {
+    /// Braid client `k`: namespace `c{k}` with two uplinks on the segment, `eth0` and `eth1`
+    /// (198.18.0.{40+2k} and {41+2k}), each answering ARP only for its own address.
+    fn add_braid_client(&mut self, k: u16) {
+        let role = format!("c{k}");
+        let a = format!("198.18.0.{}", 40 + 2 * k);
+        let b = format!("198.18.0.{}", 41 + 2 * k);
+        let ns = self.add_host(&role, &a);
+        let sw = self.ns("sw");
+        let port = format!("q-{role}");
+        ip(&[
+            "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth1", "netns", &ns,
+        ]);
+        ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"]);
+        ip(&["-n", &ns, "addr", "add", &format!("{b}/24"), "dev", "eth1"]);
+        ip(&["-n", &ns, "link", "set", "eth1", "up"]);
+        for kv in [
+            "net.ipv4.conf.all.arp_ignore=1",
+            "net.ipv4.conf.all.arp_announce=2",
+            "net.ipv4.conf.eth0.arp_ignore=1",
+            "net.ipv4.conf.eth1.arp_ignore=1",
+        ] {
+            self.sysctl(&ns, kv);
+        }
+    }
+
+    fn braid_sock(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.sock"))
+    }
+
+    /// Starts `braid up` from `cfg` in namespace `role`, named `name` (log `name.log`).
+    fn start_braid(&mut self, role: &str, name: &str, cfg: String) {
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, cfg).unwrap();
+        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log"))).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(role), BRAID, "up"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start braid up");
+        self.children.push((name.to_string(), child));
+    }
+
+    /// Concentrator `i` (backend `b{i}`) serves client `k` on port 5000+k, on every address
+    /// (so it answers from the VIP the client sent to).
+    fn start_concentrator(&mut self, i: u8, k: u16) {
+        let cfg = format!(
+            "[bundle]\nname = \"brd{k}\"\nrole = \"server\"\nkey = \"{}\"\naddress = \"198.19.{k}.1/30\"\n\
+             listen = \"0.0.0.0:{}\"\ncontrol = \"{}\"\n",
+            braid_key(k),
+            5000 + k,
+            self.braid_sock(&format!("s{i}-{k}")).display()
+        );
+        self.start_braid(&format!("b{i}"), &format!("s{i}-{k}"), cfg);
+    }
+
+    fn start_braid_client(&mut self, k: u16, route: u16) {
+        let mut cfg = format!(
+            "[bundle]\nname = \"brd{k}\"\nrole = \"client\"\nkey = \"{}\"\naddress = \"198.19.{k}.2/30\"\n\
+             control = \"{}\"\nroute_id = {route}\n",
+            braid_key(k),
+            self.braid_sock(&format!("c{k}")).display()
+        );
+        for (n, dev) in [(40, "eth0"), (41, "eth1")] {
+            cfg.push_str(&format!(
+                "\n[[link]]\nname = \"{dev}\"\ndev = \"{dev}\"\nbind = \"198.18.0.{}\"\nremote = \"{VIP}:{}\"\n",
+                n + 2 * k,
+                5000 + k
+            ));
+        }
+        self.start_braid(&format!("c{k}"), &format!("c{k}"), cfg);
+    }
+
+    fn braid_status(&self, name: &str) -> Option<Value> {
+        let out = Command::new(BRAID)
+            .arg("--control")
+            .arg(self.braid_sock(name))
+            .args(["status", "--json"])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Per client: the concentrators that hold its session with both links up, and that
+    /// session's id.
+    fn homes(&self, concentrators: &[u8], clients: u16) -> Vec<Vec<(u8, u32)>> {
+        (1..=clients)
+            .map(|k| {
+                concentrators
+                    .iter()
+                    .filter_map(|&i| {
+                        let st = self.braid_status(&format!("s{i}-{k}"))?;
+                        let up = st["links_up"].as_u64() == Some(2)
+                            && st["connected"].as_bool() == Some(true);
+                        up.then(|| (i, st["session"].as_u64().unwrap_or(0) as u32))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn braid_logs(&self) -> String {
+        let mut out = String::new();
+        for (name, _) in &self.children {
+            if let Ok(l) = std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))) {
+                let tail: Vec<&str> = l.lines().rev().take(6).collect();
+                out.push_str(&format!(
+                    "--- {name}\n{}\n",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+        }
+        out + &self.balancer_log()
+    }
+}
+
+/// Which concentrator Maglev gives `route` among `backends` (as `braid balance` builds its table).
+fn maglev_home(route: u16, backends: &[u8]) -> u8 {
+    use braid_lb::backend::BackendTable;
+    let mut t = BackendTable::new(
+        braid_lb::Algorithm::Maglev,
+        braid_lb::DEFAULT_TABLE_SIZE,
+        braid_lb::health::HealthParams { fall: 2, rise: 2 },
+    )
+    .unwrap();
+    for &i in backends {
+        t.add(format!("{}:5001", Bed::backend_ip(i)).parse().unwrap(), 1)
+            .unwrap();
+    }
+    let id = t.pick(braid_lb::dsr::route_pick_key(route), &[]).unwrap();
+    let addr = t.get(id).unwrap().addr.ip().to_string();
+    (1..=9).find(|&i| Bed::backend_ip(i) == addr).unwrap()
+}
+
+/// issue 14 item 6: braid concentrators behind `braid balance` in DSR mode with
+/// `steer = "braid"`. Several clients, each with two links from two source addresses: every
+/// client's links all reach one concentrator, the one Maglev gives its route id; when a third
+/// concentrator is added, a client keeps its concentrator (and its session) unless Maglev moves
+/// it, and then it moves to the new one and its tunnel works there.
+#[test]
+fn dsr_steers_every_link_of_a_braid_client_to_one_concentrator() {
+    const CLIENTS: u16 = 5;
+    let mut bed = Bed::new("br");
+    for k in 1..=CLIENTS {
+        bed.add_braid_client(k);
+    }
+    for i in 1..=3 {
+        for k in 1..=CLIENTS {
+            bed.start_concentrator(i, k);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    bed.start_balancer_full(&[1, 2], false, "udp", (0, 5001), "steer = \"braid\"\n");
+    // Route ids chosen so that the third concentrator takes two clients and the other three
+    // stay, on both old concentrators.
+    let (mut on1, mut on2, mut go) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 1..u16::MAX {
+        let (old, new) = (maglev_home(r, &[1, 2]), maglev_home(r, &[1, 2, 3]));
+        match (old, new) {
+            (_, 3) if go.len() < 2 => go.push(r),
+            (1, 1) if on1.len() < 2 => on1.push(r),
+            (2, 2) if on2.is_empty() => on2.push(r),
+            _ => {}
+        }
+        if go.len() == 2 && on1.len() == 2 && on2.len() == 1 {
+            break;
+        }
+    }
+    let routes: Vec<u16> = on1.iter().chain(&on2).chain(&go).copied().collect();
+    for k in 1..=CLIENTS {
+        bed.start_braid_client(k, routes[usize::from(k - 1)]);
+    }
+    // Every concentrator runs; `balanced` are those in the balancer.
+    let settle = |bed: &Bed, balanced: &[u8], what: &str| -> Vec<(u8, u32)> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let homes = bed.homes(&[1, 2, 3], CLIENTS);
+            let all_one = homes.iter().all(|h| h.len() == 1);
+            let expected = all_one
+                && homes
+                    .iter()
+                    .all(|h| h[0].0 == maglev_home((h[0].1 >> 16) as u16, balanced));
+            if expected {
+                return homes.into_iter().map(|h| h[0]).collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not every client on exactly its Maglev concentrator: {homes:?}\n{}",
+                bed.braid_logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let before = settle(&bed, &[1, 2], "two concentrators");
+    assert!(
+        before.iter().all(|(i, _)| *i != 3),
+        "the third is not in the balancer yet: {before:?}"
+    );
+    let st = bed.status();
+    assert!(
+        st["dsr"]["braid_routed_packets"].as_u64().unwrap_or(0) > 0,
+        "{st}"
+    );
+    // A third concentrator joins.
+    bed.backend_cmd(&["add", &format!("{}:5001", Bed::backend_ip(3))]);
+    let after = settle(&bed, &[1, 2, 3], "three concentrators");
+    let mut moved = 0;
+    for (k, (b, a)) in before.iter().zip(&after).enumerate() {
+        if a.0 == b.0 {
+            assert_eq!(
+                a.1,
+                b.1,
+                "client {} kept its concentrator but not its session",
+                k + 1
+            );
+        } else {
+            assert_eq!(a.0, 3, "client {} moved between old concentrators", k + 1);
+            moved += 1;
+        }
+    }
+    eprintln!("before {before:?}, after {after:?}: {moved} of {CLIENTS} moved");
+    assert_eq!(moved, 2, "the clients Maglev moves, and only them");
+    // Every tunnel carries traffic where it now is.
+    for k in 1..=CLIENTS {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &bed.ns(&format!("c{k}")),
+                "ping",
+                "-c",
+                "3",
+                "-i",
+                "0.2",
+                "-W",
+                "2",
+                &format!("198.19.{k}.1"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ping through client {k}'s tunnel: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            bed.braid_logs()
+        );
+    }
 }

@@ -13,9 +13,11 @@
 //! the packet's own random salt) on every link until a HELLO-ACK comes back; both sides then
 //! derive one key per direction from the PSK and both random salts. The server keeps its previous
 //! session until the first packet authenticated under the new keys arrives, and a restarted
-//! client simply gets a new one. A client that has heard nothing authenticated for
-//! [`Config::rehandshake_after`] starts a new handshake (how a restarted server is re-joined)
-//! while still sending under the old keys.
+//! client simply gets a new one. A client that has had no answer from the server for
+//! [`Config::rehandshake_after`] (no PROBE-ACK: the server's own packets only show that we hear
+//! it, not that it hears us) starts a new handshake while still sending under the old keys: how
+//! a restarted server is re-joined, and how a client whose packets a balancer now sends to
+//! another server (docs/protocol.md §9.2) gets a session there.
 //!
 //! Replayed HELLOs: each HELLO carries the client's wall-clock timestamp, strictly increasing
 //! from one handshake to the next. The server remembers the newest it accepted and drops any
@@ -531,7 +533,9 @@ pub struct Endpoint {
     /// Client: handshake in progress.
     hello: Option<Hello>,
     next_hello: Option<Instant>,
-    last_auth_rx: Option<Instant>,
+    /// Client: when the server last showed that it hears us (the session's start, or a
+    /// PROBE-ACK on any link).
+    last_answer_rx: Option<Instant>,
     next_tick: Instant,
     last_tick: Instant,
     reorder: ReorderBuffer,
@@ -611,7 +615,7 @@ impl Endpoint {
             pending: None,
             hello: None,
             next_hello: None,
-            last_auth_rx: None,
+            last_answer_rx: None,
             next_tick: now + TICK,
             last_tick: now,
             reorder,
@@ -1099,7 +1103,7 @@ impl Endpoint {
         }
         self.end_session();
         self.session = Some(session);
-        self.last_auth_rx = Some(now);
+        self.last_answer_rx = Some(now);
         // A new session may be a new peer process: what each link learned of the old one
         // (its clock, delivery feedback; the link counters live in the session) would make the peer's fresh
         // counters look like total loss and stall its sending window. Measure afresh.
@@ -1195,7 +1199,6 @@ impl Endpoint {
                 self.install_session(now, p);
             }
         }
-        self.last_auth_rx = Some(now);
 
         // The link: known, or (server) learned now from an authenticated, fresh packet.
         let li = match self.link_index(header.link) {
@@ -1292,6 +1295,7 @@ impl Endpoint {
             }
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
             Body::ProbeAck(a) => {
+                self.last_answer_rx = Some(now);
                 if let Some(state) = self.links[li].health.on_probe_ack(now, &a) {
                     self.events.push_back(Event::LinkState {
                         link: header.link,
@@ -1885,7 +1889,7 @@ impl Endpoint {
         if self.cfg.role == Role::Client {
             if self.hello.is_none() {
                 let silent = self
-                    .last_auth_rx
+                    .last_answer_rx
                     .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.rehandshake_after);
                 if self.session.is_some() && silent {
                     self.start_handshake(now);

@@ -812,3 +812,40 @@ fn hello_with_low_session_bits_is_malformed() {
     assert_eq!(p.server.stats(p.now).drops.malformed, before + 1);
     assert!(p.server.poll_transmit().is_none(), "no HELLO-ACK");
 }
+
+/// A client whose packets no longer reach its server (a balancer now steers them to another
+/// one, §9.2), while that server still sends to it, handshakes again after
+/// `rehandshake_after`: what it hears from the server does not show that the server hears it.
+#[test]
+fn a_server_that_no_longer_hears_the_client_makes_it_handshake_again() {
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    assert!(p.client.is_connected());
+    let start = p.now;
+    let mut hello_at = None;
+    while hello_at.is_none() && p.now < start + Duration::from_secs(4) {
+        p.now += Duration::from_millis(10);
+        p.client.handle_timeout(p.now);
+        p.server.handle_timeout(p.now);
+        p.server.send_packet(p.now, &ip_packet(1));
+        // Everything the client sends is lost; everything the server sends arrives.
+        while let Some(t) = p.client.poll_transmit() {
+            if t.payload[1] == 1 {
+                hello_at = Some(p.now);
+            }
+        }
+        while let Some(mut t) = p.server.poll_transmit() {
+            let link = (1..=8)
+                .find(|&l| Some(client_addr(l)) == t.dst)
+                .expect("server replies to a client address");
+            p.client
+                .handle_datagram(p.now, Some(link), server_addr(), &mut t.payload);
+        }
+        while p.client.poll_deliver(p.now).is_some() {}
+    }
+    let waited = hello_at.expect("the client never handshook again") - start;
+    assert!(
+        waited >= Duration::from_millis(1900) && waited <= Duration::from_millis(2600),
+        "{waited:?}"
+    );
+}

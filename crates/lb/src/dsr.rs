@@ -318,7 +318,7 @@ fn braid_route(cfg: &DsrConfig, protocol: u8, l4: &[u8]) -> Option<u16> {
 }
 
 /// The consistent algorithm's key for a braid route id (the same on every balancer instance).
-fn route_pick_key(route: u16) -> PickKey {
+pub fn route_pick_key(route: u16) -> PickKey {
     let h = crate::hash::fmix64(u64::from(route) | 0xb4a1_d000_0000_0000);
     PickKey {
         flow_hash: h,

@@ -89,6 +89,8 @@ struct BundleRepr {
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
     /// start (0: keep trying forever). Default 10.
     connect_timeout: Option<Spanned<u64>>,
+    /// Client: the route id its packets name (docs/protocol.md §9.2), 0..65535; random if unset.
+    route_id: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +129,8 @@ pub struct Config {
     /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
     pub compression: bool,
     pub connect_timeout: Option<Duration>,
+    /// Client: the route id a balancer steers this bundle's links by (`None`: random).
+    pub route_id: Option<u16>,
     pub txqueuelen: u32,
     pub links: Vec<LinkSpec>,
     /// Things that do not stop the endpoint but should be fixed (a key readable by others).
@@ -391,6 +395,9 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
         connect_timeout,
+        route_id: src
+            .optional(&b.route_id, "bundle.route_id", |&r| in_range(r, 0, 65_535))?
+            .map(|r| r as u16),
         txqueuelen: src
             .optional(&b.txqueuelen, "bundle.txqueuelen", |&q| {
                 in_range(q, 1, 100_000)
@@ -583,6 +590,16 @@ mod tests {
                 .compression
         );
         assert!(parse(&client("compression = \"no\"", LINKS)).is_err());
+        assert_eq!(parse(&client("", LINKS)).unwrap().route_id, None, "random");
+        assert_eq!(
+            parse(&client("route_id = 4660", LINKS)).unwrap().route_id,
+            Some(0x1234)
+        );
+        let e = parse(&client("route_id = 65536", LINKS)).unwrap_err();
+        assert!(
+            e.contains("bundle.route_id: 65536 is out of range 0..65535"),
+            "{e}"
+        );
         let c = parse(&client("equalize_max_ms = 0", LINKS)).unwrap();
         assert_eq!(c.equalize_max, Some(Duration::ZERO), "off");
         let c = parse(&client("equalize_max_ms = 250", LINKS)).unwrap();

@@ -176,6 +176,7 @@ impl Runner {
             ep_cfg.equalize_max = e;
         }
         ep_cfg.compression = cfg.compression;
+        ep_cfg.route_id = cfg.route_id;
         if let Some(m) = cfg.reorder_max {
             ep_cfg.reorder.max_timeout = m;
             ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
