@@ -5,61 +5,29 @@
 //!
 //! To (re)write the generated seeds: `cargo test -p braid-core --test fuzz_corpus -- --ignored`.
 
-use std::path::PathBuf;
-
 use braid_core::fuzzing::{
     decompress_seeds, decompress_stream, learn_addresses, learn_addresses_report, learn_src,
     parse_any, reassemble_seeds, reassemble_stream, receive_path, receive_path_report, seed_corpus,
 };
 use proptest::prelude::*;
 
-fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-/// Files of a target's corpus, sorted; fails if there are none (the corpus must not vanish).
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("readable dir entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    assert!(files.len() >= 5, "{}: seed corpus missing", dir.display());
-    files
-        .into_iter()
-        .map(|p| {
-            let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-            (p, b)
-        })
-        .collect()
-}
+#[path = "../../../fuzz/corpus_replay.rs"]
+mod corpus_replay;
+use corpus_replay::{assert_seeds_current, replay, write_seeds};
 
 #[test]
 fn parse_corpus() {
-    for (path, data) in corpus("parse") {
-        eprintln!("parse {}", path.display());
-        parse_any(&data);
-    }
+    replay("parse", parse_any);
 }
 
 #[test]
 fn receive_corpus() {
-    for (path, data) in corpus("receive") {
-        eprintln!("receive {}", path.display());
-        receive_path(&data);
-    }
+    replay("receive", receive_path);
 }
 
 #[test]
 fn learn_corpus() {
-    for (path, data) in corpus("learn") {
-        eprintln!("learn {}", path.display());
-        learn_addresses(&data);
-    }
+    replay("learn", learn_addresses);
 }
 
 /// The address-learning harness reaches what it claims: a link that moves is followed, replays
@@ -154,34 +122,23 @@ fn receive_harness_reaches_the_endpoint() {
 /// or of the harness's input language shows up here and the seeds get regenerated).
 #[test]
 fn committed_seeds_are_current() {
-    for (target, name, bytes) in seed_corpus()
-        .into_iter()
-        .chain(decompress_seeds())
-        .chain(reassemble_seeds())
-    {
-        let p = corpus_dir(target).join(&name);
-        let on_disk = std::fs::read(&p).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (regenerate: cargo test -p braid-core --test fuzz_corpus -- --ignored)",
-                p.display()
-            )
-        });
-        assert_eq!(on_disk, bytes, "{} is stale", p.display());
-    }
+    assert_seeds_current(
+        seed_corpus()
+            .into_iter()
+            .chain(decompress_seeds())
+            .chain(reassemble_seeds()),
+    );
 }
 
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after changing the wire format or the harness"]
 fn write_seed_corpus() {
-    for (target, name, bytes) in seed_corpus()
-        .into_iter()
-        .chain(decompress_seeds())
-        .chain(reassemble_seeds())
-    {
-        let dir = corpus_dir(target);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
+    write_seeds(
+        seed_corpus()
+            .into_iter()
+            .chain(decompress_seeds())
+            .chain(reassemble_seeds()),
+    );
 }
 
 /// Inputs that look like braid traffic more often than uniform bytes would: a plausible header
@@ -224,10 +181,7 @@ proptest! {
 
 #[test]
 fn decompress_corpus() {
-    for (path, data) in corpus("decompress") {
-        eprintln!("decompress {}", path.display());
-        decompress_stream(&data);
-    }
+    replay("decompress", decompress_stream);
 }
 
 proptest! {
@@ -240,10 +194,7 @@ proptest! {
 
 #[test]
 fn reassemble_corpus() {
-    for (path, data) in corpus("reassemble") {
-        eprintln!("reassemble {}", path.display());
-        reassemble_stream(&data);
-    }
+    replay("reassemble", reassemble_stream);
 }
 
 proptest! {

@@ -5,74 +5,32 @@
 //!
 //! To (re)write the generated seeds: `cargo test -p braid-lb --test fuzz_corpus -- --ignored`.
 
-use std::path::PathBuf;
-
 use braid_lb::fuzzing::{dsr_frames, health_http, seed_corpus};
 use proptest::prelude::*;
 
-fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-/// Files of a target's corpus, sorted; fails if there are none (the corpus must not vanish).
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("readable dir entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    assert!(files.len() >= 5, "{}: seed corpus missing", dir.display());
-    files
-        .into_iter()
-        .map(|p| {
-            let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-            (p, b)
-        })
-        .collect()
-}
+#[path = "../../../fuzz/corpus_replay.rs"]
+mod corpus_replay;
+use corpus_replay::{assert_seeds_current, replay, write_seeds};
 
 #[test]
 fn dsr_frames_corpus() {
-    for (path, data) in corpus("dsr_frames") {
-        eprintln!("dsr_frames {}", path.display());
-        dsr_frames(&data);
-    }
+    replay("dsr_frames", dsr_frames);
 }
 
 #[test]
 fn health_http_corpus() {
-    for (path, data) in corpus("health_http") {
-        eprintln!("health_http {}", path.display());
-        health_http(&data);
-    }
+    replay("health_http", health_http);
 }
 
 #[test]
 fn committed_seeds_are_current() {
-    for (target, name, bytes) in seed_corpus() {
-        let p = corpus_dir(target).join(&name);
-        let on_disk = std::fs::read(&p).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (regenerate: cargo test -p braid-lb --test fuzz_corpus -- --ignored)",
-                p.display()
-            )
-        });
-        assert_eq!(on_disk, bytes, "{} is stale", p.display());
-    }
+    assert_seeds_current(seed_corpus());
 }
 
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after changing a harness's input language"]
 fn write_seed_corpus() {
-    for (target, name, bytes) in seed_corpus() {
-        let dir = corpus_dir(target);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
+    write_seeds(seed_corpus());
 }
 
 proptest! {
