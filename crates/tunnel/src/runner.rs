@@ -246,6 +246,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         ipv6: spec.remote.is_ipv6(),
         buffer_bytes: DEFAULT_BUFFER,
         pktinfo: false,
+        gro: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -302,6 +303,7 @@ impl Runner {
                     addr: Some(listen),
                     buffer_bytes: DEFAULT_BUFFER,
                     pktinfo: listen.ip().is_unspecified(),
+                    gro: true,
                     ..Default::default()
                 };
                 let s = UdpSocket::bind(&opts)
@@ -606,7 +608,7 @@ impl Runner {
             }
             match r {
                 Ok(n) => {
-                    if n < self.recv.capacity() {
+                    if !self.recv.is_full() {
                         s.readable = false;
                     }
                     let via = s.link;
@@ -906,6 +908,7 @@ impl Runner {
             tun_write_errors: self.tun_write_errors,
             tun_full_drops: self.tun_full_drops + kernel,
             tun: self.tun.stats(),
+            udp_rx: self.recv.stats(),
         }
     }
 
