@@ -91,10 +91,27 @@ pub struct UdpSocket {
     connected: Option<SocketAddr>,
     /// UDP GSO on send, until the path refuses it.
     gso: std::sync::atomic::AtomicBool,
+    /// Headers and control buffers of `send_batch`, reused across calls.
+    scratch: std::sync::Mutex<SendScratch>,
     /// UDP GRO on receive: the kernel took `UDP_GRO` (a kernel that refuses it hands out one
     /// datagram per message, as before).
     gro: bool,
 }
+
+/// What one `sendmmsg` call needs besides the payloads: GSO runs, iovecs, addresses, control
+/// buffers, headers. Kept across calls so that sending allocates nothing once warm.
+#[derive(Default)]
+struct SendScratch {
+    groups: Vec<Group>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<Option<SockAddr>>,
+    ctrl: Vec<[u64; GSO_CMSG_SPACE / 8]>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` are written and used only inside one
+// `send_batch` call (under the socket's lock) and never dereferenced afterwards.
+unsafe impl Send for SendScratch {}
 
 /// Buffers for one `recvmmsg` call, reused across calls: one buffer per message, big enough
 /// for a GRO-coalesced run of datagrams, and the table of datagrams cut from them. Nothing is
@@ -368,6 +385,7 @@ impl UdpSocket {
             sock,
             connected: None,
             gso: std::sync::atomic::AtomicBool::new(true),
+            scratch: Default::default(),
             gro,
         })
     }
@@ -490,47 +508,54 @@ impl UdpSocket {
     /// lossy anyway; the link's health sees it).
     pub fn send_batch(&self, msgs: &[Datagram<'_>]) -> SendReport {
         let mut rep = SendReport::default();
+        // One caller at a time in practice (the data plane): the lock is never contended, and
+        // keeps the socket `Sync`.
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let SendScratch {
+            groups,
+            iovs,
+            names,
+            ctrl,
+            hdrs,
+        } = &mut *guard;
         let mut i = 0;
         while i < msgs.len() {
             let chunk = &msgs[i..msgs.len().min(i + 1024)];
             let gso = self.gso.load(std::sync::atomic::Ordering::Relaxed);
-            let groups = gso_groups(chunk, gso, self.connected.is_some());
-            let mut iovs: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|d| libc::iovec {
-                    iov_base: d.payload.as_ptr() as *mut libc::c_void,
-                    iov_len: d.payload.len(),
-                })
-                .collect();
-            let names: Vec<Option<SockAddr>> = groups
-                .iter()
-                .map(|g| match (self.connected, chunk[g.start].dst) {
-                    (None, Some(d)) => Some(SockAddr::from(d)),
-                    _ => None,
-                })
-                .collect();
-            let mut ctrl: Vec<[u64; GSO_CMSG_SPACE / 8]> =
-                vec![[0u64; GSO_CMSG_SPACE / 8]; groups.len()];
-            let mut hdrs: Vec<libc::mmsghdr> = groups
-                .iter()
-                .enumerate()
-                .map(|(k, g)| {
-                    // SAFETY: msghdr is plain old data.
-                    let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
-                    if let Some(sa) = &names[k] {
-                        hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
-                        hdr.msg_namelen = sa.len();
-                    }
-                    hdr.msg_iov = &mut iovs[g.start];
-                    hdr.msg_iovlen = g.len as _;
-                    let segment = (g.len > 1).then_some(g.segment);
-                    write_cmsgs(&mut ctrl[k], chunk[g.start].src, segment, &mut hdr);
-                    libc::mmsghdr {
-                        msg_hdr: hdr,
-                        msg_len: 0,
-                    }
-                })
-                .collect();
+            gso_groups(chunk, gso, self.connected.is_some(), groups);
+            iovs.clear();
+            iovs.extend(chunk.iter().map(|d| libc::iovec {
+                iov_base: d.payload.as_ptr() as *mut libc::c_void,
+                iov_len: d.payload.len(),
+            }));
+            names.clear();
+            names.extend(
+                groups
+                    .iter()
+                    .map(|g| match (self.connected, chunk[g.start].dst) {
+                        (None, Some(d)) => Some(SockAddr::from(d)),
+                        _ => None,
+                    }),
+            );
+            ctrl.clear();
+            ctrl.resize(groups.len(), [0u64; GSO_CMSG_SPACE / 8]);
+            hdrs.clear();
+            for (k, g) in groups.iter().enumerate() {
+                // SAFETY: msghdr is plain old data.
+                let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+                if let Some(sa) = &names[k] {
+                    hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
+                    hdr.msg_namelen = sa.len();
+                }
+                hdr.msg_iov = &mut iovs[g.start];
+                hdr.msg_iovlen = g.len as _;
+                let segment = (g.len > 1).then_some(g.segment);
+                write_cmsgs(&mut ctrl[k], chunk[g.start].src, segment, &mut hdr);
+                hdrs.push(libc::mmsghdr {
+                    msg_hdr: hdr,
+                    msg_len: 0,
+                });
+            }
             // SAFETY: headers point at live iovecs/addresses/control buffers borrowed for this
             // call.
             let r = unsafe {
@@ -605,8 +630,8 @@ struct Group {
 /// Cuts `msgs` into runs that can go as one GSO message: same destination (unless `connected`)
 /// and source, every datagram `segment` bytes but the last (which may be shorter and ends the
 /// run), at most 64 datagrams and 65,000 bytes. Without `gso`, one datagram per run.
-fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool) -> Vec<Group> {
-    let mut groups = Vec::new();
+fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool, groups: &mut Vec<Group>) {
+    groups.clear();
     let mut k = 0;
     while k < msgs.len() {
         let first = &msgs[k];
@@ -639,7 +664,6 @@ fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool) -> Vec<Group> {
         });
         k += len;
     }
-    groups
 }
 
 /// Writes the control messages of one outgoing message: PKTINFO (send from `src`) and
@@ -789,15 +813,24 @@ mod tests {
                 payload: p,
             })
             .collect();
-        let g: Vec<(usize, usize, u16)> = gso_groups(&msgs, true, true)
+        let groups = |msgs: &[Datagram], gso: bool, connected: bool| {
+            let mut g = vec![Group {
+                start: 9,
+                len: 9,
+                segment: 9,
+            }];
+            gso_groups(msgs, gso, connected, &mut g);
+            g
+        };
+        let g: Vec<(usize, usize, u16)> = groups(&msgs, true, true)
             .iter()
             .map(|g| (g.start, g.len, g.segment))
             .collect();
         // 100x3 + 60 (short: ends the run), 100x2 (120 is bigger: a new run), 120 + 5.
         assert_eq!(g, vec![(0, 4, 100), (4, 2, 100), (6, 2, 120)]);
-        assert_eq!(gso_groups(&msgs, false, true).len(), sizes.len());
+        assert_eq!(groups(&msgs, false, true).len(), sizes.len());
         let many: Vec<Datagram> = (0..200).map(|_| msgs[0]).collect();
-        assert!(gso_groups(&many, true, true)
+        assert!(groups(&many, true, true)
             .iter()
             .all(|g| g.len <= GSO_MAX_SEGMENTS));
         // Different destinations never share a message on an unconnected socket.
@@ -807,7 +840,7 @@ mod tests {
             Datagram { dst: a, ..msgs[0] },
             Datagram { dst: b, ..msgs[0] },
         ];
-        assert_eq!(gso_groups(&two, true, false).len(), 2);
+        assert_eq!(groups(&two, true, false).len(), 2);
     }
 
     /// Runs of equal datagrams go out as GSO messages and arrive as the datagrams they were, in
@@ -873,7 +906,10 @@ mod tests {
         let got: Vec<&[u8]> = gro_split(buf.len(), 1200).map(|r| &buf[r]).collect();
         assert_eq!(got, sent.iter().map(|d| &d[..]).collect::<Vec<_>>());
         // Exact multiple: no empty tail.
-        assert_eq!(gro_split(2400, 1200).collect::<Vec<_>>(), vec![0..1200, 1200..2400]);
+        assert_eq!(
+            gro_split(2400, 1200).collect::<Vec<_>>(),
+            vec![0..1200, 1200..2400]
+        );
         // No segment size, or one not smaller than the message: one datagram.
         assert_eq!(gro_split(700, 0).collect::<Vec<_>>(), vec![0..700]);
         assert_eq!(gro_split(700, 700).collect::<Vec<_>>(), vec![0..700]);

@@ -218,8 +218,6 @@ pub struct Runner {
     handle: Handle,
     signal_rx: UnixStream,
     tun_ready: bool,
-    tun_bufs: Vec<Vec<u8>>,
-    tun_lens: Vec<usize>,
     recv: RecvBatch,
     started: Instant,
     session_seen: bool,
@@ -232,6 +230,10 @@ pub struct Runner {
     monitor: Option<braid_linux::netlink::Monitor>,
     /// Client: when to check every link socket's binding (set by a netlink notice).
     relink_at: Option<Instant>,
+    /// Scratch lists kept across turns (no allocation per batch): the readable sockets of this
+    /// turn, and the datagrams of one `send_batch` (empty between uses).
+    ready_tokens: Vec<Token>,
+    datagrams: Vec<Datagram<'static>>,
 }
 
 /// Why the loop stopped.
@@ -374,7 +376,6 @@ impl Runner {
             Interest::READABLE,
         )?;
 
-        let mtu_buf = (cfg.mtu as usize).max(1500) + 64;
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
         Ok(Runner {
             handle: Handle { tx, waker },
@@ -389,8 +390,6 @@ impl Runner {
             cmd_rx,
             signal_rx,
             tun_ready: true,
-            tun_bufs: (0..BATCH).map(|_| vec![0u8; mtu_buf]).collect(),
-            tun_lens: vec![0; BATCH],
             recv: RecvBatch::new(BATCH),
             started: now,
             session_seen: false,
@@ -400,6 +399,8 @@ impl Runner {
             last_auth_warn: (now, 0),
             monitor,
             relink_at: None,
+            ready_tokens: Vec::with_capacity(16),
+            datagrams: Vec::with_capacity(BATCH),
         })
     }
 
@@ -433,7 +434,6 @@ impl Runner {
                 }
             }
             let mut signalled = false;
-            let mut writable = Vec::new();
             for ev in events.iter() {
                 match ev.token() {
                     TUN => self.tun_ready = true,
@@ -458,9 +458,6 @@ impl Runner {
                             if ev.is_readable() || ev.is_error() {
                                 s.readable = true;
                             }
-                            if ev.is_writable() {
-                                writable.push(t);
-                            }
                         }
                     }
                 }
@@ -483,7 +480,6 @@ impl Runner {
                 self.ep.handle_timeout(now);
             }
             self.flush_transmits();
-            let _ = writable;
             self.deliver(now);
             self.log_events();
             if now >= next_check {
@@ -574,13 +570,12 @@ impl Runner {
         if !self.tun_ready {
             return;
         }
-        match self.tun.recv_batch(&mut self.tun_bufs, &mut self.tun_lens) {
+        // Each packet goes from the device's read buffer straight into the endpoint, which
+        // compresses it into the buffer it seals in place.
+        let ep = &mut self.ep;
+        match self.tun.recv_each(BATCH, |p| ep.send_packet(now, p)) {
             Ok(n) => {
-                for i in 0..n {
-                    self.ep
-                        .send_packet(now, &self.tun_bufs[i][..self.tun_lens[i]]);
-                }
-                if n < self.tun_bufs.len() {
+                if n < BATCH {
                     self.tun_ready = false;
                 }
             }
@@ -592,13 +587,15 @@ impl Runner {
     }
 
     fn read_sockets(&mut self, now: Instant) {
-        let tokens: Vec<Token> = self
-            .socks
-            .iter()
-            .filter(|(_, s)| s.readable)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in tokens {
+        let mut tokens = std::mem::take(&mut self.ready_tokens);
+        tokens.clear();
+        tokens.extend(
+            self.socks
+                .iter()
+                .filter(|(_, s)| s.readable)
+                .map(|(t, _)| *t),
+        );
+        for &t in &tokens {
             let Some(s) = self.socks.get_mut(&t) else {
                 continue;
             };
@@ -636,6 +633,7 @@ impl Runner {
                 }
             }
         }
+        self.ready_tokens = tokens;
     }
 
     fn sock_name(&self, t: Token) -> String {
@@ -683,16 +681,14 @@ impl Runner {
             while !s.pending.is_empty() {
                 let (a, b) = s.pending.as_slices();
                 let part = if a.is_empty() { b } else { a };
-                let msgs: Vec<Datagram> = part
-                    .iter()
-                    .map(|(t, src)| Datagram {
-                        dst: t.dst,
-                        src: *src,
-                        payload: t.payload.as_slice(),
-                    })
-                    .collect();
+                let mut msgs = reuse(std::mem::take(&mut self.datagrams));
+                msgs.extend(part.iter().map(|(t, src)| Datagram {
+                    dst: t.dst,
+                    src: *src,
+                    payload: t.payload.as_slice(),
+                }));
                 let rep = s.sock.send_batch(&msgs);
-                drop(msgs);
+                self.datagrams = reuse(msgs);
                 let consumed = rep.sent + rep.failed;
                 if rep.failed > 0 {
                     s.send_errors += rep.failed as u64;
@@ -1162,6 +1158,36 @@ fn link_config(spec: &LinkSpec) -> LinkConfig {
     }
 }
 
+/// An emptied list of datagrams with another lifetime, in the same allocation (the standard
+/// library collects a `vec::IntoIter` into a `Vec` of a same-sized type in place): lets one
+/// list of borrowed datagrams be reused across turns.
+fn reuse<'a, 'b>(mut v: Vec<Datagram<'a>>) -> Vec<Datagram<'b>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
+}
+
 fn err_json(e: anyhow::Error) -> Value {
     json!({"error": format!("{e:#}")})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch list of datagrams keeps its allocation from one turn to the next.
+    #[test]
+    fn reuse_keeps_the_allocation() {
+        let payload = vec![1u8; 10];
+        let mut v: Vec<Datagram<'_>> = Vec::with_capacity(BATCH);
+        let ptr = v.as_ptr() as usize;
+        v.push(Datagram {
+            dst: None,
+            src: None,
+            payload: &payload,
+        });
+        let back: Vec<Datagram<'static>> = reuse(v);
+        assert!(back.is_empty());
+        assert_eq!(back.capacity(), BATCH);
+        assert_eq!(back.as_ptr() as usize, ptr);
+    }
 }
