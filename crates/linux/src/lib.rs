@@ -11,7 +11,8 @@
 //! - [`serve`]: bounded concurrent serving of short connections (cap, request deadline, accept
 //!   back-off) for the two above;
 //! - [`service`]: readiness and shutdown notices to systemd (`Type=notify` units);
-//! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace.
+//! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace;
+//! - [`timer`]: the thread's timer slack (precise short waits for batching).
 pub mod control;
 pub mod fuzzing;
 pub mod metrics;
@@ -20,5 +21,6 @@ pub mod offload;
 pub mod serve;
 pub mod service;
 pub mod sysctl;
+pub mod timer;
 pub mod tun;
 pub mod udp;
