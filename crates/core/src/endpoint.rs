@@ -7,6 +7,13 @@
 //! - then drain [`Endpoint::poll_transmit`] (datagrams to send), [`Endpoint::poll_deliver`]
 //!   (IP packets for the TUN device) and [`Endpoint::poll_event`];
 //! - sleep until [`Endpoint::poll_timeout`], then call [`Endpoint::handle_timeout`].
+//!
+//! Copies on the data path: a packet from the TUN is written once, by the compressor (or as it
+//! is), into a pool buffer behind room for the DATA header, and sealed there in place
+//! ([`crypto::seal_data_in_place`]); the repair ring keeps its own copy of the plaintext
+//! (retransmissions go on another link under another nonce). A datagram is opened in place in
+//! the caller's receive buffer; its payload is copied once into a pool buffer, which the reorder
+//! buffer holds until delivery (the receive buffer is reused by the next batch).
 
 //!
 //! Session set-up: the client sends HELLO (sealed under a key derived from the pre-shared key and

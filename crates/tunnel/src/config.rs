@@ -47,7 +47,7 @@ pub const MAX_MTU: u32 = (braid_linux::udp::MAX_DATAGRAM - braid_core::wire::DAT
 /// packets add at most ~16 ms.
 pub const DEFAULT_TXQUEUELEN: u32 = 2000;
 /// `batch_wait_us` when not set (chosen from scripts/bench-napi.sh, docs/guide.md).
-pub const DEFAULT_BATCH_WAIT_US: u64 = 0;
+pub const DEFAULT_BATCH_WAIT_US: u64 = 50;
 /// Longest `batch_wait_us` accepted: beyond a millisecond the wait is latency, not batching.
 pub const MAX_BATCH_WAIT_US: u64 = 1000;
 /// Default time the client waits for a first session before it gives up.
