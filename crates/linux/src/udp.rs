@@ -27,7 +27,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-/// Datagrams per `recvmmsg`/`sendmmsg` call.
+/// Messages per `recvmmsg`/`sendmmsg` call (with GSO/GRO a message may carry up to 64 datagrams).
 pub const BATCH: usize = 64;
 /// Largest datagram we read (a UDP payload over IPv4 with a 1500..9000-byte MTU fits).
 pub const MAX_DATAGRAM: usize = 9216;
