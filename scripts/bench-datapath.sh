@@ -11,6 +11,7 @@
 #   BRAID=/tmp/braid-copy scripts/bench-datapath.sh    (a fixed binary: rebuilds cannot change it
 #                                                       mid-run)
 #   TASKSET=0 scripts/bench-datapath.sh                (pin every process to CPU 0: the 1-core case)
+#   EXTRA='batch_wait_us = 50' scripts/bench-datapath.sh   (more [bundle] keys for both ends)
 #
 # Namespaces bdc$$/bds$$, veth 198.18.i.1 <-> 198.18.i.2, tunnels 198.19.0.0/30 (braid) and
 # 198.19.1.0/30 (wireguard-go). Cleans up on exit.
@@ -78,8 +79,8 @@ measure() { # LABEL DST [-R] [PIDS...] -> prints a row; sets GBPS
 
 braid_up() { # NLINKS
   local key; key=$("$B" keygen)
-  printf '[bundle]\nname = "braid0"\nrole = "server"\nkey = "%s"\naddress = "198.19.0.1/30"\nlisten = "0.0.0.0:5050"\ncontrol = "%s/s.sock"\n' "$key" "$W" >"$W/s.toml"
-  printf '[bundle]\nname = "braid0"\nrole = "client"\nkey = "%s"\naddress = "198.19.0.2/30"\ncontrol = "%s/c.sock"\n' "$key" "$W" >"$W/c.toml"
+  printf '[bundle]\nname = "braid0"\nrole = "server"\nkey = "%s"\naddress = "198.19.0.1/30"\nlisten = "0.0.0.0:5050"\ncontrol = "%s/s.sock"\n%s\n' "$key" "$W" "${EXTRA:-}" >"$W/s.toml"
+  printf '[bundle]\nname = "braid0"\nrole = "client"\nkey = "%s"\naddress = "198.19.0.2/30"\ncontrol = "%s/c.sock"\n%s\n' "$key" "$W" "${EXTRA:-}" >"$W/c.toml"
   for i in $(seq 1 "$1"); do
     printf '\n[[link]]\nname = "isp%s"\nbind = "198.18.%s.1"\nremote = "198.18.%s.2:5050"\n' "$i" "$i" "$i" >>"$W/c.toml"
   done

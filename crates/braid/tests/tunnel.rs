@@ -564,6 +564,35 @@ fn ping_tcp_status_metrics_and_clean_shutdown() {
     }
     // Every name exported is in the guide's list, and every listed name is exported.
     metrics_docs::assert_documented(&m, "guide.md", "Metrics", |_| true);
+    // UDP GRO on the link sockets: the client sends runs of equal datagrams with GSO, and veth
+    // keeps such a run whole up to the server's GRO socket, which braid cuts back into datagrams.
+    let counter = |name: &str| -> u64 {
+        let key = format!("{name}{{bundle=\"braid0\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in the metrics:\n{m}"))
+    };
+    let (gro_msgs, gro_dgrams) = (
+        counter("braid_udp_gro_messages_total"),
+        counter("braid_udp_gro_datagrams_total"),
+    );
+    // A kernel without UDP_GRO (before 5.0) refuses it and braid falls back to one datagram
+    // per message: then there is nothing to see.
+    let kernel_has_gro = braid_linux::udp::UdpSocket::bind(&braid_linux::udp::BindOptions {
+        addr: Some("127.0.0.1:0".parse().unwrap()),
+        gro: true,
+        ..Default::default()
+    })
+    .is_ok_and(|s| s.gro());
+    if kernel_has_gro {
+        assert!(
+            gro_msgs > 0 && gro_dgrams >= 2 * gro_msgs,
+            "no GRO-coalesced datagrams at the server ({gro_msgs} messages, {gro_dgrams} datagrams)"
+        );
+    } else {
+        assert_eq!((gro_msgs, gro_dgrams), (0, 0), "GRO counted without GRO");
+    }
 
     // Clean shutdown: exit 0, TUN gone, control socket gone.
     let st = net.stop("client").expect("client did not exit on SIGTERM");

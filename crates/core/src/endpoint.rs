@@ -7,6 +7,13 @@
 //! - then drain [`Endpoint::poll_transmit`] (datagrams to send), [`Endpoint::poll_deliver`]
 //!   (IP packets for the TUN device) and [`Endpoint::poll_event`];
 //! - sleep until [`Endpoint::poll_timeout`], then call [`Endpoint::handle_timeout`].
+//!
+//! Copies on the data path: a packet from the TUN is written once, by the compressor (or as it
+//! is), into a pool buffer behind room for the DATA header, and sealed there in place
+//! ([`crypto::seal_data_in_place`]); the repair ring keeps its own copy of the plaintext
+//! (retransmissions go on another link under another nonce). A datagram is opened in place in
+//! the caller's receive buffer; its payload is copied once into a pool buffer, which the reorder
+//! buffer holds until delivery (the receive buffer is reused by the next batch).
 
 //!
 //! Session set-up: the client sends HELLO (sealed under a key derived from the pre-shared key and
@@ -1757,28 +1764,30 @@ impl Endpoint {
         let mut picks = std::mem::take(&mut self.picks);
         picks.clear();
         let flow = Self::flow_hash(packet);
-        // The payload as it crosses the tunnel: the packet, or its compressed encoding.
-        let mut encoded = self.take_buf();
-        let packet = match self.session.as_mut() {
+        // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
+        // once, after room for the DATA header: the last link it goes on seals it in place.
+        let mut sealing = self.take_buf();
+        sealing.extend_from_slice(&[0; wire::HEADER_LEN]);
+        match self.session.as_mut() {
             Some(session) if self.cfg.compression => {
-                session.compressor.compress(now, packet, &mut encoded);
-                &encoded[..]
+                session.compressor.compress(now, packet, &mut sealing);
             }
             _ => {
                 self.compression.tx_plain += 1;
-                packet
+                sealing.extend_from_slice(packet);
             }
-        };
+        }
+        let payload_len = sealing.len() - wire::HEADER_LEN;
         // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
         // the unit in which the peer reports delivery rates.
         self.sched
-            .pick(now, packet.len() + WIRE_OVERHEAD, flow, &views, &mut picks);
+            .pick(now, payload_len + WIRE_OVERHEAD, flow, &views, &mut picks);
         if picks.is_empty() {
             // The scheduler dropped it: every link's queue is full.
             self.drops.queue_full += 1;
             self.views = views;
             self.picks = picks;
-            self.recycle(encoded);
+            self.recycle(sealing);
             return;
         }
         let seq = self.next_data_seq;
@@ -1791,30 +1800,81 @@ impl Endpoint {
         // A packet sent on several links at once (`redundant`, `backup` while probing) has its
         // copies already: reinjecting it when one of them dies only adds a burst on the others.
         if self.cfg.repair && flags & FLAG_UNORDERED == 0 && picks.len() == 1 {
-            self.ring.push(now, seq, picks[0], packet);
+            self.ring
+                .push(now, seq, picks[0], &sealing[wire::HEADER_LEN..]);
             self.repair_budget = (self.repair_budget + REPAIR_SHARE).min(REPAIR_BURST);
         }
-        for &id in &picks {
+        let mut sealing = Some(sealing);
+        for (k, &id) in picks.iter().enumerate() {
             let Some(li) = self.link_index(id) else {
                 continue;
             };
+            let Some(buf) = sealing.take() else { break };
+            // Every copy but the last is sealed from a copy of the plaintext.
+            let buf = if k + 1 < picks.len() {
+                let mut copy = self.take_buf();
+                copy.extend_from_slice(&buf);
+                sealing = Some(buf);
+                copy
+            } else {
+                buf
+            };
             let common = self.next_common(now, li);
-            let body = Body::Data(DataRepr {
-                common,
-                seq,
-                flags,
-                payload: packet,
-            });
-            if self.queue_sealed(li, PacketType::Data, &body) {
+            if self.queue_data_in_place(li, common, seq, flags, buf) {
                 let len = self.transmits.back().map_or(0, |t| t.payload.len());
                 self.links[li]
                     .health
                     .on_packet_sent(now, common.link_seq, len);
             }
         }
+        if let Some(buf) = sealing {
+            self.recycle(buf);
+        }
         self.views = views;
         self.picks = picks;
-        self.recycle(encoded);
+    }
+
+    /// Seals DATA whose payload `buf` holds after [`wire::HEADER_LEN`] bytes of headroom, in
+    /// place, for link index `li`, and queues it (as [`Self::queue_sealed`] does for a body).
+    fn queue_data_in_place(
+        &mut self,
+        li: usize,
+        common: Common,
+        seq: u64,
+        flags: u8,
+        mut buf: Vec<u8>,
+    ) -> bool {
+        let link = &self.links[li];
+        let Some(session) = self.session.as_mut() else {
+            self.recycle(buf);
+            return false;
+        };
+        if self.cfg.role == Role::Server && link.addr.is_none() {
+            self.recycle(buf);
+            return false;
+        }
+        let header = Header {
+            ptype: PacketType::Data,
+            link: link.id,
+            session: session.remote_id,
+            counter: session.send_counters.next(link.id),
+        };
+        let data = DataRepr {
+            common,
+            seq,
+            flags,
+            payload: &[],
+        };
+        crypto::seal_data_in_place(&session.keys.send, &header, &data, &mut buf);
+        let link = &mut self.links[li];
+        link.tx_packets += 1;
+        link.tx_bytes += buf.len() as u64;
+        self.transmits.push_back(Transmit {
+            link: link.id,
+            dst: link.addr,
+            payload: buf,
+        });
+        true
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {

@@ -1,6 +1,7 @@
-//! Process-wide kernel settings the balancer and the lab need: the open-files limit, timer
-//! precision and priority of a forwarding thread, the signal a child gets when its parent dies,
-//! and signals to a child by PID.
+//! Process and thread settings: the open-files limit, a thread's timer slack (`PR_SET_TIMERSLACK`:
+//! how late the kernel may wake a sleeping thread to batch wake-ups; the default 50 us would turn
+//! the tunnel's batching waits of tens of microseconds into 50 us or more) and priority, the
+//! signal a child gets when its parent dies, and signals to a child by PID.
 
 use std::io;
 
@@ -32,15 +33,37 @@ pub fn raise_fd_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// Sets the calling thread's timer slack to `ns` nanoseconds (at least 1; 0 would mean "back to
+/// the default").
+pub fn set_timer_slack(ns: u64) -> io::Result<()> {
+    let ns = ns.max(1) as libc::c_ulong;
+    // SAFETY: PR_SET_TIMERSLACK takes the value as an unsigned long; the other arguments are
+    // unused.
+    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's timer slack, nanoseconds.
+pub fn timer_slack() -> io::Result<u64> {
+    // SAFETY: PR_GET_TIMERSLACK takes no pointer and returns the value.
+    let rc = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc as u64)
+}
+
 /// Sets the calling thread's timer slack to 1 ns so that its sleeps (`ppoll`) end on time, and
 /// gives it a real-time priority (`SCHED_FIFO` 20; best effort: ignored without the right) so
 /// that a busy machine does not delay it by milliseconds. Only for threads that sleep between
 /// short bursts of work (the lab's link emulator): they cannot starve the machine.
 pub fn precise_timers() {
-    // SAFETY: prctl with integer arguments; pthread_setschedparam on this thread with a valid
-    // param.
+    // SAFETY: pthread_setschedparam on this thread with a valid param.
+    let _ = set_timer_slack(1);
     unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
         let param = libc::sched_param { sched_priority: 20 };
         libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param);
     }
@@ -105,5 +128,17 @@ mod tests {
             terminate(u32::MAX).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
+    }
+
+    #[test]
+    fn slack_is_set_per_thread() {
+        std::thread::spawn(|| {
+            set_timer_slack(1000).unwrap();
+            assert_eq!(timer_slack().unwrap(), 1000);
+            set_timer_slack(0).unwrap();
+            assert_eq!(timer_slack().unwrap(), 1, "0 is raised to 1 ns");
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -182,23 +182,18 @@ impl Tun {
         &self.name
     }
 
-    /// Fills up to `bufs.len()` buffers with one IP packet each (each buffer should hold the
-    /// MTU): segments left from the last super-packet first, then new reads, until `EAGAIN`.
-    /// Returns the packets' lengths in `lens` and how many were filled; fewer than `bufs.len()`
-    /// means the device has nothing more (`Ok(0)`: nothing was waiting).
-    pub fn recv_batch(&mut self, bufs: &mut [Vec<u8>], lens: &mut [usize]) -> io::Result<usize> {
+    /// Hands up to `max` IP packets to `f`, each as a slice of the device's own read buffer
+    /// (segments left from the last super-packet first, then new reads, until `EAGAIN`): the
+    /// caller seals straight from it, with no copy into a batch buffer. Returns how many were
+    /// handed out; fewer than `max` means the device has nothing more (`Ok(0)`: nothing was
+    /// waiting).
+    pub fn recv_each(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> io::Result<usize> {
         let mut n = 0;
-        while n < bufs.len() && n < lens.len() {
+        while n < max {
             if let Some(seg) = self.pending.get(self.next) {
                 self.next += 1;
-                match bufs[n].get_mut(..seg.len()) {
-                    Some(dst) => {
-                        dst.copy_from_slice(seg);
-                        lens[n] = seg.len();
-                        n += 1;
-                    }
-                    None => self.stats.rx_dropped += 1,
-                }
+                f(seg);
+                n += 1;
                 continue;
             }
             // SAFETY: reading into a buffer we own, up to its length.

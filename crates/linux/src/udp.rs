@@ -1,6 +1,24 @@
 //! Batched UDP sockets for links: bound to an address and/or an interface (`SO_BINDTODEVICE`),
 //! large kernel buffers, non-blocking, and batch I/O with `recvmmsg`/`sendmmsg` (as
-//! wireguard-go's `conn.Bind` and quinn-udp do): one system call moves up to [`BATCH`] datagrams.
+//! wireguard-go's `conn.Bind` and quinn-udp do): one system call moves up to [`BATCH`] messages.
+//!
+//! Both UDP offloads, each with a fallback where the kernel or the path refuses it:
+//! - GSO on send ([`UdpSocket::send_batch`]): runs of equal datagrams to one peer go as one
+//!   message with `UDP_SEGMENT`; `EIO`/`EINVAL` turns it off for the socket.
+//! - GRO on receive ([`BindOptions::gro`], [`UdpSocket::recv_batch`]): the kernel may hand over
+//!   a run of datagrams of one flow as one message of up to 64 KiB with a `UDP_GRO` control
+//!   message giving the segment size; [`gro_split`] cuts it back into datagrams. A kernel
+//!   without `UDP_GRO` (before 5.0) refuses the option and delivers one datagram per message.
+//!
+//! Why hand-written rather than `quinn-udp` (which does recvmmsg, GSO, GRO and pktinfo too):
+//! quinn-udp sends one `sendmsg` per transmit, where braid packs several GSO runs (one per
+//! link peer, or cut by a short datagram) into one `sendmmsg`; it wants the caller's
+//! `IoSliceMut`s and `RecvMeta`s per call, where [`RecvBatch`] keeps its buffers, headers and
+//! datagram table across calls (no allocation per batch) and hands datagrams out by index for
+//! in-place decryption; and braid needs its error policy (skip queued ICMP errors on connected
+//! link sockets, report the rest per batch) and `SO_BINDTODEVICE`/forced buffer sizes, which
+//! quinn-udp leaves to the caller anyway. What is left here is two system calls and their
+//! control messages, tested on loopback below.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -9,7 +27,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-/// Datagrams per `recvmmsg`/`sendmmsg` call.
+/// Messages per `recvmmsg`/`sendmmsg` call (with GSO/GRO a message may carry up to 64 datagrams).
 pub const BATCH: usize = 64;
 /// Largest datagram we read (a UDP payload over IPv4 with a 1500..9000-byte MTU fits).
 pub const MAX_DATAGRAM: usize = 9216;
@@ -45,6 +63,9 @@ pub struct BindOptions {
     /// so that a socket bound to a wildcard address on a multi-homed host can answer from the
     /// address it was reached at (see [`Datagram::src`]).
     pub pktinfo: bool,
+    /// Ask for UDP GRO on receive (`UDP_GRO`): the kernel may hand over a run of datagrams of
+    /// one flow as one message, which [`UdpSocket::recv_batch`] cuts back into datagrams.
+    pub gro: bool,
 }
 
 /// One datagram to send.
@@ -57,8 +78,12 @@ pub struct Datagram<'a> {
     pub payload: &'a [u8],
 }
 
-/// Control-message space per datagram (one in6_pktinfo fits with room to spare).
-const CMSG_SPACE: usize = 64;
+/// Control-message space per received message: an in6_pktinfo (40 bytes with its header) and a
+/// UDP_GRO segment size (24), with room to spare.
+const CMSG_SPACE: usize = 128;
+/// Receive buffer per message with UDP GRO: the kernel coalesces at most one IP packet's worth
+/// (64 KiB) of datagrams of one flow into one message.
+const GRO_BUF: usize = 65_536;
 
 /// A non-blocking UDP socket with batch receive and send.
 pub struct UdpSocket {
@@ -66,20 +91,63 @@ pub struct UdpSocket {
     connected: Option<SocketAddr>,
     /// UDP GSO on send, until the path refuses it.
     gso: std::sync::atomic::AtomicBool,
+    /// Headers and control buffers of `send_batch`, reused across calls.
+    scratch: std::sync::Mutex<SendScratch>,
+    /// UDP GRO on receive: the kernel took `UDP_GRO` (a kernel that refuses it hands out one
+    /// datagram per message, as before).
+    gro: bool,
 }
 
-/// Buffers for one `recvmmsg` call, reused across calls.
+/// What one `sendmmsg` call needs besides the payloads: GSO runs, iovecs, addresses, control
+/// buffers, headers. Kept across calls so that sending allocates nothing once warm.
+#[derive(Default)]
+struct SendScratch {
+    groups: Vec<Group>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<Option<SockAddr>>,
+    ctrl: Vec<[u64; GSO_CMSG_SPACE / 8]>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` are written and used only inside one
+// `send_batch` call (under the socket's lock) and never dereferenced afterwards.
+unsafe impl Send for SendScratch {}
+
+/// Buffers for one `recvmmsg` call, reused across calls: one buffer per message, big enough
+/// for a GRO-coalesced run of datagrams, and the table of datagrams cut from them. Nothing is
+/// allocated per call.
 pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
-    lens: Vec<usize>,
+    /// Per message: its source, its local (destination) address.
     addrs: Vec<Option<SocketAddr>>,
     locals: Vec<Option<IpAddr>>,
     /// u64 words: control messages must be aligned like `cmsghdr`.
     ctrl: Vec<[u64; CMSG_SPACE / 8]>,
-    len: usize,
+    names: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    /// Datagrams of the last receive: (message, start, length) within that message's buffer.
+    datagrams: Vec<(usize, usize, usize)>,
+    /// Messages the last receive filled.
+    messages: usize,
+    stats: RecvStats,
     /// The last transient error skipped while receiving (ICMP port/host unreachable reported
     /// on a connected socket): it says why a peer does not answer.
     last_error: Option<io::Error>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` point only into this batch's own heap buffers
+// (`bufs`, `names`, `ctrl`, `iovs`), are rewritten before every `recvmmsg`, and are never
+// dereferenced by Rust code; moving the batch to another thread moves those buffers with it.
+unsafe impl Send for RecvBatch {}
+
+/// Counters of the receive path, summed over every call with this batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecvStats {
+    /// Messages that carried several datagrams coalesced by the kernel (UDP GRO)...
+    pub gro_messages: u64,
+    /// ... and the datagrams cut from them.
+    pub gro_datagrams: u64,
 }
 
 impl Default for RecvBatch {
@@ -89,26 +157,48 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
+    /// Buffers for `n` messages per call (each up to 64 KiB: a GRO run of up to 64 datagrams).
     pub fn new(n: usize) -> Self {
+        // SAFETY: sockaddr_storage, iovec and mmsghdr are plain old data; zeroed is valid.
+        let zero_name: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+        let zero_hdr: libc::mmsghdr = unsafe { MaybeUninit::zeroed().assume_init() };
         RecvBatch {
-            bufs: (0..n).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
-            lens: vec![0; n],
+            bufs: (0..n).map(|_| vec![0u8; GRO_BUF]).collect(),
             addrs: vec![None; n],
             locals: vec![None; n],
             ctrl: vec![[0u64; CMSG_SPACE / 8]; n],
-            len: 0,
+            names: vec![zero_name; n],
+            iovs: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                n
+            ],
+            hdrs: vec![zero_hdr; n],
+            datagrams: Vec::with_capacity(n * GSO_MAX_SEGMENTS),
+            messages: 0,
+            stats: RecvStats::default(),
             last_error: None,
         }
     }
-    /// Datagrams of the last receive.
+    /// Datagrams of the last receive (GRO runs already cut into their datagrams).
     pub fn len(&self) -> usize {
-        self.len
+        self.datagrams.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.datagrams.is_empty()
     }
+    /// Messages one receive can take.
     pub fn capacity(&self) -> usize {
         self.bufs.len()
+    }
+    /// Whether the last receive filled every message: more may be waiting.
+    pub fn is_full(&self) -> bool {
+        self.messages == self.bufs.len()
+    }
+    pub fn stats(&self) -> RecvStats {
+        self.stats
     }
     /// Takes the last transient receive error (e.g. "connection refused": nothing listens at the
     /// connected peer's port).
@@ -117,20 +207,33 @@ impl RecvBatch {
     }
     /// The local address datagram `i` was sent to (only with [`BindOptions::pktinfo`]).
     pub fn local(&self, i: usize) -> Option<IpAddr> {
-        if i < self.len {
-            self.locals[i]
-        } else {
-            None
-        }
+        let &(m, _, _) = self.datagrams.get(i)?;
+        self.locals[m]
     }
     /// Datagram `i` of the last receive: its source and (mutable, for in-place decryption) bytes.
     pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
-        if i >= self.len {
-            return None;
-        }
-        let addr = self.addrs[i]?;
-        Some((addr, &mut self.bufs[i][..self.lens[i]]))
+        let &(m, start, len) = self.datagrams.get(i)?;
+        let addr = self.addrs[m]?;
+        Some((addr, &mut self.bufs[m][start..start + len]))
     }
+}
+
+/// Where the datagrams of one received message lie: a message of `len` bytes with a GRO
+/// segment size `segment` holds datagrams of `segment` bytes each, the last one possibly
+/// shorter (the kernel coalesces only runs of one size, as the sender's GSO cut them). Without
+/// a segment size (0), or one not smaller than `len`, the message is one datagram. An empty
+/// message is one empty datagram (counted as malformed by the caller, never skipped unseen).
+pub fn gro_split(len: usize, segment: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let step = if segment == 0 || segment >= len {
+        len.max(1)
+    } else {
+        segment
+    };
+    let count = if len == 0 { 1 } else { len.div_ceil(step) };
+    (0..count).map(move |k| {
+        let start = k * step;
+        start..(start + step).min(len)
+    })
 }
 
 /// What a [`UdpSocket::send_batch`] did.
@@ -179,10 +282,13 @@ fn set_buffer(sock: &Socket, opt_force: libc::c_int, bytes: usize) -> bool {
     rc == 0
 }
 
-/// The destination address in a received message's IP_PKTINFO / IPV6_PKTINFO, if any.
-fn local_addr_of(hdr: &libc::msghdr) -> Option<IpAddr> {
+/// What a received message's control messages say: the destination address in its
+/// IP_PKTINFO / IPV6_PKTINFO, and the UDP_GRO segment size (0: one datagram).
+fn parse_cmsgs(hdr: &libc::msghdr) -> (Option<IpAddr>, usize) {
+    let mut local = None;
+    let mut segment = 0;
     if hdr.msg_control.is_null() || hdr.msg_controllen == 0 {
-        return None;
+        return (local, segment);
     }
     // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control messages into the
     // buffer `msg_control` points at; the CMSG_* helpers walk them within that length.
@@ -192,20 +298,38 @@ fn local_addr_of(hdr: &libc::msghdr) -> Option<IpAddr> {
             let h = &*c;
             if h.cmsg_level == libc::IPPROTO_IP && h.cmsg_type == libc::IP_PKTINFO {
                 let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
-                return Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
-            }
-            if h.cmsg_level == libc::IPPROTO_IPV6 && h.cmsg_type == libc::IPV6_PKTINFO {
+                local = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
+            } else if h.cmsg_level == libc::IPPROTO_IPV6 && h.cmsg_type == libc::IPV6_PKTINFO {
                 let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
                 let a = Ipv6Addr::from(pi.ipi6_addr.s6_addr);
-                return Some(match a.to_ipv4_mapped() {
+                local = Some(match a.to_ipv4_mapped() {
                     Some(v4) => IpAddr::V4(v4),
                     None => IpAddr::V6(a),
                 });
+            } else if h.cmsg_level == libc::SOL_UDP && h.cmsg_type == libc::UDP_GRO {
+                // The kernel writes an int (udp_cmsg_recv: put_cmsg of gso_size as int).
+                let seg = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                segment = usize::try_from(seg).unwrap_or(0);
             }
             c = libc::CMSG_NXTHDR(hdr, c);
         }
     }
-    None
+    (local, segment)
+}
+
+/// Sets an int socket option; whether the kernel took it.
+fn set_int_opt(sock: &Socket, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
+    // SAFETY: setsockopt with a pointer to an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    rc == 0
 }
 
 impl UdpSocket {
@@ -239,25 +363,15 @@ impl UdpSocket {
             }
         }
         if opts.pktinfo {
-            let on: libc::c_int = 1;
-            let set = |level, opt| {
-                // SAFETY: setsockopt with a pointer to an int and its size.
-                unsafe {
-                    libc::setsockopt(
-                        sock.as_raw_fd(),
-                        level,
-                        opt,
-                        (&on as *const libc::c_int).cast(),
-                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                    )
-                }
-            };
             if ipv6 {
-                set(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO);
+                set_int_opt(&sock, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1);
             }
             // Also on IPv6 sockets: IPv4-mapped traffic reports IPv4 packet info.
-            set(libc::IPPROTO_IP, libc::IP_PKTINFO);
+            set_int_opt(&sock, libc::IPPROTO_IP, libc::IP_PKTINFO, 1);
         }
+        // UDP GRO: runs of datagrams of one flow arrive as one message (Linux 5.0+); a kernel
+        // that refuses it (ENOPROTOOPT) hands out one datagram per message.
+        let gro = opts.gro && set_int_opt(&sock, libc::SOL_UDP, libc::UDP_GRO, 1);
         let addr = opts.addr.unwrap_or_else(|| {
             if ipv6 {
                 SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
@@ -271,6 +385,8 @@ impl UdpSocket {
             sock,
             connected: None,
             gso: std::sync::atomic::AtomicBool::new(true),
+            scratch: Default::default(),
+            gro,
         })
     }
 
@@ -298,46 +414,37 @@ impl UdpSocket {
         )
     }
 
-    /// Receives up to `batch.capacity()` datagrams in one `recvmmsg`. `Ok(0)`: nothing waiting.
-    /// Transient errors queued on the socket (ICMP unreachable on a connected socket) are skipped.
+    /// Receives up to `batch.capacity()` messages in one `recvmmsg` and cuts GRO-coalesced
+    /// ones into their datagrams; returns the number of datagrams (`batch.len()`). `Ok(0)`:
+    /// nothing waiting. Transient errors queued on the socket (ICMP unreachable on a connected
+    /// socket) are skipped.
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let n = batch.bufs.len();
-        batch.len = 0;
-        let mut iovs: Vec<libc::iovec> = batch
-            .bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
-        // SAFETY: sockaddr_storage is plain old data; zeroed is a valid value.
-        let mut names: Vec<libc::sockaddr_storage> =
-            vec![unsafe { MaybeUninit::zeroed().assume_init() }; n];
-        let ctrl = &mut batch.ctrl;
-        let mut msgs: Vec<libc::mmsghdr> = (0..n)
-            .map(|i| {
-                // SAFETY: msghdr is plain old data.
-                let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
-                hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-                hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                hdr.msg_iov = &mut iovs[i];
-                hdr.msg_iovlen = 1;
-                hdr.msg_control = ctrl[i].as_mut_ptr().cast();
-                hdr.msg_controllen = CMSG_SPACE as _;
-                libc::mmsghdr {
-                    msg_hdr: hdr,
-                    msg_len: 0,
-                }
-            })
-            .collect();
+        batch.datagrams.clear();
+        batch.messages = 0;
+        for i in 0..n {
+            batch.iovs[i] = libc::iovec {
+                iov_base: batch.bufs[i].as_mut_ptr().cast(),
+                iov_len: batch.bufs[i].len(),
+            };
+            let hdr = &mut batch.hdrs[i].msg_hdr;
+            hdr.msg_name = (&mut batch.names[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdr.msg_iov = &mut batch.iovs[i];
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = batch.ctrl[i].as_mut_ptr().cast();
+            hdr.msg_controllen = CMSG_SPACE as _;
+            hdr.msg_flags = 0;
+            batch.hdrs[i].msg_len = 0;
+        }
         let mut retries = 0;
         let got = loop {
-            // SAFETY: every mmsghdr points at live buffers (iovs, names) sized as declared.
+            // SAFETY: every mmsghdr points at live buffers of the batch (iovs, names, ctrl) sized
+            // as declared.
             let r = unsafe {
                 libc::recvmmsg(
                     self.sock.as_raw_fd(),
-                    msgs.as_mut_ptr(),
+                    batch.hdrs.as_mut_ptr(),
                     n as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
@@ -359,19 +466,35 @@ impl UdpSocket {
             }
         };
         for i in 0..got {
-            batch.lens[i] = msgs[i].msg_len as usize;
-            if msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                // Larger than MAX_DATAGRAM: what we hold is cut short and would only fail
-                // authentication; an empty datagram is counted as malformed instead.
-                batch.lens[i] = 0;
+            let hdr = &batch.hdrs[i].msg_hdr;
+            let mut len = batch.hdrs[i].msg_len as usize;
+            let (local, segment) = parse_cmsgs(hdr);
+            // Larger than we accept (one datagram over MAX_DATAGRAM, or cut short): what we hold
+            // would only fail authentication; an empty datagram is counted as malformed instead.
+            let too_big = if segment > 0 {
+                segment > MAX_DATAGRAM
+            } else {
+                len > MAX_DATAGRAM
+            };
+            if hdr.msg_flags & libc::MSG_TRUNC != 0 || too_big {
+                len = 0;
             }
             // SAFETY: the kernel filled `names[i]` with `msg_namelen` bytes of a sockaddr.
-            let sa = unsafe { SockAddr::new(names[i], msgs[i].msg_hdr.msg_namelen) };
+            let sa = unsafe { SockAddr::new(batch.names[i], hdr.msg_namelen) };
             batch.addrs[i] = sa.as_socket().or(self.connected);
-            batch.locals[i] = local_addr_of(&msgs[i].msg_hdr);
+            batch.locals[i] = local;
+            let before = batch.datagrams.len();
+            batch
+                .datagrams
+                .extend(gro_split(len, segment).map(|r| (i, r.start, r.len())));
+            let cut = batch.datagrams.len() - before;
+            if cut > 1 {
+                batch.stats.gro_messages += 1;
+                batch.stats.gro_datagrams += cut as u64;
+            }
         }
-        batch.len = got;
-        Ok(got)
+        batch.messages = got;
+        Ok(batch.datagrams.len())
     }
 
     /// Sends `msgs` in order with as few `sendmmsg` calls as possible, and as few trips through
@@ -385,47 +508,54 @@ impl UdpSocket {
     /// lossy anyway; the link's health sees it).
     pub fn send_batch(&self, msgs: &[Datagram<'_>]) -> SendReport {
         let mut rep = SendReport::default();
+        // One caller at a time in practice (the data plane): the lock is never contended, and
+        // keeps the socket `Sync`.
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let SendScratch {
+            groups,
+            iovs,
+            names,
+            ctrl,
+            hdrs,
+        } = &mut *guard;
         let mut i = 0;
         while i < msgs.len() {
             let chunk = &msgs[i..msgs.len().min(i + 1024)];
             let gso = self.gso.load(std::sync::atomic::Ordering::Relaxed);
-            let groups = gso_groups(chunk, gso, self.connected.is_some());
-            let mut iovs: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|d| libc::iovec {
-                    iov_base: d.payload.as_ptr() as *mut libc::c_void,
-                    iov_len: d.payload.len(),
-                })
-                .collect();
-            let names: Vec<Option<SockAddr>> = groups
-                .iter()
-                .map(|g| match (self.connected, chunk[g.start].dst) {
-                    (None, Some(d)) => Some(SockAddr::from(d)),
-                    _ => None,
-                })
-                .collect();
-            let mut ctrl: Vec<[u64; GSO_CMSG_SPACE / 8]> =
-                vec![[0u64; GSO_CMSG_SPACE / 8]; groups.len()];
-            let mut hdrs: Vec<libc::mmsghdr> = groups
-                .iter()
-                .enumerate()
-                .map(|(k, g)| {
-                    // SAFETY: msghdr is plain old data.
-                    let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
-                    if let Some(sa) = &names[k] {
-                        hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
-                        hdr.msg_namelen = sa.len();
-                    }
-                    hdr.msg_iov = &mut iovs[g.start];
-                    hdr.msg_iovlen = g.len as _;
-                    let segment = (g.len > 1).then_some(g.segment);
-                    write_cmsgs(&mut ctrl[k], chunk[g.start].src, segment, &mut hdr);
-                    libc::mmsghdr {
-                        msg_hdr: hdr,
-                        msg_len: 0,
-                    }
-                })
-                .collect();
+            gso_groups(chunk, gso, self.connected.is_some(), groups);
+            iovs.clear();
+            iovs.extend(chunk.iter().map(|d| libc::iovec {
+                iov_base: d.payload.as_ptr() as *mut libc::c_void,
+                iov_len: d.payload.len(),
+            }));
+            names.clear();
+            names.extend(
+                groups
+                    .iter()
+                    .map(|g| match (self.connected, chunk[g.start].dst) {
+                        (None, Some(d)) => Some(SockAddr::from(d)),
+                        _ => None,
+                    }),
+            );
+            ctrl.clear();
+            ctrl.resize(groups.len(), [0u64; GSO_CMSG_SPACE / 8]);
+            hdrs.clear();
+            for (k, g) in groups.iter().enumerate() {
+                // SAFETY: msghdr is plain old data.
+                let mut hdr: libc::msghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+                if let Some(sa) = &names[k] {
+                    hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
+                    hdr.msg_namelen = sa.len();
+                }
+                hdr.msg_iov = &mut iovs[g.start];
+                hdr.msg_iovlen = g.len as _;
+                let segment = (g.len > 1).then_some(g.segment);
+                write_cmsgs(&mut ctrl[k], chunk[g.start].src, segment, &mut hdr);
+                hdrs.push(libc::mmsghdr {
+                    msg_hdr: hdr,
+                    msg_len: 0,
+                });
+            }
             // SAFETY: headers point at live iovecs/addresses/control buffers borrowed for this
             // call.
             let r = unsafe {
@@ -470,6 +600,11 @@ impl UdpSocket {
         rep
     }
 
+    /// Whether UDP GRO is on for this socket.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
     /// Whether UDP GSO is (still) used on this socket.
     pub fn gso(&self) -> bool {
         self.gso.load(std::sync::atomic::Ordering::Relaxed)
@@ -495,8 +630,8 @@ struct Group {
 /// Cuts `msgs` into runs that can go as one GSO message: same destination (unless `connected`)
 /// and source, every datagram `segment` bytes but the last (which may be shorter and ends the
 /// run), at most 64 datagrams and 65,000 bytes. Without `gso`, one datagram per run.
-fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool) -> Vec<Group> {
-    let mut groups = Vec::new();
+fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool, groups: &mut Vec<Group>) {
+    groups.clear();
     let mut k = 0;
     while k < msgs.len() {
         let first = &msgs[k];
@@ -529,7 +664,6 @@ fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool) -> Vec<Group> {
         });
         k += len;
     }
-    groups
 }
 
 /// Writes the control messages of one outgoing message: PKTINFO (send from `src`) and
@@ -679,15 +813,24 @@ mod tests {
                 payload: p,
             })
             .collect();
-        let g: Vec<(usize, usize, u16)> = gso_groups(&msgs, true, true)
+        let groups = |msgs: &[Datagram], gso: bool, connected: bool| {
+            let mut g = vec![Group {
+                start: 9,
+                len: 9,
+                segment: 9,
+            }];
+            gso_groups(msgs, gso, connected, &mut g);
+            g
+        };
+        let g: Vec<(usize, usize, u16)> = groups(&msgs, true, true)
             .iter()
             .map(|g| (g.start, g.len, g.segment))
             .collect();
         // 100x3 + 60 (short: ends the run), 100x2 (120 is bigger: a new run), 120 + 5.
         assert_eq!(g, vec![(0, 4, 100), (4, 2, 100), (6, 2, 120)]);
-        assert_eq!(gso_groups(&msgs, false, true).len(), sizes.len());
+        assert_eq!(groups(&msgs, false, true).len(), sizes.len());
         let many: Vec<Datagram> = (0..200).map(|_| msgs[0]).collect();
-        assert!(gso_groups(&many, true, true)
+        assert!(groups(&many, true, true)
             .iter()
             .all(|g| g.len <= GSO_MAX_SEGMENTS));
         // Different destinations never share a message on an unconnected socket.
@@ -697,7 +840,7 @@ mod tests {
             Datagram { dst: a, ..msgs[0] },
             Datagram { dst: b, ..msgs[0] },
         ];
-        assert_eq!(gso_groups(&two, true, false).len(), 2);
+        assert_eq!(groups(&two, true, false).len(), 2);
     }
 
     /// Runs of equal datagrams go out as GSO messages and arrive as the datagrams they were, in
@@ -749,6 +892,97 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             assert_eq!(got, payloads);
+        }
+    }
+
+    /// A coalesced buffer of datagrams of one size (the last one shorter) is cut at the segment
+    /// size into exactly the datagrams that were sent.
+    #[test]
+    fn gro_split_cuts_a_coalesced_buffer_into_its_datagrams() {
+        let sent: Vec<Vec<u8>> = (0..5u8)
+            .map(|i| vec![i; if i == 4 { 333 } else { 1200 }])
+            .collect();
+        let buf: Vec<u8> = sent.concat();
+        let got: Vec<&[u8]> = gro_split(buf.len(), 1200).map(|r| &buf[r]).collect();
+        assert_eq!(got, sent.iter().map(|d| &d[..]).collect::<Vec<_>>());
+        // Exact multiple: no empty tail.
+        assert_eq!(
+            gro_split(2400, 1200).collect::<Vec<_>>(),
+            vec![0..1200, 1200..2400]
+        );
+        // No segment size, or one not smaller than the message: one datagram.
+        assert_eq!(gro_split(700, 0).collect::<Vec<_>>(), vec![0..700]);
+        assert_eq!(gro_split(700, 700).collect::<Vec<_>>(), vec![0..700]);
+        assert_eq!(gro_split(700, 9000).collect::<Vec<_>>(), vec![0..700]);
+        // An empty message is one empty datagram, not none.
+        assert_eq!(gro_split(0, 0).collect::<Vec<_>>(), vec![0..0]);
+        assert_eq!(gro_split(0, 100).collect::<Vec<_>>(), vec![0..0]);
+        // Segment size 1: every byte a datagram.
+        assert_eq!(gro_split(3, 1).count(), 3);
+    }
+
+    /// A GSO send to a GRO socket on loopback arrives as coalesced messages (the kernel keeps
+    /// the GSO packet whole for a socket that asked for GRO), and `recv_batch` hands out the
+    /// datagrams that were sent, in order; a socket without GRO gets the same datagrams one per
+    /// message.
+    #[test]
+    fn gro_receive_splits_coalesced_messages_in_order() {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for gro in [true, false] {
+            let rx = UdpSocket::bind(&BindOptions {
+                addr: Some(lo),
+                buffer_bytes: 4 << 20,
+                gro,
+                ..Default::default()
+            })
+            .unwrap();
+            assert_eq!(rx.gro(), gro);
+            let tx = UdpSocket::bind(&BindOptions {
+                addr: Some(lo),
+                ..Default::default()
+            })
+            .unwrap();
+            let dst = rx.local_addr().unwrap();
+            let payloads: Vec<Vec<u8>> = (0..200u32)
+                .map(|i| {
+                    let n = if i % 40 == 39 { 77 } else { 1400 };
+                    (0..n).map(|k| (k as u32 ^ i) as u8).collect()
+                })
+                .collect();
+            let msgs: Vec<Datagram> = payloads
+                .iter()
+                .map(|p| Datagram {
+                    dst: Some(dst),
+                    src: None,
+                    payload: p,
+                })
+                .collect();
+            assert_eq!(tx.send_batch(&msgs).sent, payloads.len());
+            assert!(tx.gso());
+            let mut batch = RecvBatch::new(8);
+            let mut got = Vec::new();
+            for _ in 0..200 {
+                let n = rx.recv_batch(&mut batch).unwrap();
+                assert_eq!(n, batch.len());
+                for i in 0..n {
+                    let (from, bytes) = batch.get_mut(i).unwrap();
+                    assert_eq!(from, tx.local_addr().unwrap());
+                    got.push(bytes.to_vec());
+                }
+                if got.len() >= payloads.len() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            assert_eq!(got, payloads, "gro {gro}");
+            let st = batch.stats();
+            if gro {
+                // 200 datagrams through 8-message batches: only coalescing gets them all.
+                assert!(st.gro_messages > 0, "{st:?}");
+                assert!(st.gro_datagrams > st.gro_messages, "{st:?}");
+            } else {
+                assert_eq!(st, RecvStats::default());
+            }
         }
     }
 

@@ -46,6 +46,10 @@ pub const MAX_MTU: u32 = (braid_linux::udp::MAX_DATAGRAM - braid_core::wire::DAT
 /// Gbit/s, 0 retransmits. The queue only fills while braid is the bottleneck, where 2000
 /// packets add at most ~16 ms.
 pub const DEFAULT_TXQUEUELEN: u32 = 2000;
+/// `batch_wait_us` when not set (chosen from scripts/bench-napi.sh, docs/guide.md).
+pub const DEFAULT_BATCH_WAIT_US: u64 = 50;
+/// Longest `batch_wait_us` accepted: beyond a millisecond the wait is latency, not batching.
+pub const MAX_BATCH_WAIT_US: u64 = 1000;
 /// Default time the client waits for a first session before it gives up.
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 
@@ -86,6 +90,9 @@ struct BundleRepr {
     compression: Option<bool>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
+    /// Data plane: wait up to this many microseconds after a wake-up to fill a batch (NAPI's
+    /// trade: latency for CPU at high packet rates); 0: process at once.
+    batch_wait_us: Option<Spanned<u64>>,
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
     /// start (0: keep trying forever). Default 10.
     connect_timeout: Option<Spanned<u64>>,
@@ -132,6 +139,8 @@ pub struct Config {
     /// Client: the route id a balancer steers this bundle's links by (`None`: random).
     pub route_id: Option<u16>,
     pub txqueuelen: u32,
+    /// How long the data plane waits after a wake-up to fill a batch (docs/guide.md).
+    pub batch_wait: Duration,
     pub links: Vec<LinkSpec>,
     /// Things that do not stop the endpoint but should be fixed (a key readable by others).
     pub warnings: Vec<String>,
@@ -403,6 +412,11 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
                 in_range(q, 1, 100_000)
             })?
             .unwrap_or(DEFAULT_TXQUEUELEN),
+        batch_wait: src
+            .optional(&b.batch_wait_us, "bundle.batch_wait_us", |&w| {
+                in_range(w, 0, MAX_BATCH_WAIT_US).map(Duration::from_micros)
+            })?
+            .unwrap_or(Duration::from_micros(DEFAULT_BATCH_WAIT_US)),
         links: Vec::new(),
         warnings,
     })
@@ -611,6 +625,22 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn batch_wait_is_microseconds_and_bounded() {
+        let c = parse(&client("", LINKS)).unwrap();
+        assert_eq!(c.batch_wait, Duration::from_micros(DEFAULT_BATCH_WAIT_US));
+        let c = parse(&client("batch_wait_us = 50", LINKS)).unwrap();
+        assert_eq!(c.batch_wait, Duration::from_micros(50));
+        let c = parse(&client("batch_wait_us = 0", LINKS)).unwrap();
+        assert_eq!(c.batch_wait, Duration::ZERO);
+        let e = parse(&client("batch_wait_us = 5000", LINKS)).unwrap_err();
+        assert!(
+            e.contains("bundle.batch_wait_us: 5000 is out of range 0..1000"),
+            "{e}"
+        );
+        assert!(parse(&client("batch_wait_us = \"50us\"", LINKS)).is_err());
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Extra {
     pub tun_full_drops: u64,
     /// The TUN's offload path (super-packets cut, segments glued).
     pub tun: braid_linux::tun::TunStats,
+    /// The link sockets' receive path (UDP GRO).
+    pub udp_rx: braid_linux::udp::RecvStats,
 }
 
 struct Reg<'a> {
@@ -343,6 +345,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "TCP segments written to the TUN glued into larger writes",
         &[(b.clone(), t.glued_packets)],
     );
+    r.counter(
+        "udp_gro_messages",
+        "Messages from the link sockets that carried several datagrams coalesced by the kernel (UDP GRO)",
+        &[(b.clone(), extra.udp_rx.gro_messages)],
+    );
+    r.counter(
+        "udp_gro_datagrams",
+        "Datagrams cut from UDP GRO messages",
+        &[(b.clone(), extra.udp_rx.gro_datagrams)],
+    );
     let c = &s.compression;
     let labelled = |pairs: &[(&str, &str)], v: u64| {
         let mut l = bundle(n);
@@ -449,6 +461,7 @@ mod tests {
                 tun_write_errors: 0,
                 tun_full_drops: 0,
                 tun: Default::default(),
+                udp_rx: Default::default(),
             },
         );
         for want in [

@@ -117,8 +117,6 @@ pub struct Runner {
     handle: Handle,
     signal_rx: UnixStream,
     tun_ready: bool,
-    tun_bufs: Vec<Vec<u8>>,
-    tun_lens: Vec<usize>,
     recv: RecvBatch,
     started: Instant,
     session_seen: bool,
@@ -131,6 +129,10 @@ pub struct Runner {
     monitor: Option<braid_linux::netlink::Monitor>,
     /// Client: when to check every link socket's binding (set by a netlink notice).
     relink_at: Option<Instant>,
+    /// Scratch lists kept across turns (no allocation per batch): the readable sockets of this
+    /// turn, and the datagrams of one `send_batch` (empty between uses).
+    ready_tokens: Vec<Token>,
+    datagrams: Vec<Datagram<'static>>,
 }
 
 /// Why the loop stopped.
@@ -145,6 +147,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         ipv6: spec.remote.is_ipv6(),
         buffer_bytes: DEFAULT_BUFFER,
         pktinfo: false,
+        gro: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -202,6 +205,7 @@ impl Runner {
                     addr: Some(listen),
                     buffer_bytes: DEFAULT_BUFFER,
                     pktinfo: listen.ip().is_unspecified(),
+                    gro: true,
                     ..Default::default()
                 };
                 let s = UdpSocket::bind(&opts)
@@ -269,7 +273,6 @@ impl Runner {
             Interest::READABLE,
         )?;
 
-        let mtu_buf = (cfg.mtu as usize).max(1500) + 64;
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
         Ok(Runner {
             handle,
@@ -284,8 +287,6 @@ impl Runner {
             cmd_rx,
             signal_rx,
             tun_ready: true,
-            tun_bufs: (0..BATCH).map(|_| vec![0u8; mtu_buf]).collect(),
-            tun_lens: vec![0; BATCH],
             recv: RecvBatch::new(BATCH),
             started: now,
             session_seen: false,
@@ -295,6 +296,8 @@ impl Runner {
             last_auth_warn: (now, 0),
             monitor,
             relink_at: None,
+            ready_tokens: Vec::with_capacity(16),
+            datagrams: Vec::with_capacity(BATCH),
         })
     }
 
@@ -308,23 +311,34 @@ impl Runner {
     /// same `now`, and the next poll's timeout is reckoned from it (late by at most the turn's
     /// own work, which is zero-timeout polling anyway while a source is busy).
     pub fn run(&mut self) -> anyhow::Result<Exit> {
+        if !self.cfg.batch_wait.is_zero() {
+            // Short sleeps must end on time: the default slack (50 us) is as long as the wait.
+            if let Err(e) = braid_linux::process::set_timer_slack(1_000) {
+                tracing::debug!("cannot set the timer slack: {e}");
+            }
+        }
         let mut events = Events::with_capacity(256);
         let mut now = Instant::now();
         let mut next_check = now + Duration::from_secs(1);
         loop {
-            let timeout = self.poll_timeout(now, next_check);
+            let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
+            let timeout = self.poll_timeout(now, next_check, busy);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(e.into());
                 }
             }
-            now = Instant::now();
             let mut signalled = false;
+            let mut woke_for_data = false;
+            let mut netlink = false;
             for ev in events.iter() {
                 match ev.token() {
-                    TUN => self.tun_ready = true,
+                    TUN => {
+                        self.tun_ready = true;
+                        woke_for_data = true;
+                    }
                     WAKER => {}
-                    NETLINK => self.on_netlink(now),
+                    NETLINK => netlink = true,
                     SIGNAL => {
                         let mut b = [0u8; 16];
                         while matches!((&self.signal_rx).read(&mut b), Ok(n) if n > 0) {}
@@ -332,12 +346,20 @@ impl Runner {
                     }
                     t => {
                         if let Some(s) = self.socks.get_mut(&t) {
-                            s.readable |= ev.is_readable() || ev.is_error();
-                            // Room again for what waits in `pending`: sent below.
+                            // A writable event needs nothing here: what waits in `pending` is
+                            // sent below.
+                            if ev.is_readable() || ev.is_error() {
+                                s.readable = true;
+                                woke_for_data = true;
+                            }
                         }
                     }
                 }
             }
+            if !signalled && !busy && woke_for_data {
+                self.wait_for_batch();
+            }
+            now = Instant::now();
             if signalled {
                 tracing::info!(
                     "signal received: closing the session and removing {}",
@@ -345,6 +367,9 @@ impl Runner {
                 );
                 self.shutdown(now);
                 return Ok(Exit::Signal);
+            }
+            if netlink {
+                self.on_netlink(now);
             }
             self.serve_commands(now);
             self.relink(now);
@@ -364,10 +389,10 @@ impl Runner {
         }
     }
 
-    /// How long the next poll may sleep: not at all while a source has more to give, else until
-    /// the core's next timer, the next once-a-second check or the next link socket check.
-    fn poll_timeout(&self, now: Instant, next_check: Instant) -> Duration {
-        let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
+    /// How long the next poll may sleep: not at all while a source has more to give (`busy`),
+    /// else until the core's next timer, the next once-a-second check or the next link socket
+    /// check.
+    fn poll_timeout(&self, now: Instant, next_check: Instant, busy: bool) -> Duration {
         if busy {
             return Duration::ZERO;
         }
@@ -391,6 +416,27 @@ impl Runner {
             }
             Some(Err(e)) => tracing::debug!("netlink notices: {e}"),
             _ => {}
+        }
+    }
+
+    /// NAPI's trade as a setting (`batch_wait_us`): woken from idle by a packet, the data plane
+    /// sleeps up to `batch_wait` (never past its next timer) so that more packets wait in the
+    /// TUN and the sockets and go in one batch: fewer wake-ups and system calls per packet at
+    /// high packet rates, for up to `batch_wait` more latency per hop. Not after a turn that
+    /// filled a whole batch (`busy`): then a full batch is ready anyway. (The one turn in which
+    /// the clock is read twice: once for the wait, once after it.)
+    fn wait_for_batch(&self) {
+        if self.cfg.batch_wait.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut until = now + self.cfg.batch_wait;
+        if let Some(t) = self.ep.poll_timeout() {
+            until = until.min(t);
+        }
+        let d = until.saturating_duration_since(now);
+        if !d.is_zero() {
+            std::thread::sleep(d);
         }
     }
 
@@ -472,13 +518,12 @@ impl Runner {
         if !self.tun_ready {
             return;
         }
-        match self.tun.recv_batch(&mut self.tun_bufs, &mut self.tun_lens) {
+        // Each packet goes from the device's read buffer straight into the endpoint, which
+        // compresses it into the buffer it seals in place.
+        let ep = &mut self.ep;
+        match self.tun.recv_each(BATCH, |p| ep.send_packet(now, p)) {
             Ok(n) => {
-                for i in 0..n {
-                    self.ep
-                        .send_packet(now, &self.tun_bufs[i][..self.tun_lens[i]]);
-                }
-                if n < self.tun_bufs.len() {
+                if n < BATCH {
                     self.tun_ready = false;
                 }
             }
@@ -490,13 +535,15 @@ impl Runner {
     }
 
     fn read_sockets(&mut self, now: Instant) {
-        let tokens: Vec<Token> = self
-            .socks
-            .iter()
-            .filter(|(_, s)| s.readable)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in tokens {
+        let mut tokens = std::mem::take(&mut self.ready_tokens);
+        tokens.clear();
+        tokens.extend(
+            self.socks
+                .iter()
+                .filter(|(_, s)| s.readable)
+                .map(|(t, _)| *t),
+        );
+        for &t in &tokens {
             let Some(s) = self.socks.get_mut(&t) else {
                 continue;
             };
@@ -506,7 +553,7 @@ impl Runner {
             }
             match r {
                 Ok(n) => {
-                    if n < self.recv.capacity() {
+                    if !self.recv.is_full() {
                         s.readable = false;
                     }
                     let via = s.link;
@@ -534,6 +581,7 @@ impl Runner {
                 }
             }
         }
+        self.ready_tokens = tokens;
     }
 
     fn sock_name(&self, t: Token) -> String {
@@ -583,16 +631,14 @@ impl Runner {
             while !s.pending.is_empty() {
                 let (a, b) = s.pending.as_slices();
                 let part = if a.is_empty() { b } else { a };
-                let msgs: Vec<Datagram> = part
-                    .iter()
-                    .map(|(t, src)| Datagram {
-                        dst: t.dst,
-                        src: *src,
-                        payload: t.payload.as_slice(),
-                    })
-                    .collect();
+                let mut msgs = reuse(std::mem::take(&mut self.datagrams));
+                msgs.extend(part.iter().map(|(t, src)| Datagram {
+                    dst: t.dst,
+                    src: *src,
+                    payload: t.payload.as_slice(),
+                }));
                 let rep = s.sock.send_batch(&msgs);
-                drop(msgs);
+                self.datagrams = reuse(msgs);
                 let consumed = rep.sent + rep.failed;
                 if rep.failed > 0 {
                     s.send_errors += rep.failed as u64;
@@ -815,6 +861,7 @@ impl Runner {
             tun_write_errors: self.tun_write_errors,
             tun_full_drops: self.tun_full_drops + kernel,
             tun: self.tun.stats(),
+            udp_rx: self.recv.stats(),
         }
     }
 
@@ -1024,5 +1071,35 @@ fn link_config(spec: &LinkSpec) -> LinkConfig {
         name: spec.name.clone(),
         bandwidth_bps: spec.bandwidth_bps,
         priority: spec.priority,
+    }
+}
+
+/// An emptied list of datagrams with another lifetime, in the same allocation (the standard
+/// library collects a `vec::IntoIter` into a `Vec` of a same-sized type in place): lets one
+/// list of borrowed datagrams be reused across turns.
+fn reuse<'a, 'b>(mut v: Vec<Datagram<'a>>) -> Vec<Datagram<'b>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch list of datagrams keeps its allocation from one turn to the next.
+    #[test]
+    fn reuse_keeps_the_allocation() {
+        let payload = vec![1u8; 10];
+        let mut v: Vec<Datagram<'_>> = Vec::with_capacity(BATCH);
+        let ptr = v.as_ptr() as usize;
+        v.push(Datagram {
+            dst: None,
+            src: None,
+            payload: &payload,
+        });
+        let back: Vec<Datagram<'static>> = reuse(v);
+        assert!(back.is_empty());
+        assert_eq!(back.capacity(), BATCH);
+        assert_eq!(back.as_ptr() as usize, ptr);
     }
 }
