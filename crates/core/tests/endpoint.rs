@@ -833,7 +833,10 @@ fn packets_too_big_for_the_path_are_cut_and_rebuilt_across_links() {
     }
     p.run_for(Duration::from_millis(200));
     assert_eq!(p.delivered_to_server.len(), sent.len());
-    assert!(p.delivered_to_server == sent, "rebuilt byte for byte, in order");
+    assert!(
+        p.delivered_to_server == sent,
+        "rebuilt byte for byte, in order"
+    );
     assert!(p.captured.iter().all(|(_, d)| d.len() <= 1472));
     let tx = p.client.stats(p.now).frag;
     let rx = p.server.stats(p.now).frag;
@@ -887,10 +890,16 @@ fn a_lost_piece_drops_its_packet_only() {
         .filter(|&(n, _)| n != 10 && n != 20)
         .map(|(_, s)| s.clone())
         .collect();
-    assert!(p.delivered_to_server == expect, "all but the two packets, whole");
+    assert!(
+        p.delivered_to_server == expect,
+        "all but the two packets, whole"
+    );
     let rx = p.server.stats(p.now).frag;
     assert_eq!(rx.rx_reassembled, 28, "{rx:?}");
-    assert_eq!(rx.rx_dropped_orphans, 2, "the last pieces of the two: {rx:?}");
+    assert_eq!(
+        rx.rx_dropped_orphans, 2,
+        "the last pieces of the two: {rx:?}"
+    );
 }
 
 /// Path MTU discovery through the endpoint: a path narrower than the first hop is found by

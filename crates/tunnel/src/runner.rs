@@ -232,6 +232,11 @@ pub struct Runner {
     monitor: Option<braid_linux::netlink::Monitor>,
     /// Client: when to check every link socket's binding (set by a netlink notice).
     relink_at: Option<Instant>,
+    /// Per link: the datagram room the kernel last reported for its route (route MTU less the
+    /// outer headers), told to the endpoint's path MTU discovery.
+    path_mtus: HashMap<LinkId, usize>,
+    /// Read the route MTUs now (a send was refused as too big, a link was learned).
+    mtu_check_due: bool,
 }
 
 /// Why the loop stopped.
@@ -246,6 +251,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         ipv6: spec.remote.is_ipv6(),
         buffer_bytes: DEFAULT_BUFFER,
         pktinfo: false,
+        dont_fragment: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -302,6 +308,7 @@ impl Runner {
                     addr: Some(listen),
                     buffer_bytes: DEFAULT_BUFFER,
                     pktinfo: listen.ip().is_unspecified(),
+                    dont_fragment: true,
                     ..Default::default()
                 };
                 let s = UdpSocket::bind(&opts)
@@ -398,6 +405,8 @@ impl Runner {
             last_auth_warn: (now, 0),
             monitor,
             relink_at: None,
+            path_mtus: HashMap::new(),
+            mtu_check_due: true,
         })
     }
 
@@ -481,11 +490,15 @@ impl Runner {
                 self.ep.handle_timeout(now);
             }
             self.flush_transmits();
+            if self.mtu_check_due {
+                self.check_path_mtus(now);
+            }
             let _ = writable;
             self.deliver(now);
             self.log_events();
             if now >= next_check {
                 next_check = now + Duration::from_secs(1);
+                self.check_path_mtus(now);
                 self.check(now)?;
             }
         }
@@ -694,6 +707,11 @@ impl Runner {
                 let consumed = rep.sent + rep.failed;
                 if rep.failed > 0 {
                     s.send_errors += rep.failed as u64;
+                    let too_big = rep.last_error.as_ref().and_then(|e| e.raw_os_error())
+                        == Some(libc::EMSGSIZE);
+                    // The route's MTU went down (ICMP from the path, or a smaller interface):
+                    // read it at once.
+                    self.mtu_check_due |= too_big;
                     let gone = rep
                         .last_error
                         .as_ref()
@@ -783,12 +801,57 @@ impl Runner {
                     }
                 }
                 Event::LinkLearned { link, addr } => {
-                    tracing::info!("link {} learned: client at {addr}", self.link_name(link))
+                    tracing::info!("link {} learned: client at {addr}", self.link_name(link));
+                    self.mtu_check_due = true;
                 }
                 Event::VersionMismatch { theirs, ours } => tracing::error!(
                     "the peer speaks braid wire protocol version {theirs}, this braid speaks \
                      version {ours}: run the same braid release at both ends"
                 ),
+            }
+        }
+    }
+
+    /// Reads each link's route MTU from the kernel (client: its connected socket; server: the
+    /// route to the client's address) and tells the endpoint: a first value or a higher one
+    /// (a wider interface, an expired ICMP report) starts path MTU discovery from it; a lower one
+    /// (ICMP "fragmentation needed", a narrower interface) lowers the link's path MTU at once.
+    fn check_path_mtus(&mut self, now: Instant) {
+        self.mtu_check_due = false;
+        let mut routes: Vec<(LinkId, std::io::Result<usize>, usize)> = Vec::new();
+        match self.cfg.role {
+            Role::Client => {
+                for (id, (tok, spec)) in &self.links {
+                    if let Some(s) = self.socks.get(tok) {
+                        let hdr = braid_linux::udp::ip_udp_overhead(spec.remote);
+                        routes.push((*id, s.sock.path_mtu(), hdr));
+                    }
+                }
+            }
+            Role::Server => {
+                for l in self.ep.stats(now).links {
+                    if let Some(addr) = l.addr {
+                        let hdr = braid_linux::udp::ip_udp_overhead(addr);
+                        routes.push((l.id, braid_linux::udp::route_mtu(addr), hdr));
+                    }
+                }
+            }
+        }
+        self.path_mtus
+            .retain(|id, _| routes.iter().any(|r| r.0 == *id));
+        for (id, mtu, hdr) in routes {
+            let Ok(mtu) = mtu else { continue };
+            let room = mtu.saturating_sub(hdr);
+            match self.path_mtus.insert(id, room) {
+                Some(old) if room < old => {
+                    tracing::info!(
+                        "link {}: route MTU down to {mtu}, datagrams of {room} bytes at most",
+                        self.link_name(id)
+                    );
+                    self.ep.handle_too_big(now, id, room);
+                }
+                Some(old) if room == old => {}
+                _ => self.ep.set_link_mtu(id, room),
             }
         }
     }
