@@ -111,7 +111,7 @@ fn bench_frag(c: &mut Criterion) {
         .collect();
     assert_eq!(pieces.len(), 2);
     g.throughput(Throughput::Elements(1));
-    let mut bufs: Vec<Vec<u8>> = vec![Vec::with_capacity(2048); 2];
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|_| Vec::with_capacity(2048)).collect();
     g.bench_function("split-1474", |b| {
         b.iter(|| {
             for ((r, p), buf) in frag::split(black_box(payload.len()), room).zip(bufs.iter_mut()) {
