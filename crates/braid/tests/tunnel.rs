@@ -1781,3 +1781,139 @@ fn link_add_dns_lookup_does_not_block_the_data_plane() {
     );
     drop(etc);
 }
+
+/// A link's `pmtu` in a status, by name.
+fn link_pmtu(status: &Value, name: &str) -> Option<u64> {
+    links(status)
+        .iter()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["pmtu"].as_u64())
+}
+
+/// 1500 bytes inside on 1500-byte links (issue 11): two veth links of MTU 1500, tunnel MTU
+/// 1500. Each link's path MTU is found (1472-byte datagrams); a 1500-byte ping with DF
+/// (`ping -M do -s 1472`) crosses both ways, cut in pieces and rebuilt, and so does a TCP
+/// transfer with full-sized segments. Then link 2's MTU drops to 1400 at both ends in the middle
+/// of a transfer: the link follows (its path MTU goes down to 1372) and the transfer goes on.
+#[test]
+fn mtu_1500_inside_on_1500_byte_links() {
+    let mut net = Net::new("m", 2);
+    let with_mtu = |p: PathBuf| {
+        let t = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("mtu = 1400", "mtu = 1500");
+        std::fs::write(&p, t).unwrap();
+        p
+    };
+    let s = with_mtu(net.server_config(""));
+    let c = with_mtu(net.client_config(2, &net.key.clone(), ""));
+    net.start_pair_with(2, &s, &c);
+    let found = wait_for(Duration::from_secs(5), || {
+        let st = net.status("c.sock")?;
+        let ss = net.status("s.sock")?;
+        let all = ["isp1", "isp2"]
+            .iter()
+            .all(|n| link_pmtu(&st, n) == Some(1472))
+            && links(&ss).iter().all(|l| l["pmtu"].as_u64() == Some(1472));
+        all.then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "path MTUs not found: client {:?}, server {:?}",
+        net.status("c.sock").map(|s| links(&s)
+            .iter()
+            .map(|l| l["pmtu"].clone())
+            .collect::<Vec<_>>()),
+        net.status("s.sock").map(|s| links(&s)
+            .iter()
+            .map(|l| l["pmtu"].clone())
+            .collect::<Vec<_>>())
+    );
+
+    // A full 1500-byte packet with DF, both ways.
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &net.client,
+            "ping",
+            "-4",
+            "-M",
+            "do",
+            "-s",
+            "1472",
+            "-c",
+            "5",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "-q",
+            "198.19.0.1",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "1500-byte ping with DF failed: {}; {}",
+        String::from_utf8_lossy(&o.stdout),
+        net.why()
+    );
+    let st = net.status("c.sock").unwrap();
+    let ss = net.status("s.sock").unwrap();
+    assert!(
+        st["frag"]["tx_split"].as_u64().unwrap() >= 5,
+        "{}",
+        st["frag"]
+    );
+    assert!(
+        ss["frag"]["rx_reassembled"].as_u64().unwrap() >= 5,
+        "{}",
+        ss["frag"]
+    );
+    assert!(
+        ss["frag"]["tx_split"].as_u64().unwrap() >= 5,
+        "replies: {}",
+        ss["frag"]
+    );
+
+    // TCP with full-sized segments (MSS 1460).
+    let t = Transfer::start(&net, 5215, 3, 0.5);
+    let (ok, _, total) = t.finish(Duration::from_secs(15));
+    assert!(
+        ok && total > 1e6,
+        "TCP through a 1500 tunnel: {total} bytes; {}",
+        net.why()
+    );
+    let ss = net.status("s.sock").unwrap();
+    let rebuilt = ss["frag"]["rx_reassembled"].as_u64().unwrap();
+    assert!(rebuilt > 500, "{}", ss["frag"]);
+
+    // Link 2 narrows in the middle of a transfer.
+    let t = Transfer::start(&net, 5216, 6, 0.5);
+    std::thread::sleep(Duration::from_secs(2));
+    ip(&["-n", &net.client, "link", "set", "c2", "mtu", "1400"]);
+    ip(&["-n", &net.server, "link", "set", "s2", "mtu", "1400"]);
+    let lowered = wait_for(Duration::from_secs(3), || {
+        let st = net.status("c.sock")?;
+        (link_pmtu(&st, "isp2")? <= 1372 && link_pmtu(&st, "isp1")? == 1472).then_some(())
+    });
+    assert!(
+        lowered.is_some(),
+        "isp2's path MTU did not follow: {:?}",
+        net.status("c.sock").map(|s| link_pmtu(&s, "isp2"))
+    );
+    let (ok, intervals, total) = t.finish(Duration::from_secs(20));
+    assert!(
+        ok && total > 1e6,
+        "TCP broke when a link's MTU dropped: {total} bytes, {intervals:?}; {}\nclient log:\n{}",
+        net.why(),
+        net.log("client")
+    );
+    // The last second moved data: the tunnel still works with the narrower link.
+    let tail: f64 = intervals.iter().rev().take(2).sum();
+    assert!(tail > 1e5, "{intervals:?}");
+    assert!(ping_from(&net.client, "198.19.0.1", 3));
+    let st = net.status("c.sock").unwrap();
+    assert_eq!(links_up(&st), 2, "{}", net.why());
+}

@@ -39,8 +39,10 @@ pub struct Sent {
     pub at: Instant,
     /// When it was last sent again (answers to NACKs are rate-limited by it).
     pub resent_at: Option<Instant>,
-    /// The inner IP packet.
+    /// The inner IP packet (its DATA payload), or a piece of it.
     pub packet: Vec<u8>,
+    /// Its piece flags ([`crate::frag::Piece::flags`]), sent again with it.
+    pub flags: u8,
 }
 
 /// Spare buffers kept at most.
@@ -93,6 +95,7 @@ impl SentRing {
             at: now,
             resent_at: None,
             packet: buf,
+            flags: 0,
         });
     }
 

@@ -42,15 +42,17 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::arq::{RingConfig, SentRing};
 use crate::compress::{Compressor, Decompressor, Feedback, Limits as CompressLimits};
 use crate::crypto::{self, HandshakeKey, SessionKeys};
+use crate::frag::{self, Piece, Reassembler};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
+use crate::pmtu::{self, PathMtu};
 use crate::ratelimit::AckLimiter;
 use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
 use crate::replay::{LinkCounters, LinkReplay};
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
     self, Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, NackRepr, PacketType,
-    ProbeAckRepr, ProbeRepr, SeqRange, FLAG_RETRANSMIT, FLAG_UNORDERED, MAX_NACK_RANGES,
-    PACKET_SALT_LEN,
+    ProbeAckRepr, ProbeRepr, SeqRange, DATA_OVERHEAD, FLAG_RETRANSMIT, FLAG_UNORDERED,
+    MAX_NACK_RANGES, PACKET_SALT_LEN,
 };
 use crate::LinkId;
 
@@ -105,6 +107,11 @@ pub struct Config {
     /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
     /// The receiving side always decompresses, so the two ends need not agree.
     pub compression: bool,
+    /// The largest DATA payload the receiver rebuilds from pieces (the tunnel's MTU plus the
+    /// 2 bytes of a *full* compression header): bounds the reassembly memory ([`crate::frag`]).
+    pub max_packet: usize,
+    /// A packet in reassembly is dropped when its next piece takes longer than this.
+    pub reassembly_timeout: Duration,
     /// The wall-clock time at the `now` given to [`Endpoint::new`]. Client: HELLO timestamps are
     /// this plus the time since (so they keep increasing across restarts of the client, as long
     /// as its clock does not go back). [`Config::new`] reads the system clock for it, the one
@@ -137,6 +144,8 @@ impl Config {
             nack: false,
             ring: RingConfig::default(),
             compression: true,
+            max_packet: DEFAULT_MAX_PACKET,
+            reassembly_timeout: DEFAULT_REASSEMBLY_TIMEOUT,
             wall_clock: SystemTime::now(),
             route_id: None,
         }
@@ -281,6 +290,9 @@ pub struct LinkStats {
     /// Recent send and receive rates on this link, bit/s.
     pub tx_rate_bps: f64,
     pub rx_rate_bps: f64,
+    /// The largest datagram (UDP payload) this link sends now, from path MTU discovery
+    /// (`None`: the I/O layer gave no first-hop size, nothing is cut for this link).
+    pub pmtu: Option<usize>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -307,6 +319,24 @@ pub struct BundleStats {
     pub repair: RepairStats,
     /// Inner header compression, all sessions so far.
     pub compression: CompressionStats,
+    /// Packets cut into pieces to fit the path, and their reassembly.
+    pub frag: FragStats,
+}
+
+/// Fragmentation counters (docs/protocol.md §2.1, [`crate::frag`]), both directions.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FragStats {
+    /// Sender: packets too big for the path, cut; the pieces they made.
+    pub tx_split: u64,
+    pub tx_pieces: u64,
+    /// Receiver: packets put back together.
+    pub rx_reassembled: u64,
+    /// Receiver: packets in progress dropped (a piece lost, out of place or too late).
+    pub rx_dropped_incomplete: u64,
+    /// Receiver: pieces that continued no packet in progress.
+    pub rx_dropped_orphans: u64,
+    /// Receiver: packets dropped for growing past [`Config::max_packet`].
+    pub rx_dropped_oversize: u64,
 }
 
 /// Inner header compression counters (docs/protocol.md §13), both directions.
@@ -393,6 +423,11 @@ pub fn equalized(packet: &[u8]) -> bool {
 }
 /// Default bound of delay equalisation ([`Config::equalize_max`]).
 pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
+/// Default [`Config::max_packet`]: the largest IP packet plus a full compression header.
+pub const DEFAULT_MAX_PACKET: usize = 65_535 + 2;
+/// Default [`Config::reassembly_timeout`]: pieces come through the reorder buffer, which waits
+/// far less than this for a gap.
+pub const DEFAULT_REASSEMBLY_TIMEOUT: Duration = Duration::from_secs(1);
 
 struct Session {
     /// The id the peer puts in packets for us.
@@ -511,6 +546,21 @@ struct Link {
     silent: bool,
     /// `last_rx` when the silence check last ran past its deadline (no wake-up for it again).
     silence_checked: Option<Instant>,
+    /// Path MTU discovery, once the I/O layer has said how big a datagram the first hop takes
+    /// ([`Endpoint::set_link_mtu`]).
+    pmtu: Option<PathMtu>,
+    /// The path MTU probe in flight: its probe id and datagram size.
+    pmtu_probe: Option<(u32, usize)>,
+}
+
+impl Link {
+    /// The largest DATA payload this link carries in one datagram now (`usize::MAX`: no limit
+    /// known).
+    fn payload_room(&self) -> usize {
+        self.pmtu
+            .as_ref()
+            .map_or(usize::MAX, |p| p.mtu().saturating_sub(DATA_OVERHEAD).max(1))
+    }
 }
 
 pub struct Endpoint {
@@ -546,6 +596,9 @@ pub struct Endpoint {
     next_tick: Instant,
     last_tick: Instant,
     reorder: ReorderBuffer,
+    /// Packets cut into pieces, put back together after the reorder buffer.
+    reassembler: Reassembler,
+    frag: FragStats,
     /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
     /// microseconds) a DATA packet is held until, when equalisation is on and measured.
     equalize_rel: Option<u32>,
@@ -626,6 +679,8 @@ impl Endpoint {
             next_tick: now + TICK,
             last_tick: now,
             reorder,
+            reassembler: Reassembler::new(config.max_packet),
+            frag: FragStats::default(),
             equalize_rel: None,
             equalize_add: Duration::ZERO,
             next_data_seq: 0,
@@ -685,6 +740,8 @@ impl Endpoint {
             last_rx: None,
             silent: false,
             silence_checked: None,
+            pmtu: None,
+            pmtu_probe: None,
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
             // A new link during a handshake: say HELLO on it right away.
@@ -724,6 +781,35 @@ impl Endpoint {
                 self.events.push_back(Event::LinkState { link, state });
                 self.reinject(now, i);
             }
+        }
+    }
+
+    /// The I/O layer: link `id`'s first hop takes datagrams (UDP payloads) of up to `max` bytes
+    /// (its route's MTU less the outer IP and UDP headers). Path MTU discovery starts, or starts
+    /// again if `max` changed, from [`pmtu::Config::for_max`]'s base: PROBEs padded to the sizes
+    /// searched go out with DF set, and DATA payloads that do not fit the size found are cut into
+    /// pieces ([`crate::frag`]). Without a call nothing is cut for this link.
+    pub fn set_link_mtu(&mut self, id: LinkId, max: usize) {
+        let Some(li) = self.link_index(id) else {
+            return;
+        };
+        let link = &mut self.links[li];
+        if link.pmtu.as_ref().is_some_and(|p| p.config().max == max) {
+            return;
+        }
+        link.pmtu = Some(PathMtu::new(pmtu::Config::for_max(max)));
+        link.pmtu_probe = None;
+    }
+
+    /// The I/O layer: link `id`'s path carries datagrams of at most `size` bytes (the kernel
+    /// reported ICMP "fragmentation needed" / "packet too big", or refused a send with
+    /// EMSGSIZE). Lowers the link's path MTU at once, never raises it (RFC 8899 §4.6.2).
+    pub fn handle_too_big(&mut self, now: Instant, id: LinkId, size: usize) {
+        if let Some(p) = self
+            .link_index(id)
+            .and_then(|li| self.links[li].pmtu.as_mut())
+        {
+            p.on_too_big(now, size);
         }
     }
 
@@ -1119,6 +1205,7 @@ impl Endpoint {
         }
         self.next_data_seq = 0;
         self.reorder.reset(0);
+        self.reassembler.abandon();
         self.direct.clear();
         self.events.push_back(Event::SessionUp { session: id });
     }
@@ -1262,13 +1349,18 @@ impl Endpoint {
                 if retransmit {
                     self.repair.retransmits_received += 1;
                 }
-                if d.flags & FLAG_UNORDERED != 0 {
+                let piece = Piece::from_flags(d.flags);
+                if d.flags & FLAG_UNORDERED != 0 && piece == Piece::Whole {
                     self.direct.push_back(buf);
                 } else {
+                    // The piece mark rides at the end of the buffer through the reorder buffer
+                    // (read back in `poll_deliver`).
+                    buf.push(piece.flags());
+                    let equalized = piece != Piece::Whole || equalized(d.payload);
                     // Equalised delivery: hold until `send_ts + target` in our clock. A copy
                     // sent again is late already: delivered as soon as its turn comes.
                     let release = match (self.equalize_rel, data_ts) {
-                        (Some(target), Some(ts)) if equalized(d.payload) && !retransmit => {
+                        (Some(target), Some(ts)) if equalized && !retransmit => {
                             let rel = local_ts.wrapping_sub(ts);
                             let early = target.wrapping_sub(rel) as i32;
                             let early = Duration::from_micros(early.max(0) as u64);
@@ -1303,6 +1395,13 @@ impl Endpoint {
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
             Body::ProbeAck(a) => {
                 self.last_answer_rx = Some(now);
+                let link = &mut self.links[li];
+                if let Some((_, size)) = link.pmtu_probe.filter(|&(id, _)| id == a.probe_id) {
+                    link.pmtu_probe = None;
+                    if let Some(p) = link.pmtu.as_mut() {
+                        p.on_probe_acked(now, size);
+                    }
+                }
                 if let Some(state) = self.links[li].health.on_probe_ack(now, &a) {
                     self.events.push_back(Event::LinkState {
                         link: header.link,
@@ -1524,6 +1623,7 @@ impl Endpoint {
         // that lost the original, in case that link is dying.
         let avoid = sent.resent_at.map(|_| sent.link);
         sent.resent_at = Some(now);
+        let piece_flags = sent.flags;
         let packet = std::mem::take(&mut sent.packet);
         let sent_ok = match self.fastest_link(now, avoid) {
             Some(li) => {
@@ -1531,7 +1631,7 @@ impl Endpoint {
                 let body = Body::Data(DataRepr {
                     common,
                     seq,
-                    flags: FLAG_RETRANSMIT,
+                    flags: FLAG_RETRANSMIT | piece_flags,
                     payload: &packet,
                 });
                 let ok = self.queue_sealed(li, PacketType::Data, &body);
@@ -1654,6 +1754,27 @@ impl Endpoint {
         }
     }
 
+    /// A PROBE padded to a datagram of `size` bytes, for path MTU discovery: its ack confirms
+    /// the size. It is not a health probe (a lost one says nothing of the link's health).
+    fn send_pmtu_probe(&mut self, now: Instant, li: usize, size: usize) {
+        let fixed = wire::HEADER_LEN + wire::PROBE_LEN + wire::TAG_LEN;
+        let padding = size.saturating_sub(fixed).min(wire::MAX_PROBE_PADDING) as u16;
+        let common = self.next_common(now, li);
+        let probe_id = self.links[li].next_probe_id;
+        self.links[li].next_probe_id = probe_id.wrapping_add(1);
+        let body = Body::Probe(ProbeRepr {
+            common,
+            probe_id,
+            padding,
+        });
+        if self.queue_sealed(li, PacketType::Probe, &body) {
+            let len = self.transmits.back().map_or(0, |t| t.payload.len());
+            let link = &mut self.links[li];
+            link.pmtu_probe = Some((probe_id, size));
+            link.health.on_packet_sent(now, common.link_seq, len);
+        }
+    }
+
     fn send_probe_ack(&mut self, now: Instant, li: usize, probe: &ProbeRepr) {
         let common = self.next_common(now, li);
         let mut ack = ProbeAckRepr {
@@ -1762,7 +1883,6 @@ impl Endpoint {
             }
         }
         let mut picks = std::mem::take(&mut self.picks);
-        picks.clear();
         let flow = Self::flow_hash(packet);
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
         // once, after room for the DATA header: the last link it goes on seals it in place.
@@ -1778,22 +1898,66 @@ impl Endpoint {
             }
         }
         let payload_len = sealing.len() - wire::HEADER_LEN;
+        // A payload too big for a link's path is cut to fit every link the scheduler may pick,
+        // so that each piece goes wherever a packet would.
+        let room = views
+            .iter()
+            .filter_map(|v| self.link_index(v.id))
+            .map(|li| self.links[li].payload_room())
+            .min()
+            .unwrap_or(usize::MAX);
+        if payload_len <= room {
+            self.send_piece(now, sealing, Piece::Whole, flow, &views, &mut picks);
+        } else {
+            self.frag.tx_split += 1;
+            for (range, piece) in frag::split(payload_len, room) {
+                self.frag.tx_pieces += 1;
+                let mut buf = self.take_buf();
+                buf.extend_from_slice(&[0; wire::HEADER_LEN]);
+                buf.extend_from_slice(
+                    &sealing[wire::HEADER_LEN + range.start..wire::HEADER_LEN + range.end],
+                );
+                // A piece the links cannot take dooms the packet: the rest need not go.
+                if !self.send_piece(now, buf, piece, flow, &views, &mut picks) {
+                    break;
+                }
+            }
+            self.recycle(sealing);
+        }
+        self.views = views;
+        self.picks = picks;
+    }
+
+    /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next
+    /// bundle sequence number. `sealing` holds the payload after [`wire::HEADER_LEN`] bytes of
+    /// room: the last link it goes on seals it there, in place. False if the scheduler dropped
+    /// it (every link's queue full).
+    fn send_piece(
+        &mut self,
+        now: Instant,
+        sealing: Vec<u8>,
+        piece: Piece,
+        flow: u64,
+        views: &[LinkView],
+        picks: &mut Vec<LinkId>,
+    ) -> bool {
+        picks.clear();
+        let payload_len = sealing.len() - wire::HEADER_LEN;
         // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
         // the unit in which the peer reports delivery rates.
         self.sched
-            .pick(now, payload_len + WIRE_OVERHEAD, flow, &views, &mut picks);
+            .pick(now, payload_len + WIRE_OVERHEAD, flow, views, picks);
         if picks.is_empty() {
             // The scheduler dropped it: every link's queue is full.
             self.drops.queue_full += 1;
-            self.views = views;
-            self.picks = picks;
             self.recycle(sealing);
-            return;
+            return false;
         }
         let seq = self.next_data_seq;
         self.next_data_seq += 1;
-        let flags = if self.sched.ordered() {
-            0
+        // Pieces are always ordered: the receiver glues them back in sequence order.
+        let flags = if self.sched.ordered() || piece != Piece::Whole {
+            piece.flags()
         } else {
             FLAG_UNORDERED
         };
@@ -1802,6 +1966,9 @@ impl Endpoint {
         if self.cfg.repair && flags & FLAG_UNORDERED == 0 && picks.len() == 1 {
             self.ring
                 .push(now, seq, picks[0], &sealing[wire::HEADER_LEN..]);
+            if let Some(sent) = self.ring.get_mut(seq) {
+                sent.flags = piece.flags();
+            }
             self.repair_budget = (self.repair_budget + REPAIR_SHARE).min(REPAIR_BURST);
         }
         let mut sealing = Some(sealing);
@@ -1830,8 +1997,7 @@ impl Endpoint {
         if let Some(buf) = sealing {
             self.recycle(buf);
         }
-        self.views = views;
-        self.picks = picks;
+        true
     }
 
     /// Seals DATA whose payload `buf` holds after [`wire::HEADER_LEN`] bytes of headroom, in
@@ -1886,7 +2052,23 @@ impl Endpoint {
     /// dropped (counted in the decompressor's stats) and the next one is tried.
     pub fn poll_deliver(&mut self, now: Instant) -> Option<Vec<u8>> {
         let p = loop {
-            let Some(encoded) = self.direct.pop_front().or_else(|| self.reorder.pop(now)) else {
+            let encoded = if let Some(b) = self.direct.pop_front() {
+                b
+            } else if let Some((seq, mut b)) = self.reorder.pop_seq(now) {
+                let piece = Piece::from_flags(b.pop().unwrap_or(0));
+                if piece == Piece::Whole {
+                    // A whole packet ends any packet in progress (its pieces never came).
+                    self.reassembler.abandon();
+                    b
+                } else {
+                    let whole = self.reassembler.push(now, seq, piece, &b);
+                    self.recycle(b);
+                    match whole {
+                        Some(w) => w,
+                        None => continue,
+                    }
+                }
+            } else {
                 break None;
             };
             let mut out = self.take_buf();
@@ -1974,6 +2156,9 @@ impl Endpoint {
                     let id = self.links[li].id;
                     self.send_probe(now, id);
                 }
+                if let Some(size) = self.links[li].pmtu.as_mut().and_then(|p| p.poll_probe(now)) {
+                    self.send_pmtu_probe(now, li, size);
+                }
             }
         }
         if now >= self.next_tick {
@@ -2043,6 +2228,7 @@ impl Endpoint {
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
+        self.reassembler.poll(now, self.cfg.reassembly_timeout);
         if self.cfg.role == Role::Server {
             let forget = self.cfg.forget_link_after;
             self.links.retain(|l| {
@@ -2124,6 +2310,7 @@ impl Endpoint {
                     rx_bytes: l.rx_bytes,
                     tx_rate_bps: l.tx_meter.bps,
                     rx_rate_bps: l.rx_meter.bps,
+                    pmtu: l.pmtu.as_ref().map(|p| p.mtu()),
                 })
                 .collect(),
             tun_rx_packets: self.tun_rx_packets,
@@ -2146,6 +2333,16 @@ impl Endpoint {
                     c.add(&s.compressor.stats(), &s.decompressor.stats());
                 }
                 c
+            },
+            frag: {
+                let r = self.reassembler.stats();
+                FragStats {
+                    rx_reassembled: r.reassembled,
+                    rx_dropped_incomplete: r.dropped_incomplete,
+                    rx_dropped_orphans: r.dropped_orphans,
+                    rx_dropped_oversize: r.dropped_oversize,
+                    ..self.frag.clone()
+                }
             },
         }
     }

@@ -15,6 +15,8 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use crate::wire::{FLAG_CONT, FLAG_MORE};
+
 /// The place of a piece in its packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Piece {
@@ -23,6 +25,28 @@ pub enum Piece {
     First,
     Middle,
     Last,
+}
+
+impl Piece {
+    /// The DATA header flags that mark this piece (docs/protocol.md §2.1).
+    pub fn flags(self) -> u8 {
+        match self {
+            Piece::Whole => 0,
+            Piece::First => FLAG_MORE,
+            Piece::Middle => FLAG_MORE | FLAG_CONT,
+            Piece::Last => FLAG_CONT,
+        }
+    }
+
+    /// The piece a DATA packet's flags mark (other flags ignored).
+    pub fn from_flags(flags: u8) -> Piece {
+        match (flags & FLAG_MORE != 0, flags & FLAG_CONT != 0) {
+            (false, false) => Piece::Whole,
+            (true, false) => Piece::First,
+            (true, true) => Piece::Middle,
+            (false, true) => Piece::Last,
+        }
+    }
 }
 
 /// Cuts a packet of `len` bytes into pieces of at most `max` bytes, of equal size (to a byte), so
@@ -140,7 +164,9 @@ impl Reassembler {
         }
     }
 
-    fn abandon(&mut self) {
+    /// Drops the packet in progress, if any (a whole packet came between its pieces, or the
+    /// session changed).
+    pub fn abandon(&mut self) {
         if self.partial.take().is_some() {
             self.stats.dropped_incomplete += 1;
         }
@@ -151,6 +177,15 @@ impl Reassembler {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn piece_flags_round_trip() {
+        for p in [Piece::Whole, Piece::First, Piece::Middle, Piece::Last] {
+            assert_eq!(Piece::from_flags(p.flags() | 0x03), p);
+        }
+        assert_eq!(Piece::First.flags(), 0x04);
+        assert_eq!(Piece::Last.flags(), 0x08);
+    }
 
     #[test]
     fn split_cuts_even_pieces_and_marks_them() {

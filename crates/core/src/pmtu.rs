@@ -97,6 +97,11 @@ impl PathMtu {
         self.mtu
     }
 
+    /// The parameters it searches with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     pub fn phase(&self) -> Phase {
         self.phase
     }

@@ -567,16 +567,22 @@ impl ReorderBuffer {
                 .all(|l| self.link_max.iter().any(|e| e.0 == *l && e.1 as u128 > seq))
     }
 
-    fn deliver(&mut self, now: Instant, slot: Slot) -> Vec<u8> {
+    fn deliver(&mut self, now: Instant, slot: Slot) -> (u64, Vec<u8>) {
         self.stats.delivered += 1;
         let wait = now.saturating_duration_since(slot.arrival);
         self.waits
             .record(wait.as_micros().min(u64::MAX as u128) as u64);
-        slot.packet
+        (slot.seq, slot.packet)
     }
 
     /// Next packet to deliver, in order.
     pub fn pop(&mut self, now: Instant) -> Option<Vec<u8>> {
+        self.pop_seq(now).map(|(_, p)| p)
+    }
+
+    /// Next packet to deliver, in order, with its sequence number (pieces of a cut packet are
+    /// glued back only when their numbers follow each other, [`crate::frag`]).
+    pub fn pop_seq(&mut self, now: Instant) -> Option<(u64, Vec<u8>)> {
         if let Some(slot) = self.ready.pop_front() {
             return Some(self.deliver(now, slot));
         }
@@ -662,7 +668,7 @@ impl ReorderBuffer {
         if s > self.next {
             self.advance_to(s);
         }
-        self.pop(now)
+        self.pop_seq(now)
     }
     /// Loss repair: wait this long for a NACKed gap before asking again (about one round trip
     /// on the fastest link, plus margin). `ZERO` turns repair off.

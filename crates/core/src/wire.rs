@@ -110,8 +110,15 @@ pub const FLAG_UNORDERED: u8 = 0x01;
 /// died); the receiver counts it and drops it if it already has the sequence number.
 /// On the wire it is bit 5 of the type byte (`0x20`).
 pub const FLAG_RETRANSMIT: u8 = 0x02;
-/// The DATA flags a sender may set (the others are reserved: sent as zero, ignored).
-const DATA_FLAGS_KNOWN: u8 = FLAG_UNORDERED | FLAG_RETRANSMIT;
+/// DATA flag: the payload is a piece of a packet cut to fit the path, and more pieces follow
+/// ([`crate::frag`]). On the wire it is bit 6 of the type byte (`0x40`).
+pub const FLAG_MORE: u8 = 0x04;
+/// DATA flag: the payload is a piece that continues a packet begun by the previous sequence
+/// number. On the wire it is bit 7 of the type byte (`0x80`). Neither piece flag: a whole packet;
+/// `MORE` alone: the first piece; both: a middle one; `CONT` alone: the last.
+pub const FLAG_CONT: u8 = 0x08;
+/// The DATA flags a sender may set (every bit of the nibble now has a meaning).
+const DATA_FLAGS_KNOWN: u8 = FLAG_UNORDERED | FLAG_RETRANSMIT | FLAG_MORE | FLAG_CONT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -763,7 +770,7 @@ pub struct DataRepr<'a> {
     pub common: Common,
     /// Bundle-wide data sequence number (for reordering and de-duplication).
     pub seq: u64,
-    /// [`FLAG_UNORDERED`], [`FLAG_RETRANSMIT`].
+    /// [`FLAG_UNORDERED`], [`FLAG_RETRANSMIT`], [`FLAG_MORE`], [`FLAG_CONT`].
     pub flags: u8,
     pub payload: &'a [u8],
 }
@@ -772,7 +779,7 @@ impl<'a> DataRepr<'a> {
     /// Reads a DATA packet's fields as sent: `header` is the datagram's first [`HEADER_LEN`]
     /// bytes (already accepted by [`Header::parse`]), `payload` its opened body. `seq` holds the
     /// low 24 bits, `common.ts` bits 6..22 (the rest zero), `common.link_seq` the counter's low
-    /// 32 bits. Reserved flag bits are dropped.
+    /// 32 bits.
     pub fn parse_sent(header: &[u8], payload: &'a [u8]) -> Result<DataRepr<'a>, WireError> {
         if header.len() < HEADER_LEN {
             return Err(WireError::Truncated);
@@ -1148,7 +1155,7 @@ mod tests {
                 ts: 0x1234_5678,
             },
             seq: 0x0102_0304_0506_0708,
-            flags: FLAG_RETRANSMIT | FLAG_UNORDERED | 0x80,
+            flags: FLAG_RETRANSMIT | FLAG_UNORDERED | FLAG_CONT,
             payload: b"x",
         };
         let mut b = [0u8; HEADER_LEN];
@@ -1156,7 +1163,7 @@ mod tests {
         // ts / 64 = 0x0048d159: its low 16 bits.
         assert_eq!(
             b,
-            [2, 0x33, 0x12, 3, 4, 5, 6, 0x0b, 0x0c, 0x0d, 0x0e, 0x06, 0x07, 0x08, 0xd1, 0x59]
+            [2, 0xb3, 0x12, 3, 4, 5, 6, 0x0b, 0x0c, 0x0d, 0x0e, 0x06, 0x07, 0x08, 0xd1, 0x59]
         );
         let parsed = Header::parse(&b).unwrap();
         assert_eq!(
@@ -1170,7 +1177,7 @@ mod tests {
         assert_eq!(sent.seq, 0x06_0708);
         assert_eq!(sent.common.link_seq, 0x0b0c_0d0e);
         assert_eq!(sent.common.ts, 0xd159 * 64);
-        assert_eq!(sent.flags, FLAG_RETRANSMIT | FLAG_UNORDERED);
+        assert_eq!(sent.flags, FLAG_RETRANSMIT | FLAG_UNORDERED | FLAG_CONT);
         // Extended against nearby references, every field comes back whole.
         assert_eq!(
             extend(0x0102_0304_0500_0000, sent.seq, DATA_SEQ_BITS),
@@ -1181,10 +1188,10 @@ mod tests {
             0x0708_090a_0b0c_0d0e
         );
         assert_eq!(extend_ts(0x1230_0000, sent.common.ts), 0x1234_5640);
-        // Reserved flag bits are ignored on receipt.
-        b[1] |= 0xc0;
+        // The piece flags (bits 6 and 7) do not change the header's type.
+        b[1] = (b[1] & 0x3f) | 0x40;
         assert_eq!(Header::parse(&b), Ok(parsed));
-        assert_eq!(DataRepr::parse_sent(&b, b"").unwrap().flags, 3);
+        assert_eq!(DataRepr::parse_sent(&b, b"").unwrap().flags, FLAG_MORE | 3);
     }
 
     #[test]

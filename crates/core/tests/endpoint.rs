@@ -37,6 +37,10 @@ struct Pair {
     replay: Option<Vec<u8>>,
     /// Datagrams the server sent to the attacker.
     to_attacker: Vec<Vec<u8>>,
+    /// Per link: the largest datagram its path carries (bigger ones are dropped, both ways).
+    path_mtu: Vec<(u16, usize)>,
+    /// Client DATA datagrams that are the first piece of a cut packet: this many are dropped.
+    drop_first_pieces: usize,
 }
 
 fn attacker_addr() -> SocketAddr {
@@ -88,6 +92,8 @@ impl Pair {
             dark: Vec::new(),
             replay: None,
             to_attacker: Vec::new(),
+            path_mtu: Vec::new(),
+            drop_first_pieces: 0,
         }
     }
 
@@ -98,7 +104,11 @@ impl Pair {
             while let Some(mut t) = self.client.poll_transmit() {
                 moved = true;
                 self.captured.push((t.link, t.payload.clone()));
-                if !self.dark.contains(&t.link) {
+                if is_first_piece(&t.payload) && self.drop_first_pieces > 0 {
+                    self.drop_first_pieces -= 1;
+                    continue;
+                }
+                if !self.dark.contains(&t.link) && self.fits(t.link, t.payload.len()) {
                     self.server.handle_datagram(
                         self.now,
                         None,
@@ -121,7 +131,7 @@ impl Pair {
                 let link = (1..=8)
                     .find(|&l| Some(client_addr(l)) == t.dst)
                     .expect("server replies to a client address");
-                if !self.dark.contains(&link) {
+                if !self.dark.contains(&link) && self.fits(link, t.payload.len()) {
                     self.client.handle_datagram(
                         self.now,
                         Some(link),
@@ -170,9 +180,25 @@ impl Pair {
         }
     }
 
+    fn fits(&self, link: u16, len: usize) -> bool {
+        self.path_mtu
+            .iter()
+            .all(|&(l, mtu)| l != link || len <= mtu)
+    }
+
     fn link_states(&self, ep: &Endpoint) -> Vec<LinkState> {
         ep.stats(self.now).links.iter().map(|l| l.state).collect()
     }
+}
+
+/// A DATA datagram marked as the first piece of a cut packet (docs/protocol.md §2.1).
+fn is_first_piece(datagram: &[u8]) -> bool {
+    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0xc0 == 0x40
+}
+
+/// A DATA datagram marked as any piece of a cut packet.
+fn is_piece(datagram: &[u8]) -> bool {
+    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0xc0 != 0
 }
 
 fn ip_packet(id: u8) -> Vec<u8> {
@@ -848,4 +874,152 @@ fn a_server_that_no_longer_hears_the_client_makes_it_handshake_again() {
         waited >= Duration::from_millis(1900) && waited <= Duration::from_millis(2600),
         "{waited:?}"
     );
+}
+
+/// A UDP/IPv4 packet of `len` bytes marked `id` (not compressible: it goes plain).
+fn big_udp_packet(id: u8, len: usize) -> Vec<u8> {
+    let mut p = ip_packet(id);
+    p.resize(len, 0);
+    for (i, b) in p[28..].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31) ^ id;
+    }
+    p
+}
+
+/// Two links whose paths carry 1472-byte datagrams (a 1500-byte IPv4 path) and a client that
+/// knows its first hops take 1472: after the probes settle, 1500-byte inner packets (TCP, which
+/// compression shrinks by 26 bytes, and UDP, which it cannot) do not fit one datagram. They are
+/// cut in two, the pieces cross both links, and the server rebuilds every packet byte for byte,
+/// in order; no datagram is bigger than the path.
+#[test]
+fn packets_too_big_for_the_path_are_cut_and_rebuilt_across_links() {
+    let mut p = Pair::new(2);
+    p.path_mtu = vec![(1, 1472), (2, 1472)];
+    for l in 1..=2 {
+        p.client.set_link_mtu(l, 1472);
+    }
+    p.run_for(Duration::from_secs(1));
+    let links = p.client.stats(p.now).links;
+    assert!(
+        links.iter().all(|l| l.pmtu == Some(1472)),
+        "one probe of the first hop's size settles it: {:?}",
+        links.iter().map(|l| l.pmtu).collect::<Vec<_>>()
+    );
+    p.captured.clear();
+    let mut sent = Vec::new();
+    for round in 0..20u32 {
+        for i in 0..10u32 {
+            let n = round * 10 + i;
+            let s = if n % 3 == 0 {
+                big_udp_packet(n as u8, 1500)
+            } else {
+                tcp_segment(n * 1448, 1448)
+            };
+            assert_eq!(s.len(), 1500);
+            p.client.send_packet(p.now, &s);
+            sent.push(s);
+        }
+        p.exchange();
+        p.run_for(Duration::from_millis(20));
+    }
+    p.run_for(Duration::from_millis(200));
+    assert_eq!(p.delivered_to_server.len(), sent.len());
+    assert!(
+        p.delivered_to_server == sent,
+        "rebuilt byte for byte, in order"
+    );
+    assert!(p.captured.iter().all(|(_, d)| d.len() <= 1472));
+    let tx = p.client.stats(p.now).frag;
+    let rx = p.server.stats(p.now).frag;
+    assert_eq!(tx.tx_split, 200, "{tx:?}");
+    assert_eq!(tx.tx_pieces, 400, "{tx:?}");
+    assert_eq!(rx.rx_reassembled, 200, "{rx:?}");
+    assert_eq!(
+        rx.rx_dropped_incomplete + rx.rx_dropped_orphans + rx.rx_dropped_oversize,
+        0
+    );
+    for l in 1..=2u16 {
+        let pieces = p
+            .captured
+            .iter()
+            .filter(|(link, d)| *link == l && is_piece(d))
+            .count();
+        assert!(pieces >= 40, "link {l} carried {pieces} pieces");
+    }
+    // A packet that fits goes whole.
+    p.captured.clear();
+    p.client.send_packet(p.now, &tcp_segment(1, 1000));
+    p.exchange();
+    assert!(p.captured.iter().all(|(_, d)| !is_piece(d)));
+}
+
+/// A lost piece costs its packet and nothing else: the pieces that did arrive are dropped and
+/// counted, never glued to another packet's, and the packets around it arrive whole.
+#[test]
+fn a_lost_piece_drops_its_packet_only() {
+    let mut p = Pair::new(2);
+    p.path_mtu = vec![(1, 1472), (2, 1472)];
+    for l in 1..=2 {
+        p.client.set_link_mtu(l, 1472);
+    }
+    p.run_for(Duration::from_secs(1));
+    let mut sent = Vec::new();
+    for n in 0..30u8 {
+        if n == 10 || n == 20 {
+            p.drop_first_pieces = 1;
+        }
+        let s = big_udp_packet(n, 1500);
+        p.client.send_packet(p.now, &s);
+        sent.push(s);
+        p.exchange();
+        p.run_for(Duration::from_millis(5));
+    }
+    p.run_for(Duration::from_millis(500));
+    let expect: Vec<Vec<u8>> = sent
+        .iter()
+        .enumerate()
+        .filter(|&(n, _)| n != 10 && n != 20)
+        .map(|(_, s)| s.clone())
+        .collect();
+    assert!(
+        p.delivered_to_server == expect,
+        "all but the two packets, whole"
+    );
+    let rx = p.server.stats(p.now).frag;
+    assert_eq!(rx.rx_reassembled, 28, "{rx:?}");
+    assert_eq!(
+        rx.rx_dropped_orphans, 2,
+        "the last pieces of the two: {rx:?}"
+    );
+}
+
+/// Path MTU discovery through the endpoint: a path narrower than the first hop is found by
+/// probing (to the search's 8-byte granularity), an ICMP report lowers it at once, and data
+/// keeps flowing in pieces that fit.
+#[test]
+fn the_path_mtu_is_searched_and_lowered_by_icmp() {
+    let mut p = Pair::new(1);
+    p.path_mtu = vec![(1, 1400)];
+    p.client.set_link_mtu(1, 1472);
+    // Each size that fails costs three unanswered probes, 1 s apart.
+    p.run_for(Duration::from_secs(20));
+    let pmtu = p.client.stats(p.now).links[0].pmtu.unwrap();
+    assert!(pmtu <= 1400 && pmtu > 1392, "found {pmtu}");
+    p.client.handle_too_big(p.now, 1, 1300);
+    assert_eq!(p.client.stats(p.now).links[0].pmtu, Some(1300));
+    p.captured.clear();
+    let sent: Vec<Vec<u8>> = (0..20).map(|n| big_udp_packet(n, 1500)).collect();
+    for s in &sent {
+        p.client.send_packet(p.now, s);
+    }
+    p.exchange();
+    p.run_for(Duration::from_millis(200));
+    assert!(p.delivered_to_server == sent);
+    assert!(p
+        .captured
+        .iter()
+        .all(|(_, d)| d.len() <= 1300 || d[1] & 0x0f == 4));
+    // ICMP never raises it.
+    p.client.handle_too_big(p.now, 1, 1400);
+    assert_eq!(p.client.stats(p.now).links[0].pmtu, Some(1300));
 }

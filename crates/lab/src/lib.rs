@@ -43,6 +43,9 @@ pub const UNDERLAY_MTU: u32 = 1500;
 /// The largest tunnel MTU whose packets still fit the uplinks: 1500 - IPv4 - UDP - braid's DATA
 /// header and tag (60 bytes in all; before inner header compression shrinks them).
 pub const MAX_TUNNEL_MTU: u32 = UNDERLAY_MTU - 28 - braid_core::wire::DATA_OVERHEAD as u32;
+/// The largest `--mtu`: a full 1500 bytes inside the tunnel (packets that do not fit a link are
+/// cut into pieces, docs/protocol.md §10.1).
+pub const MAX_LAB_MTU: u32 = 1500;
 /// IPv4 + TCP headers with timestamps: what each TCP segment carries besides payload.
 pub const TCP_IP_HEADERS: u32 = 52;
 
@@ -168,8 +171,9 @@ pub struct LabArgs {
     /// Queue of each emulated link, in milliseconds of its rate (at least 15 KB: ten full frames).
     #[arg(long, value_name = "MS", default_value_t = braid_core::netem::DEFAULT_QUEUE_MS)]
     pub queue_ms: u64,
-    /// MTU of the tunnel (default: the largest that fits a 1500-byte uplink).
-    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_TUNNEL_MTU as i64))]
+    /// MTU of the tunnel (default: the largest whose packets fit a 1500-byte uplink uncompressed;
+    /// up to 1500, where braid cuts packets that do not fit into pieces).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_LAB_MTU as i64))]
     pub mtu: Option<u32>,
     /// Do not tell the endpoints the links' rates (`bandwidth` in the config): let them learn.
     #[arg(long)]
@@ -1400,6 +1404,17 @@ mod tests {
     #[test]
     fn tunnel_mtu_fits_the_underlay() {
         assert_eq!(MAX_TUNNEL_MTU + 60, UNDERLAY_MTU);
+    }
+
+    /// The ceiling counts one outer header per piece: 1440 and 1466 fit a 1500-byte uplink in
+    /// one datagram once compressed, 1500 is cut in two (docs/protocol.md §10.1).
+    #[test]
+    fn ceiling_counts_pieces() {
+        let c = |m| (report::bundle_ceiling_of(m) * 10_000.0).round() / 100.0;
+        assert_eq!(c(1440), 94.17); // 1388 / 1474
+        assert_eq!(c(1466), 94.27); // 1414 / 1500
+        assert_eq!(c(1467), 90.65); // 1415 / (1441 + 2 x 60)
+        assert_eq!(c(1500), 90.84); // 1448 / 1594
     }
 
     #[test]

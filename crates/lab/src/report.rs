@@ -22,13 +22,15 @@ pub const COMPRESSED_TCP_IP_HEADERS: u32 = 26;
 
 /// TCP payload ceiling through a tunnel of MTU `tunnel_mtu`, as a fraction of the uplinks'
 /// rate: a full segment's payload over what it costs on the uplink (compressed inner headers,
-/// braid's DATA header and tag, outer IPv4 and UDP).
+/// braid's DATA header and tag, outer IPv4 and UDP, once per piece when the compressed segment
+/// does not fit one datagram and is cut, docs/protocol.md §10.1).
 pub fn bundle_ceiling_of(tunnel_mtu: u32) -> f64 {
-    let payload = f64::from(tunnel_mtu - TCP_IP_HEADERS);
-    let wire = payload
-        + f64::from(COMPRESSED_TCP_IP_HEADERS)
-        + f64::from(28 + braid_core::wire::DATA_OVERHEAD as u32);
-    payload / wire
+    let payload = tunnel_mtu - TCP_IP_HEADERS;
+    let compressed = payload + COMPRESSED_TCP_IP_HEADERS;
+    let per_datagram = 28 + braid_core::wire::DATA_OVERHEAD as u32;
+    let room = UNDERLAY_MTU - per_datagram;
+    let pieces = compressed.div_ceil(room);
+    f64::from(payload) / f64::from(compressed + pieces * per_datagram)
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -66,6 +66,12 @@ pub struct BindOptions {
     /// Ask for UDP GRO on receive (`UDP_GRO`): the kernel may hand over a run of datagrams of
     /// one flow as one message, which [`UdpSocket::recv_batch`] cuts back into datagrams.
     pub gro: bool,
+    /// Set Don't Fragment on what the socket sends (`IP_MTU_DISCOVER = IP_PMTUDISC_DO`; IPv6:
+    /// `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO` and `IPV6_DONTFRAG`): a datagram bigger than the
+    /// route's MTU is refused with `EMSGSIZE` instead of being fragmented, and ICMP
+    /// "fragmentation needed" lowers the route's MTU ([`UdpSocket::path_mtu`]). Path MTU
+    /// discovery (`braid_core::pmtu`) needs it.
+    pub dont_fragment: bool,
 }
 
 /// One datagram to send.
@@ -267,6 +273,81 @@ fn is_transient(e: &io::Error) -> bool {
     )
 }
 
+fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt with a pointer to an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn get_int(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into an int with its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            opt,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(v)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The route MTU the kernel knows for `dst` (the outgoing interface's MTU, lowered by any ICMP
+/// "fragmentation needed" / "packet too big" it has received for that destination), read with
+/// `IP_MTU` / `IPV6_MTU` on a throwaway socket connected to it. For the server, whose listening
+/// socket is not connected.
+pub fn route_mtu(dst: SocketAddr) -> io::Result<usize> {
+    let domain = if dst.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    sock.connect(&dst.into())?;
+    mtu_of(sock.as_raw_fd(), dst.is_ipv6())
+}
+
+fn mtu_of(fd: RawFd, ipv6: bool) -> io::Result<usize> {
+    let v = if ipv6 {
+        get_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)?
+    } else {
+        get_int(fd, libc::IPPROTO_IP, libc::IP_MTU)?
+    };
+    usize::try_from(v).map_err(|_| io::Error::other("negative MTU"))
+}
+
+/// Bytes of outer IP and UDP headers before a datagram's payload: 28 over IPv4, 48 over IPv6.
+pub fn ip_udp_overhead(dst: SocketAddr) -> usize {
+    let v4 = match dst {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    if v4 {
+        28
+    } else {
+        48
+    }
+}
+
 fn set_buffer(sock: &Socket, opt_force: libc::c_int, bytes: usize) -> bool {
     let v: libc::c_int = bytes.min(i32::MAX as usize) as libc::c_int;
     // SAFETY: setsockopt with a pointer to an int and its size.
@@ -318,18 +399,9 @@ fn parse_cmsgs(hdr: &libc::msghdr) -> (Option<IpAddr>, usize) {
 }
 
 /// Sets an int socket option; whether the kernel took it.
+/// [`set_int`] on a socket being set up, where a refusal only means "not supported here".
 fn set_int_opt(sock: &Socket, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
-    // SAFETY: setsockopt with a pointer to an int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    rc == 0
+    set_int(sock.as_raw_fd(), level, opt, v).is_ok()
 }
 
 impl UdpSocket {
@@ -372,6 +444,35 @@ impl UdpSocket {
         // UDP GRO: runs of datagrams of one flow arrive as one message (Linux 5.0+); a kernel
         // that refuses it (ENOPROTOOPT) hands out one datagram per message.
         let gro = opts.gro && set_int_opt(&sock, libc::SOL_UDP, libc::UDP_GRO, 1);
+        if opts.dont_fragment {
+            let fd = sock.as_raw_fd();
+            let df = if ipv6 {
+                set_int(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MTU_DISCOVER,
+                    libc::IPV6_PMTUDISC_DO,
+                )
+                .and_then(|()| set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1))
+            } else {
+                Ok(())
+            };
+            // Also on IPv6 sockets: IPv4-mapped traffic goes out under the IPv4 setting.
+            let df = df.and_then(|()| {
+                set_int(
+                    fd,
+                    libc::IPPROTO_IP,
+                    libc::IP_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO,
+                )
+            });
+            if let Err(e) = df {
+                // IPv6-only sockets refuse the IPv4 option: harmless.
+                if !ipv6 {
+                    return Err(UdpError::Socket(e));
+                }
+            }
+        }
         let addr = opts.addr.unwrap_or_else(|| {
             if ipv6 {
                 SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
@@ -404,6 +505,16 @@ impl UdpSocket {
             .local_addr()?
             .as_socket()
             .ok_or_else(|| io::Error::other("not an IP socket"))
+    }
+
+    /// Connected socket: the route MTU to its peer as the kernel knows it now (`IP_MTU` /
+    /// `IPV6_MTU`: the interface's MTU, lowered by ICMP "fragmentation needed" / "packet too
+    /// big" from the path). The datagram room is this minus [`ip_udp_overhead`].
+    pub fn path_mtu(&self) -> io::Result<usize> {
+        let peer = self
+            .connected
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))?;
+        mtu_of(self.sock.as_raw_fd(), peer.is_ipv6())
     }
 
     /// Receive and send buffer sizes the kernel granted.
@@ -1060,6 +1171,34 @@ mod tests {
         assert_eq!(a.recv_batch(&mut batch).unwrap(), 2);
         assert!(batch.get_mut(0).unwrap().1.is_empty());
         assert_eq!(batch.get_mut(1).unwrap().1, &ok[..]);
+    }
+
+    /// A socket with `dont_fragment` sends with DF (the kernel's PMTUDISC_DO) and reads its
+    /// route's MTU; `route_mtu` reads the same for an address.
+    #[test]
+    fn dont_fragment_is_set_and_the_route_mtu_is_read() {
+        let opts = BindOptions {
+            addr: Some("127.0.0.1:0".parse().unwrap()),
+            dont_fragment: true,
+            ..Default::default()
+        };
+        let mut s = UdpSocket::bind(&opts).unwrap();
+        let fd = s.as_raw_fd();
+        assert_eq!(
+            get_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap(),
+            libc::IP_PMTUDISC_DO
+        );
+        assert!(s.path_mtu().is_err(), "not connected");
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        s.connect(peer).unwrap();
+        let lo = std::fs::read_to_string("/sys/class/net/lo/mtu").unwrap();
+        // An IP packet is at most 65535 bytes, whatever the device says.
+        let lo = lo.trim().parse::<usize>().unwrap().min(65_535);
+        assert_eq!(s.path_mtu().unwrap(), lo);
+        assert_eq!(route_mtu(peer).unwrap(), lo);
+        assert_eq!(ip_udp_overhead(peer), 28);
+        assert_eq!(ip_udp_overhead("[::ffff:1.2.3.4]:1".parse().unwrap()), 28);
+        assert_eq!(ip_udp_overhead("[2001:2::1]:1".parse().unwrap()), 48);
     }
 
     #[test]

@@ -34,8 +34,10 @@ use braid_core::wire::CipherId;
 use braid_core::LinkId;
 use serde::Deserialize;
 
-/// Default MTU of the TUN device: leaves room for braid's 77 bytes of overhead (IPv4 + UDP +
-/// header + tag) on a 1500-byte uplink, with margin for PPPoE and similar.
+/// Default MTU of the TUN device: leaves room for braid's 60 bytes of overhead (IPv4 + UDP +
+/// header + tag) on a 1500-byte uplink, with margin for PPPoE and similar. Larger MTUs (1500 on
+/// 1500-byte uplinks) work: packets that do not fit a link's path MTU are cut into pieces
+/// (docs/protocol.md §10.1).
 pub const DEFAULT_MTU: u32 = 1400;
 /// The largest `mtu`: a tunnel packet plus braid's per-packet overhead must fit the link
 /// sockets' receive buffer, or it arrives cut short (and fails authentication).
@@ -705,6 +707,16 @@ mod tests {
                 "{form}: want {want:?} in {e:?}"
             );
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    /// A full 1500 bytes inside the tunnel on 1500-byte uplinks is allowed (packets that do not
+    /// fit a link's path are cut into pieces), as is a jumbo MTU up to [`MAX_MTU`].
+    #[test]
+    fn mtu_1500_inside_is_accepted() {
+        for m in [1500, 1466, MAX_MTU] {
+            let c = parse(&client("", LINKS).replace("mtu = 1400", &format!("mtu = {m}"))).unwrap();
+            assert_eq!(c.mtu, m);
         }
     }
 

@@ -115,6 +115,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link(&|l| l.rx_packets),
     );
     r.gauge(
+        "link_path_mtu_bytes",
+        "Largest datagram (UDP payload) the link sends now, from path MTU discovery",
+        &per_link_f(&|l| l.pmtu.map(|m| m as f64)),
+    );
+    r.gauge(
         "link_rtt_seconds",
         "Smoothed round-trip time (RFC 6298)",
         &per_link_f(&|l| l.srtt_us.map(|u| u as f64 / 1e6)),
@@ -393,6 +398,29 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &[
             labelled(&[("reason", "no_context")], c.rx_dropped_no_context),
             labelled(&[("reason", "malformed")], c.rx_dropped_malformed),
+        ],
+    );
+    let f = &s.frag;
+    r.counter(
+        "frag_packets",
+        "Packets cut into pieces to fit a link's path (tx), and put back together (rx)",
+        &[
+            labelled(&[("direction", "tx")], f.tx_split),
+            labelled(&[("direction", "rx")], f.rx_reassembled),
+        ],
+    );
+    r.counter(
+        "frag_pieces",
+        "Pieces sent of packets cut to fit a link's path",
+        &[(b.clone(), f.tx_pieces)],
+    );
+    r.counter(
+        "frag_drops",
+        "Packets or pieces dropped in reassembly, by reason",
+        &[
+            labelled(&[("reason", "incomplete")], f.rx_dropped_incomplete),
+            labelled(&[("reason", "orphan")], f.rx_dropped_orphans),
+            labelled(&[("reason", "oversize")], f.rx_dropped_oversize),
         ],
     );
     r.counter(

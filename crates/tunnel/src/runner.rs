@@ -133,6 +133,11 @@ pub struct Runner {
     /// turn, and the datagrams of one `send_batch` (empty between uses).
     ready_tokens: Vec<Token>,
     datagrams: Vec<Datagram<'static>>,
+    /// Per link: the datagram room the kernel last reported for its route (route MTU less the
+    /// outer headers), told to the endpoint's path MTU discovery.
+    path_mtus: HashMap<LinkId, usize>,
+    /// Read the route MTUs now (a send was refused as too big, a link was learned).
+    mtu_check_due: bool,
 }
 
 /// Why the loop stopped.
@@ -148,6 +153,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         buffer_bytes: DEFAULT_BUFFER,
         pktinfo: false,
         gro: true,
+        dont_fragment: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -206,6 +212,7 @@ impl Runner {
                     buffer_bytes: DEFAULT_BUFFER,
                     pktinfo: listen.ip().is_unspecified(),
                     gro: true,
+                    dont_fragment: true,
                     ..Default::default()
                 };
                 let s = UdpSocket::bind(&opts)
@@ -298,6 +305,8 @@ impl Runner {
             relink_at: None,
             ready_tokens: Vec::with_capacity(16),
             datagrams: Vec::with_capacity(BATCH),
+            path_mtus: HashMap::new(),
+            mtu_check_due: true,
         })
     }
 
@@ -380,10 +389,14 @@ impl Runner {
                 self.ep.handle_timeout(now);
             }
             self.flush_transmits(now);
+            if self.mtu_check_due {
+                self.check_path_mtus(now);
+            }
             self.deliver(now);
             self.log_events();
             if now >= next_check {
                 next_check = now + Duration::from_secs(1);
+                self.check_path_mtus(now);
                 self.check(now)?;
             }
         }
@@ -642,6 +655,11 @@ impl Runner {
                 let consumed = rep.sent + rep.failed;
                 if rep.failed > 0 {
                     s.send_errors += rep.failed as u64;
+                    let too_big = rep.last_error.as_ref().and_then(|e| e.raw_os_error())
+                        == Some(libc::EMSGSIZE);
+                    // The route's MTU went down (ICMP from the path, or a smaller interface):
+                    // read it at once.
+                    self.mtu_check_due |= too_big;
                     let gone = rep
                         .last_error
                         .as_ref()
@@ -731,12 +749,57 @@ impl Runner {
                     }
                 }
                 Event::LinkLearned { link, addr } => {
-                    tracing::info!("link {} learned: client at {addr}", self.link_name(link))
+                    tracing::info!("link {} learned: client at {addr}", self.link_name(link));
+                    self.mtu_check_due = true;
                 }
                 Event::VersionMismatch { theirs, ours } => tracing::error!(
                     "the peer speaks braid wire protocol version {theirs}, this braid speaks \
                      version {ours}: run the same braid release at both ends"
                 ),
+            }
+        }
+    }
+
+    /// Reads each link's route MTU from the kernel (client: its connected socket; server: the
+    /// route to the client's address) and tells the endpoint: a first value or a higher one
+    /// (a wider interface, an expired ICMP report) starts path MTU discovery from it; a lower one
+    /// (ICMP "fragmentation needed", a narrower interface) lowers the link's path MTU at once.
+    fn check_path_mtus(&mut self, now: Instant) {
+        self.mtu_check_due = false;
+        let mut routes: Vec<(LinkId, std::io::Result<usize>, usize)> = Vec::new();
+        match self.cfg.role {
+            Role::Client => {
+                for (id, (tok, spec)) in &self.links {
+                    if let Some(s) = self.socks.get(tok) {
+                        let hdr = braid_linux::udp::ip_udp_overhead(spec.remote);
+                        routes.push((*id, s.sock.path_mtu(), hdr));
+                    }
+                }
+            }
+            Role::Server => {
+                for l in self.ep.stats(now).links {
+                    if let Some(addr) = l.addr {
+                        let hdr = braid_linux::udp::ip_udp_overhead(addr);
+                        routes.push((l.id, braid_linux::udp::route_mtu(addr), hdr));
+                    }
+                }
+            }
+        }
+        self.path_mtus
+            .retain(|id, _| routes.iter().any(|r| r.0 == *id));
+        for (id, mtu, hdr) in routes {
+            let Ok(mtu) = mtu else { continue };
+            let room = mtu.saturating_sub(hdr);
+            match self.path_mtus.insert(id, room) {
+                Some(old) if room < old => {
+                    tracing::info!(
+                        "link {}: route MTU down to {mtu}, datagrams of {room} bytes at most",
+                        self.link_name(id)
+                    );
+                    self.ep.handle_too_big(now, id, room);
+                }
+                Some(old) if room == old => {}
+                _ => self.ep.set_link_mtu(id, room),
             }
         }
     }
