@@ -355,9 +355,22 @@ pub struct PingStats {
     pub min_ms: f64,
     pub avg_ms: f64,
     pub max_ms: f64,
+    /// Every reply's round trip, in order (not in the lab's JSON: the summary is).
+    #[serde(skip)]
+    pub rtts_ms: Vec<f64>,
 }
 
 impl PingStats {
+    /// The `q`-quantile (0..=1) of the round trips (nearest rank); 0 without replies.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        let mut v = self.rtts_ms.clone();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n => v[((q.clamp(0.0, 1.0) * n as f64).ceil() as usize).clamp(1, n) - 1],
+        }
+    }
+
     pub fn loss(&self) -> f64 {
         if self.sent == 0 {
             return 0.0;
@@ -961,16 +974,7 @@ pub fn mptcp_counters(ns: &str) -> (u64, u64) {
 /// Runs `ping` in namespace `ns` and parses its summary.
 pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
     let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "ping",
-            "-n",
-            "-q",
-            "-c",
-            &count.to_string(),
-        ])
+        .args(["netns", "exec", ns, "ping", "-n", "-c", &count.to_string()])
         .args([
             "-i",
             &format!("{:.3}", interval.as_secs_f64()),
@@ -983,7 +987,11 @@ pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Resu
     let text = String::from_utf8_lossy(&out.stdout);
     let mut st = PingStats::default();
     for line in text.lines() {
-        if line.contains("packets transmitted") {
+        if let Some(t) = line.split(" time=").nth(1) {
+            if let Some(ms) = t.split_whitespace().next().and_then(|x| x.parse().ok()) {
+                st.rtts_ms.push(ms);
+            }
+        } else if line.contains("packets transmitted") {
             let nums: Vec<u32> = line
                 .split(',')
                 .filter_map(|p| p.split_whitespace().next()?.parse().ok())
@@ -1379,6 +1387,18 @@ fn run_bundle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ping_quantiles_are_nearest_rank() {
+        let p = PingStats {
+            rtts_ms: (1..=100).rev().map(f64::from).collect(),
+            ..PingStats::default()
+        };
+        assert_eq!(p.quantile_ms(0.95), 95.0);
+        assert_eq!(p.quantile_ms(0.0), 1.0);
+        assert_eq!(p.quantile_ms(1.0), 100.0);
+        assert_eq!(PingStats::default().quantile_ms(0.5), 0.0);
+    }
 
     #[test]
     fn fail_spec() {
