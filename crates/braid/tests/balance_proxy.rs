@@ -1003,7 +1003,14 @@ fn proxy_fd_exhaustion_is_not_the_backends_fault() {
         if let Some(st) = lab.try_status() {
             break st;
         }
-        assert!(Instant::now() < deadline, "no status during the flood");
+        if Instant::now() >= deadline {
+            let out = run(Command::new(BRAID).args(["--control", &lab.ctl(), "status", "--json"]));
+            panic!(
+                "no status during the flood: {}\nlog: {}",
+                String::from_utf8_lossy(&out.stderr),
+                lab.balancer_log()
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_backends_unharmed(&st);

@@ -171,11 +171,11 @@ fn serve_conn(
     use std::io::{BufRead, BufReader, Write};
     use std::time::Instant;
     let _ = conn.set_write_timeout(Some(std::time::Duration::from_secs(10)));
-    let Ok(mut out) = conn.try_clone() else {
-        return;
-    };
+    // Read and write through borrows of the one descriptor: a `try_clone` would need a second
+    // one, and fail (dropping the request unanswered) when the process is out of them.
+    let mut out = &conn;
     let mut reader = BufReader::new(std::io::Read::take(
-        DeadlineReader::new(conn, Instant::now() + deadline),
+        DeadlineReader::new(&conn, Instant::now() + deadline),
         MAX_CONN_BYTES,
     ));
     let mut line = String::new();

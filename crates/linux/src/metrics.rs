@@ -129,8 +129,9 @@ fn serve_one(
     render: &dyn Fn() -> String,
 ) -> std::io::Result<()> {
     conn.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut out = conn.try_clone()?;
-    let mut reader = DeadlineReader::new(conn, Instant::now() + deadline);
+    // Borrows of the one descriptor (a `try_clone` fails when descriptors run out).
+    let mut out = &conn;
+    let mut reader = DeadlineReader::new(&conn, Instant::now() + deadline);
     let head = read_head(&mut reader)?;
     out.write_all(&response(&head, render))
 }

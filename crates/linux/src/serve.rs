@@ -66,6 +66,20 @@ impl TimedRead for std::os::unix::net::UnixStream {
     }
 }
 
+// Borrowed streams: a connection is read and written through `&stream`, with no `dup` (which
+// would need a second descriptor, and fails exactly when descriptors have run out).
+impl TimedRead for &std::net::TcpStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        std::net::TcpStream::set_read_timeout(self, t)
+    }
+}
+
+impl TimedRead for &std::os::unix::net::UnixStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        std::os::unix::net::UnixStream::set_read_timeout(self, t)
+    }
+}
+
 /// Reads that all end by one deadline: each read waits at most the time left, and once it has
 /// passed every read fails with `TimedOut`. A client trickling bytes cannot stretch it.
 pub struct DeadlineReader<S> {
