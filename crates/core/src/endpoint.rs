@@ -1704,19 +1704,24 @@ impl Endpoint {
             .unwrap_or_else(|| Vec::with_capacity(BUF_CAPACITY));
         out.clear();
         crypto::seal(&session.keys.send, &header, body, &mut out);
-        let link = &mut self.links[li];
-        if self.cfg.role == Role::Server && link.addr.is_none() {
+        if self.cfg.role == Role::Server && self.links[li].addr.is_none() {
             self.recycle(out);
             return false;
         }
+        self.push_transmit(li, out);
+        true
+    }
+
+    /// Queues a sealed datagram for link index `li`, counting it on the link.
+    fn push_transmit(&mut self, li: usize, payload: Vec<u8>) {
+        let link = &mut self.links[li];
         link.tx_packets += 1;
-        link.tx_bytes += out.len() as u64;
+        link.tx_bytes += payload.len() as u64;
         self.transmits.push_back(Transmit {
             link: link.id,
             dst: link.addr,
-            payload: out,
+            payload,
         });
-        true
     }
 
     fn next_common(&mut self, now: Instant, li: usize) -> Common {
@@ -2032,14 +2037,7 @@ impl Endpoint {
             payload: &[],
         };
         crypto::seal_data_in_place(&session.keys.send, &header, &data, &mut buf);
-        let link = &mut self.links[li];
-        link.tx_packets += 1;
-        link.tx_bytes += buf.len() as u64;
-        self.transmits.push_back(Transmit {
-            link: link.id,
-            dst: link.addr,
-            payload: buf,
-        });
+        self.push_transmit(li, buf);
         true
     }
 
