@@ -4,6 +4,7 @@
 //! lab's own (named after the lab's PID) and removed by it.
 
 use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use braid_lab::{Lab, LabOptions, LinkSpec};
@@ -16,6 +17,15 @@ fn require_root() {
         braid_lab::is_root(),
         "the lab tests need root (network namespaces)"
     );
+}
+
+/// One lab at a time: the tests measure rates, delays and stalls, and two labs side by side on a
+/// 2-core machine measure each other (CI once saw a 20 ms link's RTT average 44 ms and a bundle
+/// at 66% of the sum while the MPTCP comparison ran beside them). Taken by every test that
+/// starts a lab; a test that failed while holding it does not fail the others.
+fn one_lab_at_a_time() -> MutexGuard<'static, ()> {
+    static LAB: Mutex<()> = Mutex::new(());
+    LAB.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `braid ARGS` with a time limit; kills it (by PID) if it overruns.
@@ -83,6 +93,7 @@ const TCP_EFFICIENCY: f64 = 1448.0 / 1500.0;
 #[test]
 fn emulated_link_gives_its_rate_alone() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(
         &["--skip-bundle", "--link", "10mbit/5ms", "--duration", "4"],
         Duration::from_secs(60),
@@ -107,6 +118,7 @@ fn emulated_link_gives_its_rate_alone() {
 #[test]
 fn emulated_link_rtt_and_loss() {
     require_root();
+    let _one = one_lab_at_a_time();
     let specs: Vec<LinkSpec> = ["10mbit/20ms", "10mbit/1ms/10%", "10mbit/10ms/0%/4ms"]
         .iter()
         .map(|s| s.parse().unwrap())
@@ -120,10 +132,10 @@ fn emulated_link_rtt_and_loss() {
         let _ = lab.ping(1, 2, Duration::from_millis(50));
         let p = lab.ping(1, 30, Duration::from_millis(20)).unwrap();
         assert_eq!(p.received, 30, "{p:?}");
-        // The minimum is the emulator's accuracy; the average also carries the scheduling
-        // noise of a busy 2-core machine (the other lab tests run beside this one).
+        // The minimum is the emulator's accuracy; the median also carries the scheduling
+        // noise of the machine (CI saw replies up to 11 ms late on a busy machine).
         assert!(
-            (p.min_ms - 40.0).abs() <= 1.0 && (p.avg_ms - 40.0).abs() <= 2.5,
+            (p.min_ms - 40.0).abs() <= 1.0 && (p.quantile_ms(0.5) - 40.0).abs() <= 4.0,
             "RTT over a 20 ms link: {p:?}"
         );
         assert!(p.min_ms >= 40.0 - 0.05, "faster than light: {p:?}");
@@ -154,6 +166,7 @@ fn emulated_link_rtt_and_loss() {
 #[test]
 fn lab_bundle_beats_every_link_and_nears_the_sum() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(&["--duration", "8"], Duration::from_secs(150));
     let links = v["links"].as_array().unwrap();
     assert_eq!(links.len(), 3);
@@ -197,6 +210,7 @@ fn lab_bundle_beats_every_link_and_nears_the_sum() {
 #[test]
 fn lab_link_failure_mid_transfer_keeps_the_connection() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(
         &[
             "--skip-single",
@@ -260,6 +274,7 @@ fn lab_rejects_a_bad_link_spec() {
 #[test]
 fn lab_cleans_up_after_sigint() {
     require_root();
+    let _one = one_lab_at_a_time();
     let mut child = Command::new(BRAID)
         .args(["lab", "--quiet", "--link", "2mbit/5ms", "--duration", "30"])
         .stdout(Stdio::null())
@@ -299,6 +314,7 @@ fn lab_cleans_up_after_sigint() {
 #[test]
 fn lab_refuses_without_root() {
     require_root();
+    let _one = one_lab_at_a_time();
     // Drop to nobody with setpriv (util-linux): the lab must refuse in one line, before any set-up.
     let out = Command::new("setpriv")
         .args([
@@ -332,6 +348,7 @@ fn allowed_cc() -> String {
 #[test]
 fn lab_runs_a_congestion_control_the_kernel_does_not_allow_and_restores_the_list() {
     require_root();
+    let _one = one_lab_at_a_time();
     let cc = "cubic";
     let available =
         std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap();
@@ -393,6 +410,7 @@ fn lab_runs_a_congestion_control_the_kernel_does_not_allow_and_restores_the_list
 #[test]
 fn lab_names_an_unknown_congestion_control_and_the_fix_in_one_line() {
     require_root();
+    let _one = one_lab_at_a_time();
     let out = braid(
         &["lab", "--quiet", "--cc", "braidnosuchcc"],
         Duration::from_secs(30),
@@ -408,6 +426,7 @@ fn lab_names_an_unknown_congestion_control_and_the_fix_in_one_line() {
 #[test]
 fn lab_names_a_missing_tool_before_it_starts() {
     require_root();
+    let _one = one_lab_at_a_time();
     // A PATH with `ip` and `ping` but no `ethtool`.
     let dir = tempfile::tempdir().unwrap();
     for tool in ["ip", "ping"] {
@@ -438,6 +457,7 @@ fn lab_names_a_missing_tool_before_it_starts() {
 #[test]
 fn lab_compares_with_mptcp_in_both_directions() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(
         &[
             "--skip-single",
@@ -481,6 +501,7 @@ fn lab_compares_with_mptcp_in_both_directions() {
 #[test]
 fn lab_failover_reinjects_what_the_dead_link_carried() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(
         &["--skip-single", "--fail", "link3@4", "--duration", "8"],
         Duration::from_secs(60),
@@ -509,6 +530,7 @@ fn lab_failover_reinjects_what_the_dead_link_carried() {
 #[test]
 fn lab_pulls_traffic_off_a_lossy_link() {
     require_root();
+    let _one = one_lab_at_a_time();
     let v = lab_json(
         &[
             "--link",
