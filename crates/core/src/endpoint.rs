@@ -50,8 +50,8 @@ use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
 use crate::replay::{LinkCounters, LinkReplay};
 use crate::sched::{LinkView, Scheduler};
 use crate::wire::{
-    self, Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, NackRepr, PacketType,
-    ProbeAckRepr, ProbeRepr, SeqRange, DATA_OVERHEAD, FLAG_RETRANSMIT, FLAG_UNORDERED,
+    self, Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, IdAckRepr, NackRepr,
+    PacketType, ProbeAckRepr, ProbeRepr, SeqRange, DATA_OVERHEAD, FLAG_RETRANSMIT, FLAG_UNORDERED,
     MAX_NACK_RANGES, PACKET_SALT_LEN,
 };
 use crate::LinkId;
@@ -122,6 +122,20 @@ pub struct Config {
     /// in front of several servers steers the whole bundle to one of them by it. `None`: a
     /// random one per endpoint.
     pub route_id: Option<u16>,
+    /// Per-client keys (docs/protocol.md §9.3) instead of the PSK alone: the handshake is the
+    /// identity handshake, and `psk` (zeros when none is configured) is mixed into its keys.
+    pub identity: Option<Identity>,
+}
+
+/// This end's static key pair and the one peer it accepts (client: the server's public key;
+/// server: the client's), for the identity handshake.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub own: crate::identity::KeyPair,
+    pub peer: [u8; 32],
+    /// Server: the tunnel addresses given to the client in the HELLO-ACK.
+    pub v4: Option<(std::net::Ipv4Addr, u8)>,
+    pub v6: Option<(std::net::Ipv6Addr, u8)>,
 }
 
 impl Config {
@@ -148,6 +162,7 @@ impl Config {
             reassembly_timeout: DEFAULT_REASSEMBLY_TIMEOUT,
             wall_clock: SystemTime::now(),
             route_id: None,
+            identity: None,
         }
     }
 }
@@ -192,6 +207,12 @@ pub enum Event {
     VersionMismatch {
         theirs: u8,
         ours: u8,
+    },
+    /// Client, identity handshake: the tunnel addresses the server gives this client (sent
+    /// with every new session; the runner configures the TUN device with them).
+    Addresses {
+        v4: Option<(std::net::Ipv4Addr, u8)>,
+        v6: Option<(std::net::Ipv6Addr, u8)>,
     },
 }
 
@@ -445,6 +466,9 @@ struct Session {
     hello_ts: u64,
     /// Server: our HELLO-ACK body, kept to answer repeated HELLOs identically.
     ack: Option<HelloAckRepr>,
+    /// Server, identity handshake: the pending session's ephemeral key and secrets, and its
+    /// HELLO-ACK body, kept for the same reason.
+    id_answer: Option<Box<(crate::identity::ServerAnswer, IdAckRepr)>>,
     /// The peer's clock as last seen in a full `ts` (any packet but DATA), with our clock at
     /// that arrival: DATA carries only bits 6..22 of its `ts`, extended against this.
     peer_clock: Option<(u32, u32)>,
@@ -472,6 +496,7 @@ impl Session {
             client_salt: hello.salt,
             hello_ts: hello.timestamp,
             ack: None,
+            id_answer: None,
             peer_clock: None,
             rx_seq_next: 0,
             compressor: Compressor::new(CompressLimits::default()),
@@ -498,11 +523,33 @@ impl Session {
     }
 }
 
+/// Server: what an authenticated HELLO calls for.
+enum HelloVerdict {
+    /// Stale, or a repeat over the rate limit: no answer.
+    Drop,
+    /// The HELLO of the pending or current session again: the same answer.
+    Repeat,
+    /// Newer than any accepted: a new pending session.
+    New,
+}
+
+/// The header of the HELLO-ACK answering `hello` that came in with `header`.
+fn id_ack_header(header: &Header, hello: &HelloRepr) -> Header {
+    Header {
+        ptype: PacketType::IdHelloAck,
+        link: header.link,
+        session: hello.session,
+        counter: 0,
+    }
+}
+
 /// Client: a handshake in progress.
 struct Hello {
     local_id: u32,
     salt: [u8; 32],
     timestamp: u64,
+    /// Identity handshake: this handshake's ephemeral key and secrets.
+    id: Option<crate::identity::ClientHandshake>,
 }
 
 /// Smoothed byte-rate meter, updated once per tick.
@@ -873,10 +920,14 @@ impl Endpoint {
         // Strictly newer than any HELLO this endpoint made before, even if the clock stalls.
         let timestamp = self.wall_ns(now).max(self.last_hello_ts.saturating_add(1));
         self.last_hello_ts = timestamp;
+        let id = self.cfg.identity.as_ref().and_then(|i| {
+            crate::identity::ClientHandshake::start(&i.own, &i.peer, &self.cfg.psk, &mut *self.rng)
+        });
         self.hello = Some(Hello {
             local_id,
             salt,
             timestamp,
+            id,
         });
         self.next_hello = Some(now);
     }
@@ -899,7 +950,7 @@ impl Endpoint {
         };
         let ids: Vec<LinkId> = self.links.iter().map(|l| l.id).collect();
         for id in ids {
-            let header = Header {
+            let mut header = Header {
                 ptype: PacketType::Hello,
                 link: id,
                 session: wire::route_session(self.route_id, 0),
@@ -907,7 +958,14 @@ impl Endpoint {
             };
             let packet_salt = self.packet_salt();
             let mut out = self.take_buf();
-            crypto::seal_hello(&self.hs_keys[0].1, &header, &packet_salt, &repr, &mut out);
+            let hs = self.hello.as_ref().and_then(|h| h.id.as_ref());
+            match (hs, self.cfg.identity.as_ref()) {
+                (Some(hs), Some(me)) => {
+                    header.ptype = PacketType::IdHello;
+                    hs.seal_hello(&me.own, &header, &packet_salt, &repr, &mut out);
+                }
+                _ => crypto::seal_hello(&self.hs_keys[0].1, &header, &packet_salt, &repr, &mut out),
+            }
             self.transmits.push_back(Transmit {
                 link: id,
                 dst: None,
@@ -947,8 +1005,17 @@ impl Endpoint {
             }
         }
         match header.ptype {
+            PacketType::Hello | PacketType::HelloAck if self.cfg.identity.is_some() => {
+                // A PSK handshake to an end that has per-client keys: not our key.
+                self.drops.auth += 1;
+            }
+            PacketType::IdHello | PacketType::IdHelloAck if self.cfg.identity.is_none() => {
+                self.drops.auth += 1;
+            }
             PacketType::Hello => self.handle_hello(now, &header, from, datagram),
             PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
+            PacketType::IdHello => self.handle_id_hello(now, &header, from, datagram),
+            PacketType::IdHelloAck => self.handle_id_hello_ack(now, &header, datagram),
             _ => self.handle_sealed(now, &header, from, datagram),
         }
         self.received
@@ -1069,28 +1136,19 @@ impl Endpoint {
                 return;
             }
         };
-        let repeat = match (&self.pending, &self.session) {
-            (Some(p), _) if p.made_by(&hello) => p.ack,
-            (_, Some(s)) if s.made_by(&hello) => s.ack,
-            _ => None,
-        };
-        let ack = match repeat {
-            Some(ack) => {
-                if !self.ack_limiter.allow(now, from) {
-                    return;
-                }
+        let ack = match self.hello_verdict(now, from, &hello) {
+            HelloVerdict::Drop => return,
+            HelloVerdict::Repeat => match self.made_by(&hello).and_then(|s| s.ack) {
+                Some(ack) => ack,
+                None => return,
+            },
+            HelloVerdict::New => {
+                let psk = self.cfg.psk;
+                let keys =
+                    |salt: &[u8; 32]| crypto::session_keys(&psk, cipher, &hello.salt, salt, false);
+                let (session, ack) = self.new_session(&hello, cipher, header.session, keys);
+                self.pending = Some(session);
                 ack
-            }
-            None if self.newest_hello.is_some_and(|n| hello.timestamp <= n) => {
-                // A replayed HELLO (or one from a client whose clock went back).
-                self.drops.replay += 1;
-                return;
-            }
-            None => {
-                // Not rate-limited: an attacker cannot make newer HELLOs without the PSK, so
-                // these are at most one per HELLO the client ever sent.
-                self.newest_hello = Some(hello.timestamp);
-                self.new_pending(&hello, cipher, wire::route_of(header.session))
             }
         };
         let reply = Header {
@@ -1102,19 +1160,53 @@ impl Endpoint {
         let packet_salt = self.packet_salt();
         let mut out = self.take_buf();
         crypto::seal_hello_ack(self.hs_key(hs_cipher), &reply, &packet_salt, &ack, &mut out);
-        self.received = Received::Hello(header.link);
-        self.transmits.push_back(Transmit {
-            link: header.link,
-            dst: Some(from),
-            payload: out,
-        });
+        self.queue_hello_ack(header.link, from, out);
     }
 
-    /// Server: a pending session for a new HELLO (replacing any older pending one). Its id
-    /// starts with the HELLO's route id (§9.2); the low 16 bits are random, not zero, and not
-    /// those of the current session (packets to either must tell them apart).
-    fn new_pending(&mut self, hello: &HelloRepr, cipher: CipherId, route: u16) -> HelloAckRepr {
+    /// Server: the pending or current session `hello` made (a repeat), if any.
+    fn made_by(&self, hello: &HelloRepr) -> Option<&Session> {
+        match (&self.pending, &self.session) {
+            (Some(p), _) if p.made_by(hello) => Some(p),
+            (_, Some(s)) if s.made_by(hello) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Server: what to do with an authenticated HELLO (§9): answer a repeat of the HELLO of
+    /// the pending or current session again (rate-limited per source), drop a stale one, or
+    /// make a new pending session for a newer one (then `newest` moves).
+    fn hello_verdict(&mut self, now: Instant, from: SocketAddr, hello: &HelloRepr) -> HelloVerdict {
+        if self.made_by(hello).is_some() {
+            return if self.ack_limiter.allow(now, from) {
+                HelloVerdict::Repeat
+            } else {
+                HelloVerdict::Drop
+            };
+        }
+        if self.newest_hello.is_some_and(|n| hello.timestamp <= n) {
+            // A replayed HELLO (or one from a client whose clock went back).
+            self.drops.replay += 1;
+            return HelloVerdict::Drop;
+        }
+        // Not rate-limited: an attacker cannot make newer HELLOs without the key, so these are
+        // at most one per HELLO the client ever sent.
+        self.newest_hello = Some(hello.timestamp);
+        HelloVerdict::New
+    }
+
+    /// Server: a new session for a new HELLO (to become the pending one, replacing any older).
+    /// Its id starts with the HELLO's route id (§9.2, from the HELLO header's session field);
+    /// the low 16 bits are random, not zero, and not those of the current session (packets to
+    /// either must tell them apart). `keys` derives the session keys from our salt.
+    fn new_session(
+        &mut self,
+        hello: &HelloRepr,
+        cipher: CipherId,
+        hello_rsid: u32,
+        keys: impl FnOnce(&[u8; 32]) -> crypto::SessionKeys,
+    ) -> (Session, HelloAckRepr) {
         let current = self.session.as_ref().map(|s| s.local_id);
+        let route = wire::route_of(hello_rsid);
         let local_id = loop {
             let id = wire::route_session(route, self.rng.next_u32() as u16);
             if id & 0xffff != 0 && Some(id) != current {
@@ -1123,16 +1215,166 @@ impl Endpoint {
         };
         let mut salt = [0u8; 32];
         self.rng.fill_bytes(&mut salt);
-        let keys = crypto::session_keys(&self.cfg.psk, cipher, &hello.salt, &salt, false);
+        let keys = keys(&salt);
         let ack = HelloAckRepr {
             session: local_id,
             salt,
             cipher,
         };
-        let mut pending = Session::new(local_id, hello.session, (keys, cipher), hello);
-        pending.ack = Some(ack);
-        self.pending = Some(pending);
-        ack
+        let mut session = Session::new(local_id, hello.session, (keys, cipher), hello);
+        session.ack = Some(ack);
+        (session, ack)
+    }
+
+    /// Server, identity handshake: a HELLO sealed for our static key. Only the configured
+    /// client's is accepted (a concentrator hands each HELLO to the endpoint of the client it
+    /// names); then as [`handle_hello`](Self::handle_hello).
+    fn handle_id_hello(
+        &mut self,
+        now: Instant,
+        header: &Header,
+        from: SocketAddr,
+        datagram: &mut [u8],
+    ) {
+        if self.cfg.role != Role::Server || header.session & 0xffff != 0 {
+            self.drops.malformed += 1;
+            return;
+        }
+        let Some(me) = self.cfg.identity.clone() else {
+            return;
+        };
+        let psk = self.cfg.psk;
+        let opened = crate::identity::peek_client(&me.own, &psk, datagram).and_then(|(who, es)| {
+            if who != me.peer {
+                return Err(crypto::CryptoError::Auth);
+            }
+            let ss = me.own.dh(&who).ok_or(crypto::CryptoError::Auth)?;
+            crate::identity::open_hello(&psk, es, ss, datagram)
+        });
+        let opened = match opened {
+            Ok(o) if o.hello.session != 0 => o,
+            Ok(_) | Err(crypto::CryptoError::Wire(_)) => {
+                self.drops.malformed += 1;
+                return;
+            }
+            Err(crypto::CryptoError::Auth) => {
+                self.drops.auth += 1;
+                return;
+            }
+        };
+        let hello = opened.hello;
+        let Some(cipher) = self.session_cipher(hello.cipher) else {
+            self.drops.malformed += 1;
+            return;
+        };
+        let answer = match self.hello_verdict(now, from, &hello) {
+            HelloVerdict::Drop => return,
+            HelloVerdict::Repeat => {
+                let mut out = self.take_buf();
+                let packet_salt = self.packet_salt();
+                let Some(a) = self.made_by(&hello).and_then(|s| s.id_answer.as_ref()) else {
+                    self.recycle(out);
+                    return;
+                };
+                a.0.seal_ack(&id_ack_header(header, &hello), &packet_salt, &a.1, &mut out);
+                self.queue_hello_ack(header.link, from, out);
+                return;
+            }
+            HelloVerdict::New => {
+                let Some(answer) =
+                    crate::identity::ServerAnswer::new(&psk, &me.peer, &opened, &mut *self.rng)
+                else {
+                    self.drops.malformed += 1;
+                    return;
+                };
+                answer
+            }
+        };
+        let (mut session, ack) = self.new_session(&hello, cipher, header.session, |salt| {
+            answer
+                .secrets
+                .session_keys(cipher, &hello.salt, salt, false)
+        });
+        let id_ack = IdAckRepr {
+            ack,
+            v4: me.v4,
+            v6: me.v6,
+        };
+        let mut out = self.take_buf();
+        let packet_salt = self.packet_salt();
+        answer.seal_ack(
+            &id_ack_header(header, &hello),
+            &packet_salt,
+            &id_ack,
+            &mut out,
+        );
+        session.id_answer = Some(Box::new((answer, id_ack)));
+        self.pending = Some(session);
+        self.queue_hello_ack(header.link, from, out);
+    }
+
+    /// Server: queues a sealed HELLO-ACK to `from` on `link` (the link its HELLO came in on).
+    fn queue_hello_ack(&mut self, link: LinkId, from: SocketAddr, out: Vec<u8>) {
+        self.received = Received::Hello(link);
+        self.transmits.push_back(Transmit {
+            link,
+            dst: Some(from),
+            payload: out,
+        });
+    }
+
+    /// Client, identity handshake: the server's answer to our current HELLO.
+    fn handle_id_hello_ack(&mut self, now: Instant, header: &Header, datagram: &mut [u8]) {
+        if self.cfg.role != Role::Client {
+            self.drops.malformed += 1;
+            return;
+        }
+        let (Some(hello), Some(me)) = (self.hello.as_ref(), self.cfg.identity.as_ref()) else {
+            self.drops.unknown_session += 1;
+            return;
+        };
+        if header.session != hello.local_id {
+            self.drops.unknown_session += 1;
+            return;
+        }
+        let Some(hs) = hello.id.as_ref() else {
+            return;
+        };
+        let (ack, secrets) = match hs.open_ack(&me.own, &self.cfg.psk, &hello.salt, datagram) {
+            Ok(x) => x,
+            Err(crypto::CryptoError::Auth) => {
+                self.drops.auth += 1;
+                return;
+            }
+            Err(crypto::CryptoError::Wire(_)) => {
+                self.drops.malformed += 1;
+                return;
+            }
+        };
+        let a = ack.ack;
+        if !(a.cipher == self.cfg.cipher || self.cfg.cipher_auto) || a.session == 0 {
+            self.drops.malformed += 1;
+            return;
+        }
+        let keys = secrets.session_keys(a.cipher, &hello.salt, &a.salt, true);
+        let repr = HelloRepr {
+            session: hello.local_id,
+            salt: hello.salt,
+            cipher: self.cfg.cipher,
+            timestamp: hello.timestamp,
+        };
+        let session = Session::new(repr.session, a.session, (keys, a.cipher), &repr);
+        self.hello = None;
+        self.next_hello = None;
+        self.install_session(now, session);
+        self.events.push_back(Event::Addresses {
+            v4: ack.v4,
+            v6: ack.v6,
+        });
+        let ids: Vec<LinkId> = self.links.iter().map(|l| l.id).collect();
+        for id in ids {
+            self.send_probe(now, id);
+        }
     }
 
     fn handle_hello_ack(&mut self, now: Instant, header: &Header, datagram: &mut [u8]) {

@@ -34,6 +34,7 @@ pub mod endpoint;
 pub mod frag;
 pub mod fuzzing;
 pub mod health;
+pub mod identity;
 pub mod inner;
 pub mod netem;
 pub mod pmtu;

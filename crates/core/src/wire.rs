@@ -84,6 +84,15 @@ pub const HELLO_DATAGRAM_LEN: usize = HEADER_LEN + PACKET_SALT_LEN + HELLO_LEN +
 /// A whole HELLO-ACK datagram. Smaller than a HELLO, so a HELLO-ACK sent to a forged source
 /// address never amplifies the forger's traffic.
 pub const HELLO_ACK_DATAGRAM_LEN: usize = HEADER_LEN + PACKET_SALT_LEN + HELLO_ACK_LEN + TAG_LEN;
+/// Identity HELLO-ACK body: the HELLO-ACK's 40 bytes and the client's tunnel addresses (24).
+pub const ID_ACK_LEN: usize = HELLO_ACK_LEN + 24;
+/// Identity HELLO datagram: header, packet salt, ephemeral key, sealed static key, sealed body.
+pub const ID_HELLO_DATAGRAM_LEN: usize =
+    HEADER_LEN + PACKET_SALT_LEN + 32 + (32 + TAG_LEN) + (HELLO_LEN + TAG_LEN);
+/// Identity HELLO-ACK datagram: header, packet salt, ephemeral key, sealed body (smaller than
+/// the HELLO: no amplification).
+pub const ID_HELLO_ACK_DATAGRAM_LEN: usize =
+    HEADER_LEN + PACKET_SALT_LEN + 32 + ID_ACK_LEN + TAG_LEN;
 const _: () = assert!(HELLO_ACK_DATAGRAM_LEN < HELLO_DATAGRAM_LEN);
 pub const PROBE_LEN: usize = COMMON_LEN + 4;
 pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
@@ -132,6 +141,10 @@ pub enum PacketType {
     Nack = 7,
     /// Header-compression feedback (docs/protocol.md §5.8).
     Feedback = 8,
+    /// HELLO of the identity handshake (per-client X25519 keys, docs/protocol.md §9.3).
+    IdHello = 9,
+    /// HELLO-ACK of the identity handshake.
+    IdHelloAck = 10,
 }
 
 impl PacketType {
@@ -146,13 +159,18 @@ impl PacketType {
             6 => PacketType::Close,
             7 => PacketType::Nack,
             8 => PacketType::Feedback,
+            9 => PacketType::IdHello,
+            10 => PacketType::IdHelloAck,
             _ => return None,
         })
     }
 
     /// HELLO and HELLO-ACK are sealed under the handshake key; every other type under a session key.
     pub fn is_handshake(self) -> bool {
-        matches!(self, PacketType::Hello | PacketType::HelloAck)
+        matches!(
+            self,
+            PacketType::Hello | PacketType::HelloAck | PacketType::IdHello | PacketType::IdHelloAck
+        )
     }
 }
 
@@ -608,7 +626,61 @@ pub const fn handshake_datagram_len(ptype: PacketType) -> Option<usize> {
     match ptype {
         PacketType::Hello => Some(HELLO_DATAGRAM_LEN),
         PacketType::HelloAck => Some(HELLO_ACK_DATAGRAM_LEN),
+        PacketType::IdHello => Some(ID_HELLO_DATAGRAM_LEN),
+        PacketType::IdHelloAck => Some(ID_HELLO_ACK_DATAGRAM_LEN),
         _ => None,
+    }
+}
+
+/// Identity HELLO-ACK body (64 bytes): the HELLO-ACK's fields, then the tunnel addresses the
+/// server gives the client (its fixed address or one from the pool): IPv4 address (4), IPv4
+/// prefix length (1, 0: none), IPv6 prefix length (1, 0: none), 2 reserved zero bytes, IPv6
+/// address (16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdAckRepr {
+    pub ack: HelloAckRepr,
+    pub v4: Option<(std::net::Ipv4Addr, u8)>,
+    pub v6: Option<(std::net::Ipv6Addr, u8)>,
+}
+
+impl IdAckRepr {
+    /// Parses the 64-byte body: the HELLO-ACK part as [`HelloAckRepr::parse`]; prefix lengths
+    /// at most 32 / 128, an address present exactly when its length is not 0, reserved zero.
+    pub fn parse(body: &[u8]) -> Result<IdAckRepr, WireError> {
+        if body.len() != ID_ACK_LEN {
+            return Err(WireError::Malformed);
+        }
+        let ack = HelloAckRepr::parse(&body[..HELLO_ACK_LEN])?;
+        let x = &body[HELLO_ACK_LEN..];
+        let (l4, l6) = (x[4], x[5]);
+        if l4 > 32 || l6 > 128 || x[6] != 0 || x[7] != 0 {
+            return Err(WireError::Malformed);
+        }
+        let a4 = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&x[0..4]).unwrap_or_default());
+        let a6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&x[8..24]).unwrap_or_default());
+        if (l4 == 0 && !a4.is_unspecified()) || (l6 == 0 && !a6.is_unspecified()) {
+            return Err(WireError::Malformed);
+        }
+        Ok(IdAckRepr {
+            ack,
+            v4: (l4 > 0).then_some((a4, l4)),
+            v6: (l6 > 0).then_some((a6, l6)),
+        })
+    }
+
+    /// Writes the 64 body bytes at the start of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) {
+        self.ack.emit(&mut buf[..HELLO_ACK_LEN]);
+        let x = &mut buf[HELLO_ACK_LEN..ID_ACK_LEN];
+        x.fill(0);
+        if let Some((a, l)) = self.v4 {
+            x[0..4].copy_from_slice(&a.octets());
+            x[4] = l.clamp(1, 32);
+        }
+        if let Some((a, l)) = self.v6 {
+            x[5] = l.clamp(1, 128);
+            x[8..24].copy_from_slice(&a.octets());
+        }
     }
 }
 
@@ -686,7 +758,10 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
                     COMMON_LEN + NACK_RANGE_LEN * MAX_NACK_RANGES,
                 )
             }
-            PacketType::Hello | PacketType::HelloAck => return Err(WireError::Malformed),
+            PacketType::Hello
+            | PacketType::HelloAck
+            | PacketType::IdHello
+            | PacketType::IdHelloAck => return Err(WireError::Malformed),
         };
         if n < min {
             Err(WireError::Truncated)
@@ -998,7 +1073,10 @@ impl<'a> Body<'a> {
                 Body::Nack(nack)
             }
             // Rejected by check_len already.
-            PacketType::Hello | PacketType::HelloAck => return Err(WireError::Malformed),
+            PacketType::Hello
+            | PacketType::HelloAck
+            | PacketType::IdHello
+            | PacketType::IdHelloAck => return Err(WireError::Malformed),
         })
     }
 
@@ -1093,7 +1171,7 @@ pub fn peek_route(datagram: &[u8]) -> Option<u16> {
         field::D_SESSION
     } else {
         match PacketType::from_u8(ty)? {
-            PacketType::HelloAck => return None,
+            PacketType::HelloAck | PacketType::IdHelloAck => return None,
             _ => field::SESSION,
         }
     };

@@ -4,7 +4,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use braid_core::endpoint::{Config, Endpoint, Event, LinkConfig, Role};
+use braid_core::endpoint::{Config, Endpoint, Event, Identity, LinkConfig, Role};
+use braid_core::identity::KeyPair;
 use braid_core::LinkState;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -64,6 +65,9 @@ impl Pair {
         Self::with_config(links, Config::new(Role::Client, ck), sk)
     }
     fn with_config(links: u16, client_cfg: Config, sk: [u8; 32]) -> Self {
+        Self::with_configs(links, client_cfg, Config::new(Role::Server, sk))
+    }
+    fn with_configs(links: u16, client_cfg: Config, server_cfg: Config) -> Self {
         let base = Instant::now();
         let mut client =
             Endpoint::new(client_cfg, base, Box::new(ChaCha8Rng::seed_from_u64(1))).unwrap();
@@ -83,7 +87,8 @@ impl Pair {
             base,
             now: base,
             client,
-            server: endpoint(Role::Server, sk, 2, base),
+            server: Endpoint::new(server_cfg, base, Box::new(ChaCha8Rng::seed_from_u64(2)))
+                .unwrap(),
             captured: Vec::new(),
             client_events: Vec::new(),
             server_events: Vec::new(),
@@ -1022,4 +1027,117 @@ fn the_path_mtu_is_searched_and_lowered_by_icmp() {
     // ICMP never raises it.
     p.client.handle_too_big(p.now, 1, 1400);
     assert_eq!(p.client.stats(p.now).links[0].pmtu, Some(1300));
+}
+
+// ------------------------------------------------------------------ identity handshake
+
+fn keys(seed: u8) -> KeyPair {
+    KeyPair::from_private([seed; 32])
+}
+
+/// Client and server configurations of the identity handshake (docs/protocol.md §9.3): the
+/// client `client` talks to server `server`, which accepts `accepted`.
+fn identity_configs(client: u8, server: u8, accepted: u8) -> (Config, Config) {
+    let mut c = Config::new(Role::Client, [0; 32]);
+    c.identity = Some(Identity {
+        own: keys(client),
+        peer: keys(server).public(),
+        v4: None,
+        v6: None,
+    });
+    let mut s = Config::new(Role::Server, [0; 32]);
+    s.identity = Some(Identity {
+        own: keys(server),
+        peer: keys(accepted).public(),
+        v4: Some(("198.18.50.2".parse().unwrap(), 24)),
+        v6: Some(("2001:2:0:50::2".parse().unwrap(), 64)),
+    });
+    (c, s)
+}
+
+/// Per-client keys: the session comes up, data crosses both ways, and the client learns the
+/// tunnel addresses the server gives it.
+#[test]
+fn identity_handshake_brings_the_session_up_and_gives_the_addresses() {
+    let (c, s) = identity_configs(1, 2, 1);
+    let mut p = Pair::with_configs(2, c, s);
+    p.run_for(Duration::from_secs(1));
+    assert!(p.client.is_connected() && p.server.is_connected());
+    assert_eq!(p.link_states(&p.client), vec![LinkState::Up; 2]);
+    assert!(p.client_events.contains(&Event::Addresses {
+        v4: Some(("198.18.50.2".parse().unwrap(), 24)),
+        v6: Some(("2001:2:0:50::2".parse().unwrap(), 64)),
+    }));
+    p.client.send_packet(p.now, &ip_packet(7));
+    p.server.send_packet(p.now, &ip_packet(8));
+    p.exchange();
+    assert_eq!(p.delivered_to_server.last().map(|b| b[20]), Some(7));
+    assert_eq!(p.delivered_to_client.last().map(|b| b[20]), Some(8));
+    // The HELLO-ACK never amplifies: the server's answers are smaller than the HELLOs.
+    let hello = p.captured.iter().map(|(_, d)| d.len()).max().unwrap();
+    assert!(hello >= braid_core::wire::ID_HELLO_DATAGRAM_LEN);
+}
+
+/// A client whose key the server does not list, a client that has the wrong server key, and a
+/// PSK client at an identity server: no session, every refusal counted as authentication.
+#[test]
+fn identity_refuses_unknown_clients_wrong_servers_and_psk_peers() {
+    for (case, (c, s)) in [
+        identity_configs(3, 2, 1),
+        {
+            // The client has another server's key.
+            let (c, _) = identity_configs(1, 4, 1);
+            (c, identity_configs(1, 2, 1).1)
+        },
+        (
+            Config::new(Role::Client, [0; 32]),
+            identity_configs(1, 2, 1).1,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut p = Pair::with_configs(2, c, s);
+        p.run_for(Duration::from_secs(2));
+        assert!(
+            !p.client.is_connected() && !p.server.is_connected(),
+            "case {case}: {:?}",
+            p.server.stats(p.now).drops
+        );
+        assert!(
+            p.server.stats(p.now).drops.auth > 0,
+            "{:?}",
+            p.server.stats(p.now).drops
+        );
+    }
+}
+
+/// A captured identity HELLO replayed at full rate after the session is up: stale, dropped as
+/// a replay, and the session holds; the few answers are smaller than the HELLO.
+#[test]
+fn identity_replayed_hello_is_stale_and_never_amplified() {
+    let (c, s) = identity_configs(1, 2, 1);
+    let mut p = Pair::with_configs(2, c, s);
+    p.client.handle_timeout(p.now);
+    let captured = p.client.poll_transmit().expect("hello").payload;
+    let hello_len = captured.len();
+    p.run_for(Duration::from_secs(1));
+    let session = p.server.stats(p.now).session;
+    assert!(session.is_some());
+    // A newer handshake of the client (a rehandshake) makes the captured one stale.
+    p.client = {
+        let (c, _) = identity_configs(1, 2, 1);
+        let mut e = Endpoint::new(c, p.now, Box::new(ChaCha8Rng::seed_from_u64(9))).unwrap();
+        for id in 1..=2 {
+            e.add_link(p.now, id, LinkConfig::default()).unwrap();
+        }
+        e
+    };
+    p.run_for(Duration::from_secs(1));
+    let session = p.server.stats(p.now).session;
+    p.replay = Some(captured);
+    p.run_for(Duration::from_secs(2));
+    assert_eq!(p.server.stats(p.now).session, session);
+    assert!(p.server.stats(p.now).drops.replay > 20);
+    assert!(p.to_attacker.iter().all(|d| d.len() < hello_len));
 }
