@@ -34,8 +34,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print a new random pre-shared key (32 bytes, base64).
+    /// Print a new random key (32 bytes, base64): a pre-shared key (`key`) or a private key
+    /// (`private_key`, per-client keys).
     Keygen,
+    /// Read a private key (base64) on standard input and print its public key, as `wg pubkey`.
+    Pubkey,
     /// Run a bonding tunnel endpoint in the foreground.
     Up(braid_tunnel::UpArgs),
     /// Check a tunnel or balancer configuration file, touching nothing; exit 0 if it is valid.
@@ -142,6 +145,27 @@ fn keygen() -> anyhow::Result<()> {
     Ok(())
 }
 
+fn pubkey() -> anyhow::Result<()> {
+    use base64::Engine;
+    use std::io::Read;
+    let mut text = String::new();
+    std::io::stdin()
+        .take(4096)
+        .read_to_string(&mut text)
+        .map_err(|e| anyhow::anyhow!("cannot read the private key on standard input: {e}"))?;
+    let private = braid_tunnel::config::decode_key(&text).map_err(|m| {
+        anyhow::anyhow!(
+            "standard input: {m} (usage: braid keygen | tee private.key | braid pubkey)"
+        )
+    })?;
+    let public = braid_core::identity::public_key(private);
+    println!(
+        "{}",
+        base64::engine::general_purpose::STANDARD.encode(public)
+    );
+    Ok(())
+}
+
 fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
     use clap::CommandFactory;
     // clap_complete offers hidden subcommands too: complete from a copy without them (args and
@@ -207,6 +231,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.cmd {
         Cmd::Keygen => keygen(),
+        Cmd::Pubkey => pubkey(),
         Cmd::Up(args) => braid_tunnel::run_up(args),
         Cmd::Check(args) => check::run(args),
         Cmd::Status { json, control } => status(control.control.or(cli.control), json),

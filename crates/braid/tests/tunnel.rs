@@ -1917,3 +1917,91 @@ fn mtu_1500_inside_on_1500_byte_links() {
     let st = net.status("c.sock").unwrap();
     assert_eq!(links_up(&st), 2, "{}", net.why());
 }
+
+fn pubkey_of(private: &str) -> String {
+    let mut child = Command::new(BRAID)
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+/// Issue 14 item 1: per-client keys. `braid keygen` / `braid pubkey` make the key pairs; the
+/// server lists its client's public key and gives it its tunnel address in the handshake; the
+/// client has no `address` of its own and no PSK. The tunnel carries pings; a client with
+/// another key pair never gets a session and the server counts it as authentication failures.
+#[test]
+fn per_client_keys_bring_the_tunnel_up_and_refuse_other_keys() {
+    let mut net = Net::new("id", 2);
+    let (server_key, client_key) = (keygen(), keygen());
+    let (server_pub, client_pub) = (pubkey_of(&server_key), pubkey_of(&client_key));
+    assert_ne!(server_pub, client_pub);
+    let s = net.write(
+        "s.toml",
+        &format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"server\"\nprivate_key = \"{server_key}\"\naddress = \"198.19.0.1/30\"\nmtu = 1400\nlisten = \"0.0.0.0:5050\"\ncontrol = \"{}\"\n\n[[client]]\nname = \"site-a\"\npublic_key = \"{client_pub}\"\naddress = \"198.19.0.2/30\"\n",
+            net.path("s.sock").display()
+        ),
+    );
+    let csock = net.path("c.sock");
+    let client_conf = |key: &str| {
+        let mut t = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"client\"\nprivate_key = \"{key}\"\nserver_public_key = \"{server_pub}\"\nmtu = 1400\nconnect_timeout = 3\ncontrol = \"{}\"\n",
+            csock.display()
+        );
+        for i in 1..=2 {
+            t.push_str(&format!(
+                "\n[[link]]\nname = \"isp{i}\"\nbind = \"198.18.{i}.1\"\nremote = \"198.18.{i}.2:5050\"\n"
+            ));
+        }
+        t
+    };
+    // A stranger first: refused, counted, and the client says why.
+    let stranger = net.write("x.toml", &client_conf(&keygen()));
+    let server = net.server.clone();
+    net.up("server", &server, &s);
+    wait_for(Duration::from_secs(5), || net.status("s.sock")).expect("server status");
+    let (st, err) = up_to_exit(&net.client, &stranger, false, Duration::from_secs(10));
+    assert!(!st.success(), "a stranger got in: {err}");
+    let auth = net.status("s.sock").unwrap()["drops"]["auth"]
+        .as_u64()
+        .unwrap();
+    assert!(auth > 0, "the stranger's HELLOs were not counted");
+    // The real client.
+    let c = net.write("c.toml", &client_conf(&client_key));
+    let client = net.client.clone();
+    net.up("client", &client, &c);
+    let ok = wait_for(Duration::from_secs(8), || {
+        let c = net.status("c.sock")?;
+        let s = net.status("s.sock")?;
+        (links_up(&c) == 2 && links_up(&s) == 2).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "links did not come up.\nclient: {}\nserver: {}",
+        net.log("client"),
+        net.log("server")
+    );
+    // The address came from the server.
+    let addrs = run("ip", &["-n", &net.client, "-br", "addr", "show", "braid0"]);
+    let addrs = String::from_utf8_lossy(&addrs.stdout).to_string();
+    assert!(addrs.contains("198.19.0.2/30"), "client TUN: {addrs}");
+    assert!(
+        net.log("client").contains("from the server"),
+        "{}",
+        net.log("client")
+    );
+    assert!(net.ping(3), "no ping through the tunnel: {}", net.why());
+    assert!(ping_from(&net.server, "198.19.0.2", 3));
+}

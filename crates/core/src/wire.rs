@@ -1306,7 +1306,7 @@ mod tests {
             assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
         }
         b[0] = VERSION;
-        for t in [0u8, 9, 0x14, 255] {
+        for t in [0u8, 11, 0x14, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }

@@ -61,6 +61,19 @@ struct FileRepr {
     bundle: Spanned<BundleRepr>,
     #[serde(default)]
     link: Vec<Spanned<LinkRepr>>,
+    /// Server with per-client keys: the client it serves.
+    #[serde(default)]
+    client: Vec<Spanned<ClientRepr>>,
+}
+
+/// `[[client]]` of a server with per-client keys (docs/guide.md §12).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientRepr {
+    name: Spanned<String>,
+    public_key: Spanned<String>,
+    /// The client's tunnel address(es), given to it in the handshake.
+    address: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,8 +83,14 @@ struct BundleRepr {
     role: Spanned<String>,
     key: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
+    /// This end's X25519 private key (per-client keys, docs/protocol.md §9.3).
+    private_key: Option<Spanned<String>>,
+    private_key_file: Option<Spanned<String>>,
+    /// Client with a private key: the server's public key.
+    server_public_key: Option<Spanned<String>>,
     /// A string ("IP/PREFIX", or several separated by commas as in wg-quick) or an array of them.
-    address: Spanned<toml::Value>,
+    /// Optional for a client with a private key: then the server gives the addresses.
+    address: Option<Spanned<toml::Value>>,
     mtu: Option<Spanned<u32>>,
     listen: Option<Spanned<String>>,
     scheduler: Option<Spanned<String>>,
@@ -144,8 +163,21 @@ pub struct Config {
     /// How long the data plane waits after a wake-up to fill a batch (docs/guide.md).
     pub batch_wait: Duration,
     pub links: Vec<LinkSpec>,
+    /// Per-client keys (`private_key`): this end's key pair, and the peer it accepts.
+    pub identity: Option<IdentityConfig>,
     /// Things that do not stop the endpoint but should be fixed (a key readable by others).
     pub warnings: Vec<String>,
+}
+
+/// Per-client keys (docs/protocol.md §9.3).
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub own: braid_core::identity::KeyPair,
+    /// Client: the server's public key. Server: the one `[[client]]`'s.
+    pub peer: [u8; 32],
+    /// Server: the `[[client]]`'s name and tunnel addresses (given to it in the handshake).
+    pub client_name: Option<String>,
+    pub client_addresses: Vec<TunAddress>,
 }
 
 /// One address of the TUN device with its prefix length, shown as `198.19.0.2/30`.
@@ -309,6 +341,21 @@ impl Config {
             )),
             Role::Server => {}
         }
+        cfg.identity = validate_identity(&src, &file, cfg.role)?;
+        if cfg.addresses.is_empty() && cfg.identity.is_none() {
+            return Err(src.at(
+                &file.bundle,
+                "bundle.address",
+                "missing: give the tunnel address (\"IP/PREFIX\"); only a client with a private_key may leave it to the server",
+            ));
+        }
+        if cfg.role == Role::Server && cfg.addresses.is_empty() {
+            return Err(src.at(
+                &file.bundle,
+                "bundle.address",
+                "missing: a server needs its tunnel address (\"IP/PREFIX\")",
+            ));
+        }
         Ok(cfg)
     }
 }
@@ -330,8 +377,12 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         "server" => Ok(Role::Server),
         other => Err(format!("{other:?} is neither \"client\" nor \"server\"")),
     })?;
-    let (psk, warnings) = bundle_key(src, bundle)?;
-    let addresses = validate_address(src, &b.address)?;
+    let identity = b.private_key.is_some() || b.private_key_file.is_some();
+    let (psk, warnings) = bundle_key(src, bundle, identity)?;
+    let addresses = match &b.address {
+        Some(a) => validate_address(src, a)?,
+        None => Vec::new(),
+    };
     let ipv6 = addresses.iter().find(|a| a.ip.is_ipv6());
     let mtu = src.optional(&b.mtu, "bundle.mtu", |&m| {
         let m = in_range(m, 576, 65535)?;
@@ -420,8 +471,148 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
             })?
             .unwrap_or(Duration::from_micros(DEFAULT_BATCH_WAIT_US)),
         links: Vec::new(),
+        identity: None,
         warnings,
     })
+}
+
+/// Reads a 32-byte base64 key given inline (`key`) or in a file (`key_file`), naming the keys
+/// in errors; a file readable by others is a warning. `None` when neither is given.
+fn secret_key(
+    src: &Source,
+    inline: &Option<Spanned<String>>,
+    file: &Option<Spanned<String>>,
+    names: (&str, &str),
+    warnings: &mut Vec<String>,
+) -> Result<Option<[u8; 32]>, ConfigError> {
+    match (inline, file) {
+        (Some(_), Some(f)) => Err(src.at(
+            f,
+            names.1,
+            format!("give either {} or {}, not both", names.0, names.1),
+        )),
+        (Some(k), None) => Ok(Some(src.value(k, names.0, |k| decode_key(k))?)),
+        (None, Some(f)) => {
+            let kp = src.relative_path(f.get_ref());
+            let key = src.value(f, names.1, |_| {
+                let text = std::fs::read_to_string(&kp)
+                    .map_err(|e| format!("cannot read {}: {e}", kp.display()))?;
+                decode_key(&text).map_err(|m| format!("{}: {m}", kp.display()))
+            })?;
+            warnings.extend(secret_file_warning(&kp));
+            Ok(Some(key))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// A public key: base64 of 32 bytes, not of low order (X25519 with it must not give zeros).
+fn public_key(text: &str) -> Result<[u8; 32], String> {
+    let k = decode_key(text).map_err(|m| m.replace("`braid keygen`", "`braid pubkey`"))?;
+    let probe = braid_core::identity::KeyPair::from_private([7; 32]);
+    probe
+        .dh(&k)
+        .map(|_| k)
+        .ok_or_else(|| "not a usable X25519 public key (low order)".to_string())
+}
+
+/// Per-client keys: `private_key` (or `_file`), then on a client `server_public_key`, on a
+/// server exactly one `[[client]]`.
+fn validate_identity(
+    src: &Source,
+    file: &FileRepr,
+    role: Role,
+) -> Result<Option<IdentityConfig>, ConfigError> {
+    let b = file.bundle.get_ref();
+    let mut warnings = Vec::new();
+    let private = secret_key(
+        src,
+        &b.private_key,
+        &b.private_key_file,
+        ("bundle.private_key", "bundle.private_key_file"),
+        &mut warnings,
+    )?;
+    let Some(private) = private else {
+        if let Some(k) = &b.server_public_key {
+            return Err(src.at(
+                k,
+                "bundle.server_public_key",
+                "needs this end's private_key (make one with `braid keygen`)",
+            ));
+        }
+        if let Some(c) = file.client.first() {
+            return Err(src.at(
+                c,
+                "client",
+                "[[client]] needs the server's private_key in [bundle] (make one with `braid keygen`)",
+            ));
+        }
+        return Ok(None);
+    };
+    let own = braid_core::identity::KeyPair::from_private(private);
+    match role {
+        Role::Client => {
+            let Some(k) = &b.server_public_key else {
+                return Err(src.at(
+                    &file.bundle,
+                    "bundle.server_public_key",
+                    "missing: a client with a private_key needs the server's public key (`braid pubkey` of the server's private key)",
+                ));
+            };
+            let peer = src.value(k, "bundle.server_public_key", |k| public_key(k))?;
+            Ok(Some(IdentityConfig {
+                own,
+                peer,
+                client_name: None,
+                client_addresses: Vec::new(),
+            }))
+        }
+        Role::Server => {
+            let c = match file.client.as_slice() {
+                [c] => c,
+                [] => {
+                    return Err(src.at(
+                        &file.bundle,
+                        "client",
+                        "missing: a server with a private_key needs a [[client]] (name, public_key, address)",
+                    ))
+                }
+                [_, second, ..] => {
+                    return Err(src.at(
+                        second,
+                        "client",
+                        "this braid serves one [[client]] per server process; several clients on one server are not supported yet (run one server per client, on its own port)",
+                    ))
+                }
+            };
+            let r = c.get_ref();
+            let name = src.value(&r.name, "client.name", |n| {
+                if n.is_empty() || n.len() > 32 || n.contains(char::is_whitespace) {
+                    Err(format!("{n:?}: 1 to 32 characters, no spaces"))
+                } else {
+                    Ok(n.clone())
+                }
+            })?;
+            let peer = src.value(&r.public_key, "client.public_key", |k| public_key(k))?;
+            if peer == own.public() {
+                return Err(src.at(
+                    &r.public_key,
+                    "client.public_key",
+                    "is the server's own public key: give the client's (`braid pubkey` of the client's private key)",
+                ));
+            }
+            let client_addresses = match &r.address {
+                Some(a) => src.value(a, "client.address", parse_addresses)?,
+                None => Vec::new(),
+            };
+            Ok(Some(IdentityConfig {
+                own,
+                peer,
+                client_name: Some(name),
+                client_addresses,
+            }))
+        }
+    }
 }
 
 /// `bundle.address`: one "IP/PREFIX", several separated by commas, or an array of them (see
@@ -438,9 +629,12 @@ fn validate_address(
 fn bundle_key(
     src: &Source,
     bundle: &Spanned<BundleRepr>,
+    identity: bool,
 ) -> Result<([u8; 32], Vec<String>), ConfigError> {
     let b = bundle.get_ref();
     let (psk, key_file) = match (&b.key, &b.key_file) {
+        // Per-client keys: a PSK is optional (mixed into the handshake when given).
+        (None, None) if identity => return Ok(([0; 32], Vec::new())),
         (Some(_), Some(f)) => {
             return Err(src.at(
                 f,
@@ -568,6 +762,53 @@ mod tests {
 
     fn parse(t: &str) -> Result<Config, String> {
         Config::parse(Path::new("/etc/braid/t.toml"), t).map_err(|e| e.to_string())
+    }
+
+    /// Per-client keys: what each end needs, each mistake named with its key.
+    #[test]
+    fn per_client_keys() {
+        let pubkey = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
+        let server = |clients: &str| {
+            format!(
+                "[bundle]\nname = \"braid0\"\nrole = \"server\"\nprivate_key = \"{KEY}\"\naddress = \"198.19.0.1/30\"\nlisten = \"0.0.0.0:5050\"\n{clients}"
+            )
+        };
+        let one = format!(
+            "[[client]]\nname = \"a\"\npublic_key = \"{pubkey}\"\naddress = \"198.19.0.2/30\"\n"
+        );
+        let c = parse(&server(&one)).unwrap();
+        let id = c.identity.expect("identity");
+        assert_eq!(id.client_name.as_deref(), Some("a"));
+        assert_eq!(id.client_addresses.len(), 1);
+        assert_eq!(c.psk, [0; 32], "no PSK needed");
+        let e = parse(&server("")).unwrap_err();
+        assert!(e.contains("needs a [[client]]"), "{e}");
+        let e = parse(&server(&format!("{one}{}", one.replace("\"a\"", "\"b\"")))).unwrap_err();
+        assert!(e.contains("one [[client]] per server"), "{e}");
+        let e = parse(&server(&one.replace(pubkey, "AAAA"))).unwrap_err();
+        assert!(e.contains("client.public_key"), "{e}");
+        // A low-order point is no key.
+        let zero = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+        let e = parse(&server(&one.replace(pubkey, zero))).unwrap_err();
+        assert!(e.contains("low order"), "{e}");
+
+        let client = |extra: &str| {
+            format!("[bundle]\nname = \"braid0\"\nrole = \"client\"\nprivate_key = \"{KEY}\"\n{extra}\n{LINKS}")
+        };
+        let c = parse(&client(&format!("server_public_key = \"{pubkey}\""))).unwrap();
+        assert!(
+            c.addresses.is_empty(),
+            "the address may come from the server"
+        );
+        assert!(c.identity.is_some());
+        let e = parse(&client("")).unwrap_err();
+        assert!(e.contains("server_public_key"), "{e}");
+        // Without a private key: the address and the key stay required.
+        let e = parse(&format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{KEY}\"\n{LINKS}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("bundle.address"), "{e}");
     }
 
     #[test]

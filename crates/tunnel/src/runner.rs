@@ -186,6 +186,22 @@ impl Runner {
         }
         ep_cfg.compression = cfg.compression;
         ep_cfg.route_id = cfg.route_id;
+        ep_cfg.identity = cfg.identity.as_ref().map(|i| {
+            let v4 = i.client_addresses.iter().find_map(|a| match a.ip {
+                std::net::IpAddr::V4(ip) => Some((ip, a.prefix)),
+                _ => None,
+            });
+            let v6 = i.client_addresses.iter().find_map(|a| match a.ip {
+                std::net::IpAddr::V6(ip) => Some((ip, a.prefix)),
+                _ => None,
+            });
+            braid_core::endpoint::Identity {
+                own: i.own.clone(),
+                peer: i.peer,
+                v4,
+                v6,
+            }
+        });
         if let Some(m) = cfg.reorder_max {
             ep_cfg.reorder.max_timeout = m;
             ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
@@ -752,11 +768,45 @@ impl Runner {
                     tracing::info!("link {} learned: client at {addr}", self.link_name(link));
                     self.mtu_check_due = true;
                 }
+                Event::Addresses { v4, v6 } => self.take_addresses(v4, v6),
                 Event::VersionMismatch { theirs, ours } => tracing::error!(
                     "the peer speaks braid wire protocol version {theirs}, this braid speaks \
                      version {ours}: run the same braid release at both ends"
                 ),
             }
+        }
+    }
+
+    /// Client with per-client keys and no `address` of its own: the server gave the tunnel
+    /// addresses in the handshake; the TUN device takes them (again after a new session, in
+    /// case the server's configuration changed).
+    fn take_addresses(
+        &mut self,
+        v4: Option<(std::net::Ipv4Addr, u8)>,
+        v6: Option<(std::net::Ipv6Addr, u8)>,
+    ) {
+        if !self.cfg.addresses.is_empty() {
+            return;
+        }
+        let given: Vec<(std::net::IpAddr, u8)> = v4
+            .map(|(a, l)| (a.into(), l))
+            .into_iter()
+            .chain(v6.map(|(a, l)| (a.into(), l)))
+            .collect();
+        if given.is_empty() {
+            tracing::warn!("the server gave this client no tunnel address (set address in its [[client]], or here)");
+            return;
+        }
+        match braid_linux::netlink::configure(&self.cfg.name, &given, self.cfg.mtu) {
+            Ok(()) => {
+                let text: Vec<String> = given.iter().map(|(a, l)| format!("{a}/{l}")).collect();
+                tracing::info!(
+                    "tunnel {}: address {} from the server",
+                    self.cfg.name,
+                    text.join(", ")
+                );
+            }
+            Err(e) => tracing::error!("cannot give {} the server's addresses: {e}", self.cfg.name),
         }
     }
 
