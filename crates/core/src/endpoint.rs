@@ -865,6 +865,15 @@ impl Endpoint {
     }
 
     /// True once a session with the peer is established.
+    /// The ids the peer puts in packets for us: the current session's and the pending one's
+    /// (server); a concentrator routes packets to this endpoint by them.
+    pub fn session_ids(&self) -> [Option<u32>; 2] {
+        [
+            self.session.as_ref().map(|s| s.local_id),
+            self.pending.as_ref().map(|s| s.local_id),
+        ]
+    }
+
     pub fn is_connected(&self) -> bool {
         self.session.is_some()
     }

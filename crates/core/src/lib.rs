@@ -29,6 +29,7 @@
 
 pub mod arq;
 pub mod compress;
+pub mod concentrator;
 pub mod crypto;
 pub mod endpoint;
 pub mod frag;
