@@ -448,13 +448,10 @@ impl Concentrator {
         let n = self.slots.len();
         for k in 0..n {
             let slot = (self.next_rx + k) % n;
-            loop {
-                let Some(p) = self.slots[slot]
-                    .as_mut()
-                    .and_then(|c| c.ep.poll_deliver(now))
-                else {
-                    break;
-                };
+            while let Some(p) = self.slots[slot]
+                .as_mut()
+                .and_then(|c| c.ep.poll_deliver(now))
+            {
                 let addrs = inner_addrs(&p);
                 let from_ok = addrs
                     .is_some_and(|(src, _)| self.routes.lookup(src).map(|(_, &s)| s) == Some(slot));
