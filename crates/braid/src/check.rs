@@ -91,7 +91,14 @@ fn tunnel_summary(path: &Path, text: &str) -> anyhow::Result<(String, Vec<String
     use braid_core::endpoint::Role;
     let c = braid_tunnel::config::Config::parse(path, text)?;
     let summary = match (c.role, c.listen) {
-        (Role::Server, Some(listen)) => format!("tunnel server {}, listen {listen}", c.name),
+        (Role::Server, Some(listen)) => match c.identity.as_ref().map(|i| i.clients.len()) {
+            Some(n) if n > 0 => format!(
+                "tunnel server {}, listen {listen}, {n} client{}",
+                c.name,
+                if n == 1 { "" } else { "s" }
+            ),
+            _ => format!("tunnel server {}, listen {listen}", c.name),
+        },
         _ => format!(
             "tunnel client {}, {}",
             c.name,

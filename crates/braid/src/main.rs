@@ -58,6 +58,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: braid_tunnel::LinkCmd,
     },
+    /// Add, remove or list the clients of a running concentrator (a server with [[client]]).
+    Client {
+        #[command(flatten)]
+        control: ControlArg,
+        #[command(subcommand)]
+        cmd: braid_tunnel::ClientCmd,
+    },
     /// Run the built-in network lab (needs root): emulated links, two endpoints, real TCP.
     Lab(braid_lab::LabArgs),
     /// Run a layer-4 load balancer in the foreground.
@@ -90,7 +97,7 @@ impl Cmd {
     fn uses_control(&self) -> bool {
         matches!(
             self,
-            Cmd::Status { .. } | Cmd::Link { .. } | Cmd::Backend { .. }
+            Cmd::Status { .. } | Cmd::Link { .. } | Cmd::Client { .. } | Cmd::Backend { .. }
         )
     }
 }
@@ -236,6 +243,9 @@ fn main() -> ExitCode {
         Cmd::Check(args) => check::run(args),
         Cmd::Status { json, control } => status(control.control.or(cli.control), json),
         Cmd::Link { control, cmd } => braid_tunnel::run_link(control.control.or(cli.control), cmd),
+        Cmd::Client { control, cmd } => {
+            braid_tunnel::run_client(control.control.or(cli.control), cmd)
+        }
         Cmd::Lab(args) => braid_lab::run_lab(args),
         Cmd::Balance(args) => braid_balance::run_balance(args),
         Cmd::Backend { control, cmd } => {

@@ -13,9 +13,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 5] = [
     "tunnel-client.toml",
     "tunnel-server.toml",
+    "concentrator.toml",
     "balance-proxy.toml",
     "balance-dsr.toml",
 ];
@@ -145,6 +146,10 @@ fn examples_are_valid_and_nothing_is_touched() {
         (
             "tunnel-server.toml",
             "ok (tunnel server braid0, listen 0.0.0.0:5050)",
+        ),
+        (
+            "concentrator.toml",
+            "ok (tunnel server braid0, listen 0.0.0.0:5050, 2 clients)",
         ),
         (
             "balance-proxy.toml",

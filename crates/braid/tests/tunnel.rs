@@ -1974,10 +1974,10 @@ fn per_client_keys_bring_the_tunnel_up_and_refuse_other_keys() {
     wait_for(Duration::from_secs(5), || net.status("s.sock")).expect("server status");
     let (st, err) = up_to_exit(&net.client, &stranger, false, Duration::from_secs(10));
     assert!(!st.success(), "a stranger got in: {err}");
-    let auth = net.status("s.sock").unwrap()["drops"]["auth"]
-        .as_u64()
-        .unwrap();
-    assert!(auth > 0, "the stranger's HELLOs were not counted");
+    // The server is a concentrator of one client: a key it does not list is an unknown client.
+    let st = net.status("s.sock").unwrap();
+    let unknown = st["drops"]["unknown_client"].as_u64().unwrap();
+    assert!(unknown > 0, "the stranger's HELLOs were not counted: {st}");
     // The real client.
     let c = net.write("c.toml", &client_conf(&client_key));
     let client = net.client.clone();
@@ -1985,7 +1985,7 @@ fn per_client_keys_bring_the_tunnel_up_and_refuse_other_keys() {
     let ok = wait_for(Duration::from_secs(8), || {
         let c = net.status("c.sock")?;
         let s = net.status("s.sock")?;
-        (links_up(&c) == 2 && links_up(&s) == 2).then_some(())
+        (links_up(&c) == 2 && s["clients"][0]["links_up"] == 2).then_some(())
     });
     assert!(
         ok.is_some(),
@@ -2004,4 +2004,261 @@ fn per_client_keys_bring_the_tunnel_up_and_refuse_other_keys() {
     );
     assert!(net.ping(3), "no ping through the tunnel: {}", net.why());
     assert!(ping_from(&net.server, "198.19.0.2", 3));
+}
+
+/// `ping -c COUNT -I SRC DST` in namespace `ns`: whether any reply came.
+fn ping_src(ns: &str, src: &str, dst: &str, count: u32) -> bool {
+    let c = count.to_string();
+    let o = run(
+        "ip",
+        &[
+            "netns", "exec", ns, "ping", "-n", "-q", "-c", &c, "-i", "0.2", "-W", "2", "-I", src,
+            dst,
+        ],
+    );
+    o.status.success()
+}
+
+/// Issue 14 items 2-4: one server (a concentrator) for two sites, each with its own key pair,
+/// two links and a LAN. Addresses come from the pool, the LANs are routed into the server's
+/// TUN device, site-to-site traffic passes where allowed, a spoofed source is dropped and
+/// counted, and `braid client remove|add|list` changes one site at run time without touching
+/// the other. The concentrator's metrics are the ones the guide lists.
+#[test]
+fn concentrator_serves_two_sites_routes_their_lans_and_filters_sources() {
+    let mut net = Net::new("cc", 2);
+    let site2 = format!("brt{}ccx", std::process::id());
+    ip(&["netns", "add", &site2]);
+    net.extra_ns.push(site2.clone());
+    ip(&["-n", &site2, "link", "set", "lo", "up"]);
+    for (i, (d, t)) in [(3, ("d3", "t3")), (4, ("d4", "t4"))] {
+        ip(&[
+            "link",
+            "add",
+            d,
+            "netns",
+            &site2,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            t,
+            "netns",
+            &net.server,
+        ]);
+        ip(&[
+            "-n",
+            &site2,
+            "addr",
+            "add",
+            &format!("198.18.{i}.1/24"),
+            "dev",
+            d,
+        ]);
+        ip(&[
+            "-n",
+            &net.server,
+            "addr",
+            "add",
+            &format!("198.18.{i}.2/24"),
+            "dev",
+            t,
+        ]);
+        ip(&["-n", &site2, "link", "set", d, "up"]);
+        ip(&["-n", &net.server, "link", "set", t, "up"]);
+    }
+    // The sites' LANs: one address each, on loopback.
+    let site1 = net.client.clone();
+    ip(&["-n", &site1, "addr", "add", "198.18.110.1/32", "dev", "lo"]);
+    ip(&["-n", &site2, "addr", "add", "198.18.120.1/32", "dev", "lo"]);
+    ip(&["-n", &site1, "addr", "add", "198.18.99.1/32", "dev", "lo"]);
+
+    let (server_key, k1, k2) = (keygen(), keygen(), keygen());
+    let (server_pub, p1, p2) = (pubkey_of(&server_key), pubkey_of(&k1), pubkey_of(&k2));
+    let site_table = |name: &str, key: &str, lan: &str, reach: &str| {
+        format!("\n[[client]]\nname = \"{name}\"\npublic_key = \"{key}\"\nlan = [\"{lan}\"]\nreach = [\"{reach}\"]\n")
+    };
+    let s = net.write(
+        "s.toml",
+        &format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"server\"\nprivate_key = \"{server_key}\"\naddress = \"198.19.0.1/24\"\naddress_pool = \"198.19.0.0/24\"\nmtu = 1400\nlisten = \"0.0.0.0:5050\"\nmetrics = \"127.0.0.1:9151\"\ncontrol = \"{}\"\n{}{}",
+            net.path("s.sock").display(),
+            site_table("site1", &p1, "198.18.110.0/24", "site2"),
+            site_table("site2", &p2, "198.18.120.0/24", "site1"),
+        ),
+    );
+    let client_conf = |key: &str, sock: &str, nets: [u32; 2]| {
+        let mut t = format!(
+            "[bundle]\nname = \"braid0\"\nrole = \"client\"\nprivate_key = \"{key}\"\nserver_public_key = \"{server_pub}\"\nmtu = 1400\ncontrol = \"{}\"\n",
+            net.path(sock).display()
+        );
+        for (i, n) in nets.iter().enumerate() {
+            t.push_str(&format!(
+                "\n[[link]]\nname = \"isp{}\"\nbind = \"198.18.{n}.1\"\nremote = \"198.18.{n}.2:5050\"\n",
+                i + 1
+            ));
+        }
+        t
+    };
+    let c1 = net.write("c1.toml", &client_conf(&k1, "c.sock", [1, 2]));
+    let c2 = net.write("c2.toml", &client_conf(&k2, "c2.sock", [3, 4]));
+    let server = net.server.clone();
+    net.up("server", &server, &s);
+    wait_for(Duration::from_secs(5), || net.status("s.sock")).expect("server status");
+    net.up("site1", &site1, &c1);
+    net.up("site2", &site2, &c2);
+    let both_up = |net: &Net| {
+        let st = net.status("s.sock")?;
+        let clients = st["clients"].as_array()?.clone();
+        (clients.len() == 2
+            && clients
+                .iter()
+                .all(|c| c["connected"] == true && c["links_up"] == 2))
+        .then_some(st)
+    };
+    let st = wait_for(Duration::from_secs(10), || both_up(&net)).unwrap_or_else(|| {
+        panic!(
+            "sites did not come up: {:?}\nserver: {}\nsite1: {}\nsite2: {}",
+            net.status("s.sock"),
+            net.log("server"),
+            net.log("site1"),
+            net.log("site2")
+        )
+    });
+    // Each site got the next pool address and the server routes its LAN.
+    let addr_of = |ns: &str| {
+        String::from_utf8_lossy(&run("ip", &["-n", ns, "-br", "addr", "show", "braid0"]).stdout)
+            .to_string()
+    };
+    let (a1, a2) = (addr_of(&site1), addr_of(&site2));
+    assert!(
+        a1.contains("198.19.0.2/24") && a2.contains("198.19.0.3/24"),
+        "{a1} / {a2}"
+    );
+    let routes = String::from_utf8_lossy(
+        &run("ip", &["-n", &server, "route", "show", "dev", "braid0"]).stdout,
+    )
+    .to_string();
+    assert!(
+        routes.contains("198.18.110.0/24") && routes.contains("198.18.120.0/24"),
+        "{routes}"
+    );
+    assert_eq!(st["clients"][0]["prefixes"][1], "198.18.110.0/24", "{st}");
+
+    // The sites route each other's LAN through their tunnel (the operator's part).
+    ip(&[
+        "-n",
+        &site1,
+        "route",
+        "add",
+        "198.18.120.0/24",
+        "dev",
+        "braid0",
+    ]);
+    ip(&[
+        "-n",
+        &site2,
+        "route",
+        "add",
+        "198.18.110.0/24",
+        "dev",
+        "braid0",
+    ]);
+    ip(&["-n", &site1, "route", "add", "198.18.99.0/24", "dev", "lo"]);
+    assert!(
+        ping_src(&site1, "198.18.110.1", "198.18.120.1", 3),
+        "site to site"
+    );
+    assert!(
+        ping_src(&site1, "198.19.0.2", "198.19.0.1", 2),
+        "site1 to the server"
+    );
+    assert!(
+        ping_src(&site2, "198.18.120.1", "198.19.0.1", 2),
+        "site2's LAN to the server"
+    );
+    // A source site1 does not own: dropped at the server, counted.
+    assert!(!ping_src(&site1, "198.18.99.1", "198.19.0.1", 2));
+    let st = net.status("s.sock").unwrap();
+    assert!(
+        st["clients"][0]["drops"]["source"].as_u64().unwrap() >= 2,
+        "{st}"
+    );
+    assert!(st["clients"][0]["forwarded"].as_u64().unwrap() >= 3, "{st}");
+
+    // Metrics: a client label, and exactly the names the guide lists.
+    let o = run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &server,
+            "curl",
+            "-sf",
+            "--max-time",
+            "5",
+            "http://127.0.0.1:9151/metrics",
+        ],
+    );
+    assert!(o.status.success(), "no metrics");
+    let m = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        m.contains("braid_client_up{bundle=\"braid0\",client=\"site1\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "braid_client_drops_total{bundle=\"braid0\",client=\"site1\",reason=\"source\"}"
+        ),
+        "{m}"
+    );
+    metrics_docs::assert_documented(&m, "guide.md", "Concentrator metrics", |_| true);
+
+    // `braid client list`, then remove site2: its LAN is gone, site1 goes on.
+    let list = net.braid("s.sock", &["client", "list"]);
+    let text = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        text.contains("site1\tconnected") && text.contains("site2\tconnected"),
+        "{text}"
+    );
+    let session1 = st["clients"][0]["session"].clone();
+    let o = net.braid("s.sock", &["client", "remove", "site2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let routes = String::from_utf8_lossy(
+        &run("ip", &["-n", &server, "route", "show", "dev", "braid0"]).stdout,
+    )
+    .to_string();
+    assert!(!routes.contains("198.18.120.0/24"), "{routes}");
+    assert!(!ping_src(&site1, "198.18.110.1", "198.18.120.1", 2));
+    assert!(
+        ping_src(&site1, "198.19.0.2", "198.19.0.1", 2),
+        "site1 disturbed"
+    );
+    // Back at run time, with its key and LAN; its client re-handshakes on its own.
+    let o = net.braid(
+        "s.sock",
+        &[
+            "client",
+            "add",
+            "site2",
+            "--public-key",
+            &p2,
+            "--lan",
+            "198.18.120.0/24",
+            "--reach",
+            "site1",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let st = wait_for(Duration::from_secs(10), || both_up(&net)).expect("site2 back");
+    assert_eq!(
+        st["clients"][0]["session"], session1,
+        "site1 kept its session"
+    );
+    assert!(
+        ping_src(&site1, "198.18.110.1", "198.18.120.1", 3),
+        "site to site again"
+    );
+    let o = net.braid("s.sock", &["client", "add", "site2", "--public-key", &p2]);
+    assert!(!o.status.success(), "a second site2 was accepted");
 }

@@ -295,6 +295,11 @@ impl Concentrator {
         self.slots.iter().flatten()
     }
 
+    /// The clients as configured, in slot order.
+    pub fn client_specs(&self) -> impl Iterator<Item = &ClientSpec> {
+        self.clients().map(|c| &c.spec)
+    }
+
     /// The client names, in slot order.
     pub fn client_names(&self) -> Vec<String> {
         self.clients().map(|c| c.spec.name.clone()).collect()

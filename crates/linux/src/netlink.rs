@@ -236,6 +236,62 @@ pub fn set_txqueuelen(name: &str, len: u32) -> Result<(), NetlinkError> {
     })
 }
 
+/// Routes `prefix` (address, length) through the interface `name` (replacing such a route if
+/// one exists): a concentrator routes each client's LANs into its TUN device.
+pub fn add_route(name: &str, prefix: (IpAddr, u8)) -> Result<(), NetlinkError> {
+    route(name, prefix, true)
+}
+
+/// Removes the route of `prefix` through `name` (no error if it is gone).
+pub fn del_route(name: &str, prefix: (IpAddr, u8)) -> Result<(), NetlinkError> {
+    route(name, prefix, false)
+}
+
+fn route(name: &str, (addr, len): (IpAddr, u8), add: bool) -> Result<(), NetlinkError> {
+    run(|h| async move {
+        let idx = index_of(&h, name).await?;
+        let msg = match addr {
+            IpAddr::V4(a) => {
+                let mut r = h
+                    .route()
+                    .add()
+                    .v4()
+                    .destination_prefix(a, len)
+                    .output_interface(idx)
+                    .replace();
+                r.message_mut().clone()
+            }
+            IpAddr::V6(a) => {
+                let mut r = h
+                    .route()
+                    .add()
+                    .v6()
+                    .destination_prefix(a, len)
+                    .output_interface(idx)
+                    .replace();
+                r.message_mut().clone()
+            }
+        };
+        let err = |source| NetlinkError::Request {
+            name: name.to_string(),
+            what: if add { "add route" } else { "delete route" },
+            source: Box::new(source),
+        };
+        if add {
+            let mut r = h.route().add().replace();
+            *r.message_mut() = msg;
+            r.execute().await.map_err(err)
+        } else {
+            match h.route().del(msg).execute().await {
+                Ok(()) => Ok(()),
+                // ESRCH: no such route (already gone with the device, or never added).
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+                Err(e) => Err(err(e)),
+            }
+        }
+    })
+}
+
 /// Deletes the interface `name` (no error if it is already gone).
 pub fn delete(name: &str) -> Result<(), NetlinkError> {
     run(|h| async move {

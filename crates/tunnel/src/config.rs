@@ -72,8 +72,15 @@ struct FileRepr {
 struct ClientRepr {
     name: Spanned<String>,
     public_key: Spanned<String>,
-    /// The client's tunnel address(es), given to it in the handshake.
+    /// The client's tunnel address(es), given to it in the handshake; from `address_pool` if
+    /// left out.
     address: Option<Spanned<toml::Value>>,
+    /// The networks behind the client (its site's LANs): routed to it.
+    #[serde(default)]
+    lan: Vec<Spanned<String>>,
+    /// The other clients it may send to, by name ("*": all). Default: none.
+    #[serde(default)]
+    reach: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +95,8 @@ struct BundleRepr {
     private_key_file: Option<Spanned<String>>,
     /// Client with a private key: the server's public key.
     server_public_key: Option<Spanned<String>>,
+    /// Server with per-client keys: the prefix clients without an `address` get theirs from.
+    address_pool: Option<Spanned<String>>,
     /// A string ("IP/PREFIX", or several separated by commas as in wg-quick) or an array of them.
     /// Optional for a client with a private key: then the server gives the addresses.
     address: Option<Spanned<toml::Value>>,
@@ -173,11 +182,12 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
     pub own: braid_core::identity::KeyPair,
-    /// Client: the server's public key. Server: the one `[[client]]`'s.
-    pub peer: [u8; 32],
-    /// Server: the `[[client]]`'s name and tunnel addresses (given to it in the handshake).
-    pub client_name: Option<String>,
-    pub client_addresses: Vec<TunAddress>,
+    /// Client: the server's public key.
+    pub server: Option<[u8; 32]>,
+    /// Server: its clients (a concentrator), with their addresses resolved (pool included).
+    pub clients: Vec<braid_core::concentrator::ClientSpec>,
+    /// Server: where clients added at run time without an address get theirs.
+    pub address_pool: Option<ipnet::IpNet>,
 }
 
 /// One address of the TUN device with its prefix length, shown as `198.19.0.2/30`.
@@ -341,7 +351,7 @@ impl Config {
             )),
             Role::Server => {}
         }
-        cfg.identity = validate_identity(&src, &file, cfg.role)?;
+        cfg.identity = validate_identity(&src, &file, cfg.role, &cfg.addresses)?;
         if cfg.addresses.is_empty() && cfg.identity.is_none() {
             return Err(src.at(
                 &file.bundle,
@@ -507,7 +517,7 @@ fn secret_key(
 }
 
 /// A public key: base64 of 32 bytes, not of low order (X25519 with it must not give zeros).
-fn public_key(text: &str) -> Result<[u8; 32], String> {
+pub fn public_key(text: &str) -> Result<[u8; 32], String> {
     let k = decode_key(text).map_err(|m| m.replace("`braid keygen`", "`braid pubkey`"))?;
     let probe = braid_core::identity::KeyPair::from_private([7; 32]);
     probe
@@ -517,11 +527,12 @@ fn public_key(text: &str) -> Result<[u8; 32], String> {
 }
 
 /// Per-client keys: `private_key` (or `_file`), then on a client `server_public_key`, on a
-/// server exactly one `[[client]]`.
+/// server its `[[client]]` tables.
 fn validate_identity(
     src: &Source,
     file: &FileRepr,
     role: Role,
+    own_addresses: &[TunAddress],
 ) -> Result<Option<IdentityConfig>, ConfigError> {
     let b = file.bundle.get_ref();
     let mut warnings = Vec::new();
@@ -547,6 +558,13 @@ fn validate_identity(
                 "[[client]] needs the server's private_key in [bundle] (make one with `braid keygen`)",
             ));
         }
+        if let Some(p) = &b.address_pool {
+            return Err(src.at(
+                p,
+                "bundle.address_pool",
+                "needs the server's private_key and [[client]] tables",
+            ));
+        }
         return Ok(None);
     };
     let own = braid_core::identity::KeyPair::from_private(private);
@@ -562,54 +580,150 @@ fn validate_identity(
             let peer = src.value(k, "bundle.server_public_key", |k| public_key(k))?;
             Ok(Some(IdentityConfig {
                 own,
-                peer,
-                client_name: None,
-                client_addresses: Vec::new(),
+                server: Some(peer),
+                clients: Vec::new(),
+                address_pool: None,
             }))
         }
         Role::Server => {
-            let c = match file.client.as_slice() {
-                [c] => c,
-                [] => {
-                    return Err(src.at(
-                        &file.bundle,
-                        "client",
-                        "missing: a server with a private_key needs a [[client]] (name, public_key, address)",
-                    ))
-                }
-                [_, second, ..] => {
-                    return Err(src.at(
-                        second,
-                        "client",
-                        "this braid serves one [[client]] per server process; several clients on one server are not supported yet (run one server per client, on its own port)",
-                    ))
-                }
-            };
-            let r = c.get_ref();
-            let name = src.value(&r.name, "client.name", |n| {
-                if n.is_empty() || n.len() > 32 || n.contains(char::is_whitespace) {
-                    Err(format!("{n:?}: 1 to 32 characters, no spaces"))
-                } else {
-                    Ok(n.clone())
-                }
-            })?;
-            let peer = src.value(&r.public_key, "client.public_key", |k| public_key(k))?;
-            if peer == own.public() {
+            if file.client.is_empty() {
                 return Err(src.at(
-                    &r.public_key,
-                    "client.public_key",
-                    "is the server's own public key: give the client's (`braid pubkey` of the client's private key)",
+                    &file.bundle,
+                    "client",
+                    "missing: a server with a private_key needs a [[client]] (name, public_key, address) for each client",
                 ));
             }
-            let client_addresses = match &r.address {
-                Some(a) => src.value(a, "client.address", parse_addresses)?,
-                None => Vec::new(),
+            let mut pool = match &b.address_pool {
+                Some(p) => Some(src.value(p, "bundle.address_pool", |t| {
+                    let net: ipnet::IpNet = t
+                        .parse()
+                        .map_err(|_| format!("{t:?} is not a prefix (\"198.19.0.0/24\")"))?;
+                    Ok(braid_core::routes::AddressPool::new(
+                        net.trunc(),
+                        own_addresses.iter().map(|a| a.ip),
+                    ))
+                })?),
+                None => None,
             };
+            // Fixed addresses first, so that the pool never hands one of them out.
+            let mut fixed = Vec::new();
+            for c in &file.client {
+                let r = c.get_ref();
+                let addrs = match &r.address {
+                    Some(a) => src.value(a, "client.address", parse_addresses)?,
+                    None => Vec::new(),
+                };
+                if let Some(pool) = pool.as_mut() {
+                    for a in &addrs {
+                        if pool.prefix().contains(&a.ip) && pool.claim(a.ip).is_err() {
+                            return Err(src.at(
+                                r.address.as_ref().expect("addresses came from it"),
+                                "client.address",
+                                format!("{} is given twice (or is the server's own)", a.ip),
+                            ));
+                        }
+                    }
+                }
+                fixed.push(addrs);
+            }
+            let mut clients: Vec<braid_core::concentrator::ClientSpec> = Vec::new();
+            for (c, mut addrs) in file.client.iter().zip(fixed) {
+                let r = c.get_ref();
+                let name = src.value(&r.name, "client.name", |n| {
+                    if n.is_empty()
+                        || n.len() > 32
+                        || n.contains(|ch: char| ch.is_whitespace() || ch == '/')
+                    {
+                        Err(format!("{n:?}: 1 to 32 characters, no spaces or '/'"))
+                    } else if clients.iter().any(|c| &c.name == n) {
+                        Err(format!("{n:?} is the name of another [[client]]"))
+                    } else {
+                        Ok(n.clone())
+                    }
+                })?;
+                let key = src.value(&r.public_key, "client.public_key", |k| {
+                    let k = public_key(k)?;
+                    if k == own.public() {
+                        return Err("is the server's own public key: give the client's (`braid pubkey` of the client's private key)".to_string());
+                    }
+                    match clients.iter().find(|c| c.public_key == k) {
+                        Some(o) => Err(format!("is also client {:?}'s key: each client needs its own", o.name)),
+                        None => Ok(k),
+                    }
+                })?;
+                if addrs.is_empty() {
+                    let Some(pool) = pool.as_mut() else {
+                        return Err(src.at(
+                            c,
+                            "client.address",
+                            format!("missing: client {name:?} needs an address, or [bundle] an address_pool to take one from"),
+                        ));
+                    };
+                    let ip = pool
+                        .allocate()
+                        .map_err(|e| src.at(c, "client.address", e.to_string()))?;
+                    addrs.push(TunAddress {
+                        ip,
+                        prefix: pool.prefix().prefix_len(),
+                    });
+                }
+                let mut lans = Vec::new();
+                for l in &r.lan {
+                    lans.push(src.value(l, "client.lan", |t| {
+                        t.parse::<ipnet::IpNet>()
+                            .map(|n| n.trunc())
+                            .map_err(|_| format!("{t:?} is not a prefix (\"198.18.10.0/24\")"))
+                    })?);
+                }
+                let reach = r.reach.iter().map(|x| x.get_ref().clone()).collect();
+                let v4 = addrs.iter().find_map(|a| match a.ip {
+                    IpAddr::V4(ip) => Some((ip, a.prefix)),
+                    _ => None,
+                });
+                let v6 = addrs.iter().find_map(|a| match a.ip {
+                    IpAddr::V6(ip) => Some((ip, a.prefix)),
+                    _ => None,
+                });
+                clients.push(braid_core::concentrator::ClientSpec {
+                    name,
+                    public_key: key,
+                    v4,
+                    v6,
+                    lans,
+                    reach,
+                });
+            }
+            // Every name in a reach list is a client (or "*").
+            for (c, spec) in file.client.iter().zip(&clients) {
+                for (x, name) in c.get_ref().reach.iter().zip(&spec.reach) {
+                    if name != "*" && !clients.iter().any(|o| &o.name == name) {
+                        return Err(src.at(
+                            x,
+                            "client.reach",
+                            format!("no [[client]] is named {name:?}"),
+                        ));
+                    }
+                }
+            }
+            // No prefix routed to two clients.
+            let mut seen: Vec<(ipnet::IpNet, &str)> = Vec::new();
+            for (c, spec) in file.client.iter().zip(&clients) {
+                for p in spec.prefixes() {
+                    if let Some((_, other)) = seen.iter().find(|(q, _)| *q == p) {
+                        return Err(src.at(
+                            c,
+                            "client.lan",
+                            format!("{p} is also client {other:?}'s"),
+                        ));
+                    }
+                    seen.push((p, &spec.name));
+                }
+            }
             Ok(Some(IdentityConfig {
                 own,
-                peer,
-                client_name: Some(name),
-                client_addresses,
+                server: None,
+                clients,
+                address_pool: pool.map(|p| p.prefix()),
             }))
         }
     }
@@ -778,19 +892,53 @@ mod tests {
         );
         let c = parse(&server(&one)).unwrap();
         let id = c.identity.expect("identity");
-        assert_eq!(id.client_name.as_deref(), Some("a"));
-        assert_eq!(id.client_addresses.len(), 1);
+        assert_eq!(id.clients.len(), 1);
+        assert_eq!(id.clients[0].name, "a");
+        assert_eq!(id.clients[0].v4, Some(("198.19.0.2".parse().unwrap(), 30)));
         assert_eq!(c.psk, [0; 32], "no PSK needed");
         let e = parse(&server("")).unwrap_err();
         assert!(e.contains("needs a [[client]]"), "{e}");
         let e = parse(&server(&format!("{one}{}", one.replace("\"a\"", "\"b\"")))).unwrap_err();
-        assert!(e.contains("one [[client]] per server"), "{e}");
+        assert!(e.contains("also client \"a\"'s key"), "{e}");
         let e = parse(&server(&one.replace(pubkey, "AAAA"))).unwrap_err();
         assert!(e.contains("client.public_key"), "{e}");
         // A low-order point is no key.
         let zero = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
         let e = parse(&server(&one.replace(pubkey, zero))).unwrap_err();
         assert!(e.contains("low order"), "{e}");
+
+        // A concentrator: the pool gives addresses in order, skipping the fixed ones and the
+        // server's; LANs, reach lists and keys are checked across clients.
+        let other = "OyABeVObZCBYOB4IYbWUUjBsYXMAEmN+JVeTBFPIcA0=";
+        let third = "aXvM0XmxWkMFzbiqmCVYypLfX5KQuCenFwLiXMTVVBc=";
+        let pooled = |extra_a: &str, extra_b: &str| {
+            format!(
+                "[bundle]\nname = \"braid0\"\nrole = \"server\"\nprivate_key = \"{KEY}\"\naddress = \"198.19.0.1/24\"\naddress_pool = \"198.19.0.0/24\"\nlisten = \"0.0.0.0:5050\"\n\n[[client]]\nname = \"a\"\npublic_key = \"{pubkey}\"\nlan = [\"198.18.10.0/24\"]\n{extra_a}\n\n[[client]]\nname = \"b\"\npublic_key = \"{other}\"\naddress = \"198.19.0.2/24\"\n{extra_b}\n\n[[client]]\nname = \"c\"\npublic_key = \"{third}\"\n"
+            )
+        };
+        let c = parse(&pooled("reach = [\"b\"]", "")).unwrap();
+        let cl = &c.identity.unwrap().clients;
+        assert_eq!(
+            cl[0].v4,
+            Some(("198.19.0.3".parse().unwrap(), 24)),
+            "the pool skips .1 and .2"
+        );
+        assert_eq!(cl[1].v4, Some(("198.19.0.2".parse().unwrap(), 24)));
+        assert_eq!(cl[2].v4, Some(("198.19.0.4".parse().unwrap(), 24)));
+        assert_eq!(
+            cl[0].lans,
+            vec!["198.18.10.0/24".parse::<ipnet::IpNet>().unwrap()]
+        );
+        let e = parse(&pooled("reach = [\"z\"]", "")).unwrap_err();
+        assert!(e.contains("no [[client]] is named \"z\""), "{e}");
+        let e = parse(&pooled("", "lan = [\"198.18.10.0/24\"]")).unwrap_err();
+        assert!(e.contains("198.18.10.0/24 is also client \"a\"'s"), "{e}");
+        let e =
+            parse(&pooled("", "").replace("address_pool = \"198.19.0.0/24\"\n", "")).unwrap_err();
+        assert!(
+            e.contains("needs an address, or [bundle] an address_pool"),
+            "{e}"
+        );
 
         let client = |extra: &str| {
             format!("[bundle]\nname = \"braid0\"\nrole = \"client\"\nprivate_key = \"{KEY}\"\n{extra}\n{LINKS}")

@@ -13,12 +13,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_core::endpoint::BundleStats;
 use braid_core::{LinkId, LinkState};
 use mio::Waker;
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::engine::EngineStats;
 use crate::metrics::Extra;
 
 /// How long a command waits for the data plane's answer.
@@ -39,6 +39,24 @@ pub enum Command {
         bandwidth: Option<u64>,
         priority: Option<u8>,
     },
+    /// Concentrator: a client to add (checked here; its address from the pool if it has none).
+    ClientAdd(ClientAddReq),
+    ClientRemove {
+        name: String,
+    },
+}
+
+/// `client-add`: what `braid client add` sends.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ClientAddReq {
+    pub name: String,
+    pub public_key: String,
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub lan: Vec<String>,
+    #[serde(default)]
+    pub reach: Vec<String>,
 }
 
 /// The data plane's answer to a [`Command`].
@@ -73,7 +91,7 @@ pub struct LinkAddReq {
 /// What the data plane knows at one instant, beyond the configuration.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    pub stats: BundleStats,
+    pub stats: crate::engine::EngineStats,
     /// The runner's own counters.
     pub extra: Extra,
     pub connected: bool,
@@ -130,7 +148,12 @@ impl Handle {
     /// One Prometheus scrape (OpenMetrics text; a comment line on failure).
     pub fn metrics(&self) -> String {
         match self.snapshot() {
-            Ok(s) => crate::metrics::encode(&self.cfg, &s.stats, s.extra),
+            Ok(s) => match &s.stats {
+                EngineStats::Bundle(b) => crate::metrics::encode(&self.cfg, b, s.extra),
+                EngineStats::Sites { drops, clients } => {
+                    crate::metrics::encode_sites(&self.cfg, drops, clients, s.extra)
+                }
+            },
             Err(e) => format!("# error: {e}\n"),
         }
     }
@@ -164,8 +187,22 @@ impl Handle {
                 (None, _) => return json!({"error": "link-set needs a name"}),
                 (_, Err(e)) => return json!({ "error": e }),
             },
+            "client-add" => {
+                let mut body = req.clone();
+                if let Some(o) = body.as_object_mut() {
+                    o.remove("cmd");
+                }
+                match serde_json::from_value::<ClientAddReq>(body) {
+                    Ok(r) => self.call(Command::ClientAdd(r)),
+                    Err(e) => return json!({"error": format!("client-add: {e}")}),
+                }
+            }
+            "client-remove" => match name() {
+                Some(name) => self.call(Command::ClientRemove { name }),
+                None => return json!({"error": "client-remove needs a name"}),
+            },
             other => {
-                return json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set)")})
+                return json!({"error": format!("unknown command {other:?} (status, metrics, link-add, link-remove, link-set, client-add, client-remove)")})
             }
         };
         match reply {
@@ -213,7 +250,10 @@ fn link_add_request(req: &Value) -> Result<(LinkAddReq, Option<SocketAddr>), Str
 /// The `status` answer: the core's statistics plus what the runner and the configuration know
 /// (kind, name, addresses, link devices and remotes, totals).
 pub fn status_json(cfg: &Config, snap: &Snapshot) -> Value {
-    let stats = &snap.stats;
+    let stats = match &snap.stats {
+        EngineStats::Bundle(b) => b,
+        EngineStats::Sites { drops, clients } => return sites_json(cfg, snap, drops, clients),
+    };
     let mut v = serde_json::to_value(stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
     let live = || stats.links.iter().filter(|l| l.state != LinkState::Down);
     let up = live().count();
@@ -260,6 +300,72 @@ pub fn status_json(cfg: &Config, snap: &Snapshot) -> Value {
     v
 }
 
+/// The `status` answer of a concentrator: its own counters, and each client with its links as
+/// a bundle's status shows them.
+fn sites_json(
+    cfg: &Config,
+    snap: &Snapshot,
+    drops: &braid_core::concentrator::ConcentratorDrops,
+    clients: &[braid_core::concentrator::ClientStats],
+) -> Value {
+    use base64::Engine as _;
+    let b64 = |k: &[u8; 32]| base64::engine::general_purpose::STANDARD.encode(k);
+    let all: Vec<String> = cfg.addresses.iter().map(|a| a.to_string()).collect();
+    let extra = &snap.extra;
+    let list: Vec<Value> = clients
+        .iter()
+        .map(|c| {
+            let mut v =
+                serde_json::to_value(&c.stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
+            if let Some(o) = v.as_object_mut() {
+                o.insert("name".into(), json!(c.name));
+                o.insert("public_key".into(), json!(b64(&c.public_key)));
+                o.insert("connected".into(), json!(c.connected));
+                let p: Vec<String> = c.prefixes.iter().map(|p| p.to_string()).collect();
+                o.insert("prefixes".into(), json!(p));
+                o.insert(
+                    "links_up".into(),
+                    json!(c
+                        .stats
+                        .links
+                        .iter()
+                        .filter(|l| l.state != LinkState::Down)
+                        .count()),
+                );
+                o.insert("forwarded".into(), json!(c.forwarded));
+                if let Some(Value::Object(d)) = o.get_mut("drops") {
+                    d.insert("source".into(), json!(c.dropped_source));
+                    d.insert("policy".into(), json!(c.dropped_policy));
+                    d.insert("queue".into(), json!(c.dropped_queue));
+                }
+            }
+            v
+        })
+        .collect();
+    json!({
+        "kind": "tunnel",
+        "role": "server",
+        "concentrator": true,
+        "name": cfg.name,
+        "address": cfg.addresses_text(),
+        "addresses": all,
+        "mtu": cfg.mtu,
+        "listen": cfg.listen.map(|l| l.to_string()),
+        "connected": snap.connected,
+        "uptime_s": snap.uptime.as_secs_f64(),
+        "drops": {
+            "unknown_client": drops.unknown_client,
+            "unknown_session": drops.unknown_session,
+            "malformed": drops.malformed,
+            "no_route": drops.no_route,
+            "udp_send": extra.udp_send_drops,
+            "tun_write": extra.tun_write_errors,
+            "tun_full": extra.tun_full_drops,
+        },
+        "clients": list,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,7 +403,7 @@ remote = "198.18.1.2:5050"
         };
         ep.add_link(now, 1, link).unwrap();
         Snapshot {
-            stats: ep.stats(now),
+            stats: EngineStats::Bundle(Box::new(ep.stats(now))),
             extra: Extra {
                 udp_send_drops: 3,
                 tun_full_drops: 5,

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod control;
+pub mod engine;
 pub mod metrics;
 pub mod runner;
 pub mod status;
@@ -64,6 +65,86 @@ pub enum LinkCmd {
         #[arg(long, value_name = "N")]
         priority: Option<u8>,
     },
+}
+
+/// `braid client ...`: the clients of a running concentrator (a server with `[[client]]`).
+#[derive(clap::Subcommand, Debug)]
+pub enum ClientCmd {
+    /// Add a client (its routes are installed; the other clients are not disturbed).
+    Add {
+        /// Name of the client (unique).
+        name: String,
+        /// Its public key (`braid pubkey` of its private key).
+        #[arg(long, value_name = "BASE64")]
+        public_key: String,
+        /// Its tunnel address (IP/PREFIX); default: the next free one of `address_pool`.
+        #[arg(long, value_name = "IP/PREFIX")]
+        address: Option<String>,
+        /// A network behind it (repeat for several).
+        #[arg(long, value_name = "PREFIX")]
+        lan: Vec<String>,
+        /// Another client it may send to (repeat; `*`: all).
+        #[arg(long, value_name = "NAME")]
+        reach: Vec<String>,
+    },
+    /// Remove a client: its session is closed and its routes removed.
+    Remove {
+        /// Name of the client.
+        name: String,
+    },
+    /// List the clients, their prefixes and whether they are connected.
+    List,
+}
+
+/// Sends a `braid client ...` command to a running concentrator.
+pub fn run_client(control: Option<PathBuf>, cmd: ClientCmd) -> anyhow::Result<()> {
+    let path = braid_linux::control::resolve(control.as_deref())?;
+    let (req, what) = match cmd {
+        ClientCmd::Add {
+            name,
+            public_key,
+            address,
+            lan,
+            reach,
+        } => (
+            json!({"cmd": "client-add", "name": name, "public_key": public_key, "address": address, "lan": lan, "reach": reach}),
+            format!("client {name} added"),
+        ),
+        ClientCmd::Remove { name } => (
+            json!({"cmd": "client-remove", "name": name}),
+            format!("client {name} removed"),
+        ),
+        ClientCmd::List => {
+            let v = braid_linux::control::request(&path, &json!({"cmd": "status"}))?;
+            let Some(clients) = v.get("clients").and_then(|c| c.as_array()) else {
+                anyhow::bail!(
+                    "this endpoint is not a concentrator (no [[client]] in its configuration)"
+                );
+            };
+            for c in clients {
+                let s = |k: &str| c.get(k).and_then(|x| x.as_str()).unwrap_or("-").to_string();
+                let prefixes: Vec<&str> = c
+                    .get("prefixes")
+                    .and_then(|p| p.as_array())
+                    .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+                    .unwrap_or_default();
+                let up = c.get("connected").and_then(|x| x.as_bool()) == Some(true);
+                let links = c.get("links_up").and_then(|x| x.as_u64()).unwrap_or(0);
+                println!(
+                    "{}\t{}\t{} link(s) up\t{}\t{}",
+                    s("name"),
+                    if up { "connected" } else { "not connected" },
+                    links,
+                    prefixes.join(","),
+                    s("public_key")
+                );
+            }
+            return Ok(());
+        }
+    };
+    braid_linux::control::request(&path, &req)?;
+    println!("{what}");
+    Ok(())
 }
 
 /// Runs `braid up CONFIG` in the foreground until SIGINT/SIGTERM.

@@ -451,6 +451,151 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     out
 }
 
+/// Encodes a concentrator's snapshot: per client (labels `bundle`, `client`, and `link` for its
+/// links) and the concentrator's own counters. The names are listed in docs/guide.md
+/// ("Concentrator metrics").
+pub fn encode_sites(
+    cfg: &Config,
+    drops: &braid_core::concentrator::ConcentratorDrops,
+    clients: &[braid_core::concentrator::ClientStats],
+    extra: Extra,
+) -> String {
+    let n = cfg.name.as_str();
+    let mut root = Registry::default();
+    braid_linux::metrics::register_build_info(&mut root);
+    let mut r = Reg {
+        r: root.sub_registry_with_prefix("braid"),
+    };
+    let client =
+        |c: &str| -> Labels { vec![("bundle".into(), n.into()), ("client".into(), c.into())] };
+    let per_client =
+        |f: &dyn Fn(&braid_core::concentrator::ClientStats) -> u64| -> Vec<(Labels, u64)> {
+            clients.iter().map(|c| (client(&c.name), f(c))).collect()
+        };
+    let per_client_f =
+        |f: &dyn Fn(&braid_core::concentrator::ClientStats) -> f64| -> Vec<(Labels, f64)> {
+            clients.iter().map(|c| (client(&c.name), f(c))).collect()
+        };
+    let per_link =
+        |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> Option<f64>| -> Vec<(Labels, f64)> {
+            clients
+                .iter()
+                .flat_map(|c| {
+                    c.stats.links.iter().filter_map(move |l| {
+                        let mut lab = client(&c.name);
+                        lab.push(("link".into(), l.name.clone()));
+                        f(l).map(|v| (lab, v))
+                    })
+                })
+                .collect()
+        };
+    r.gauge(
+        "clients",
+        "Clients configured",
+        &[(bundle(n), clients.len() as f64)],
+    );
+    r.gauge(
+        "client_up",
+        "1 while the client has a session",
+        &per_client_f(&|c| if c.connected { 1.0 } else { 0.0 }),
+    );
+    r.gauge(
+        "client_links_up",
+        "The client's links that are UP or DEGRADED",
+        &per_client_f(&|c| {
+            c.stats
+                .links
+                .iter()
+                .filter(|l| l.state != LinkState::Down)
+                .count() as f64
+        }),
+    );
+    let per_link_count =
+        |f: &dyn Fn(&braid_core::endpoint::LinkStats) -> u64| -> Vec<(Labels, u64)> {
+            per_link(&|l| Some(f(l) as f64))
+                .into_iter()
+                .map(|(lab, v)| (lab, v as u64))
+                .collect()
+        };
+    r.counter(
+        "client_link_tx_bytes",
+        "Bytes sent on the client's link (UDP payload)",
+        &per_link_count(&|l| l.tx_bytes),
+    );
+    r.counter(
+        "client_link_rx_bytes",
+        "Bytes received on the client's link (UDP payload)",
+        &per_link_count(&|l| l.rx_bytes),
+    );
+    r.gauge(
+        "client_link_rtt_seconds",
+        "Smoothed round-trip time of the client's link",
+        &per_link(&|l| l.srtt_us.map(|u| u as f64 / 1e6)),
+    );
+    r.counter(
+        "client_tun_rx_packets",
+        "IP packets from the TUN device sent to the client",
+        &per_client(&|c| c.stats.tun_rx_packets),
+    );
+    r.counter(
+        "client_tun_tx_packets",
+        "IP packets from the client written to the TUN device or passed to another client",
+        &per_client(&|c| c.stats.tun_tx_packets),
+    );
+    r.counter(
+        "client_forwarded_packets",
+        "Packets from the client passed directly to another client",
+        &per_client(&|c| c.forwarded),
+    );
+    let mut by_reason: Vec<(Labels, u64)> = Vec::new();
+    for c in clients {
+        let mut push = |reason: &str, v: u64| {
+            let mut l = client(&c.name);
+            l.push(("reason".into(), reason.into()));
+            by_reason.push((l, v));
+        };
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(&c.stats.drops) {
+            for (k, v) in &m {
+                if let Some(v) = v.as_u64() {
+                    push(k, v);
+                }
+            }
+        }
+        push("source", c.dropped_source);
+        push("policy", c.dropped_policy);
+        push("queue", c.dropped_queue);
+    }
+    r.counter(
+        "client_drops",
+        "The client's datagrams or packets dropped, by reason (source: an inner source not its own; policy: to a client it may not reach; queue: its output queue was full)",
+        &by_reason,
+    );
+    let reason = |r: &str, v: u64| {
+        let mut l = bundle(n);
+        l.push(("reason".into(), r.into()));
+        (l, v)
+    };
+    r.counter(
+        "concentrator_drops",
+        "Datagrams or packets the concentrator dropped, by reason",
+        &[
+            reason("unknown_client", drops.unknown_client),
+            reason("unknown_session", drops.unknown_session),
+            reason("malformed", drops.malformed),
+            reason("no_route", drops.no_route),
+            reason("udp_send", extra.udp_send_drops),
+            reason("tun_write", extra.tun_write_errors),
+            reason("tun_full", extra.tun_full_drops),
+            reason("tun_read", extra.tun.rx_dropped),
+        ],
+    );
+    let mut out = String::new();
+    if encode_text(&mut out, &root).is_err() {
+        return "# encoding failed\n".into();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

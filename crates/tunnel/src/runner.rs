@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
 use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Received, Transmit};
+
+use crate::engine::Engine;
 use braid_linux::tun::Tun;
 use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
 use mio::unix::SourceFd;
@@ -105,7 +107,7 @@ impl Binding {
 /// A running endpoint: its I/O and the sans-I/O core.
 pub struct Runner {
     cfg: Config,
-    ep: Endpoint,
+    ep: Engine,
     poll: Poll,
     tun: Tun,
     socks: HashMap<Token, Sock>,
@@ -138,6 +140,12 @@ pub struct Runner {
     path_mtus: HashMap<LinkId, usize>,
     /// Read the route MTUs now (a send was refused as too big, a link was learned).
     mtu_check_due: bool,
+}
+
+/// A client's prefixes as one line, for logs.
+fn prefixes_text(spec: &braid_core::concentrator::ClientSpec) -> String {
+    let all: Vec<String> = spec.prefixes().iter().map(|p| p.to_string()).collect();
+    all.join(", ")
 }
 
 /// Why the loop stopped.
@@ -186,21 +194,14 @@ impl Runner {
         }
         ep_cfg.compression = cfg.compression;
         ep_cfg.route_id = cfg.route_id;
-        ep_cfg.identity = cfg.identity.as_ref().map(|i| {
-            let v4 = i.client_addresses.iter().find_map(|a| match a.ip {
-                std::net::IpAddr::V4(ip) => Some((ip, a.prefix)),
-                _ => None,
-            });
-            let v6 = i.client_addresses.iter().find_map(|a| match a.ip {
-                std::net::IpAddr::V6(ip) => Some((ip, a.prefix)),
-                _ => None,
-            });
-            braid_core::endpoint::Identity {
+        // Client with per-client keys: the server's key is the one peer.
+        ep_cfg.identity = cfg.identity.as_ref().and_then(|i| {
+            Some(braid_core::endpoint::Identity {
                 own: i.own.clone(),
-                peer: i.peer,
-                v4,
-                v6,
-            }
+                peer: i.server?,
+                v4: None,
+                v6: None,
+            })
         });
         if let Some(m) = cfg.reorder_max {
             ep_cfg.reorder.max_timeout = m;
@@ -208,8 +209,26 @@ impl Runner {
         }
         use rand::SeedableRng;
         let rng = Box::new(rand::rngs::StdRng::from_entropy());
-        let mut ep = Endpoint::new(ep_cfg, now, rng)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
+        let sites = cfg
+            .identity
+            .as_ref()
+            .filter(|i| cfg.role == Role::Server && !i.clients.is_empty());
+        let mut ep = match sites {
+            Some(id) => {
+                // A concentrator: one server endpoint per [[client]].
+                let mut c =
+                    braid_core::concentrator::Concentrator::new(ep_cfg, id.own.clone(), rng);
+                for spec in &id.clients {
+                    c.add_client(now, spec.clone())
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
+                }
+                Engine::Sites(Box::new(c))
+            }
+            None => Engine::Bundle(Box::new(
+                Endpoint::new(ep_cfg, now, rng)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?,
+            )),
+        };
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let (handle, cmd_rx) = Handle::new(Arc::new(cfg.clone()), waker);
@@ -262,7 +281,9 @@ impl Runner {
                 .register(&mut SourceFd(&s.sock.as_raw_fd()), *t, Interest::READABLE)?;
         }
         for (id, (_, spec)) in &links {
-            ep.add_link(now, *id, link_config(spec))
+            ep.endpoint_mut()
+                .expect("a client drives one endpoint")
+                .add_link(now, *id, link_config(spec))
                 .map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
         }
 
@@ -297,7 +318,7 @@ impl Runner {
         )?;
 
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
-        Ok(Runner {
+        let runner = Runner {
             handle,
             cfg,
             ep,
@@ -323,7 +344,16 @@ impl Runner {
             datagrams: Vec::with_capacity(BATCH),
             path_mtus: HashMap::new(),
             mtu_check_due: true,
-        })
+        };
+        // A concentrator routes its clients' prefixes into the TUN device.
+        let specs: Vec<_> = match &runner.ep {
+            Engine::Sites(c) => c.client_specs().cloned().collect(),
+            Engine::Bundle(_) => Vec::new(),
+        };
+        for spec in &specs {
+            runner.install_routes(spec);
+        }
+        Ok(runner)
     }
 
     pub fn handle(&self) -> Handle {
@@ -621,6 +651,9 @@ impl Runner {
     }
 
     fn link_name(&self, id: LinkId) -> String {
+        if let Some(label) = self.ep.link_label(id) {
+            return label;
+        }
         match self.links.get(&id) {
             Some((_, spec)) => spec.name.clone(),
             None => format!("link{id}"),
@@ -722,7 +755,9 @@ impl Runner {
                 .map(|(id, _)| *id)
                 .collect();
             for id in ids {
-                self.ep.handle_link_error(now, id);
+                if let Some(ep) = self.ep.endpoint_mut() {
+                    ep.handle_link_error(now, id);
+                }
             }
         }
     }
@@ -738,17 +773,25 @@ impl Runner {
     }
 
     fn log_events(&mut self) {
-        while let Some(ev) = self.ep.poll_event() {
+        while let Some((client, ev)) = self.ep.poll_event() {
             match ev {
                 Event::SessionUp { session } => {
                     self.session_seen = true;
-                    tracing::info!(
-                        "session {session:08x} up: tunnel {} ({}) is ready",
-                        self.cfg.name,
-                        self.cfg.addresses_text()
-                    );
+                    match &client {
+                        Some(c) => tracing::info!("client {c}: session {session:08x} up"),
+                        None => tracing::info!(
+                            "session {session:08x} up: tunnel {} ({}) is ready",
+                            self.cfg.name,
+                            self.cfg.addresses_text()
+                        ),
+                    }
                 }
-                Event::SessionClosed => tracing::warn!("session closed by the peer (or replaced)"),
+                Event::SessionClosed => match &client {
+                    Some(c) => {
+                        tracing::warn!("client {c}: session closed by the client (or replaced)")
+                    }
+                    None => tracing::warn!("session closed by the peer (or replaced)"),
+                },
                 Event::LinkState { link, state } => {
                     let name = self.link_name(link);
                     match state {
@@ -827,11 +870,9 @@ impl Runner {
                 }
             }
             Role::Server => {
-                for l in self.ep.stats(now).links {
-                    if let Some(addr) = l.addr {
-                        let hdr = braid_linux::udp::ip_udp_overhead(addr);
-                        routes.push((l.id, braid_linux::udp::route_mtu(addr), hdr));
-                    }
+                for (id, addr) in self.ep.link_addrs(now) {
+                    let hdr = braid_linux::udp::ip_udp_overhead(addr);
+                    routes.push((id, braid_linux::udp::route_mtu(addr), hdr));
                 }
             }
         }
@@ -878,8 +919,7 @@ impl Runner {
         if self.ep.is_connected() {
             return Ok(());
         }
-        let stats = self.ep.stats(now);
-        let auth = stats.drops.auth;
+        let auth = self.ep.auth_drops(now);
         let waited = now.saturating_duration_since(self.started);
         if auth > self.last_auth_warn.1
             && now.saturating_duration_since(self.last_auth_warn.0) >= Duration::from_secs(3)
@@ -941,6 +981,8 @@ impl Runner {
                     bandwidth,
                     priority,
                 } => self.link_set(now, &name, bandwidth, priority).into(),
+                Command::ClientAdd(r) => self.client_add(now, r).into(),
+                Command::ClientRemove { name } => self.client_remove(now, &name).into(),
             };
             let _ = reply.send(r);
         }
@@ -975,6 +1017,142 @@ impl Runner {
             tun_full_drops: self.tun_full_drops + kernel,
             tun: self.tun.stats(),
             udp_rx: self.recv.stats(),
+        }
+    }
+
+    /// Concentrator: adds a client at run time (routes for its prefixes installed).
+    fn client_add(&mut self, now: Instant, r: crate::control::ClientAddReq) -> anyhow::Result<()> {
+        use braid_core::concentrator::ClientSpec;
+        let pool_net = self.cfg.identity.as_ref().and_then(|i| i.address_pool);
+        let own: Vec<IpAddr> = self.cfg.addresses.iter().map(|a| a.ip).collect();
+        let Some(c) = self.ep.concentrator_mut() else {
+            anyhow::bail!("this endpoint serves no [[client]] (a server with private_key and [[client]] tables does)");
+        };
+        if r.name.is_empty()
+            || r.name.len() > 32
+            || r.name.contains(|ch: char| ch.is_whitespace() || ch == '/')
+        {
+            anyhow::bail!(
+                "client name {:?}: 1 to 32 characters, no spaces or '/'",
+                r.name
+            );
+        }
+        let key = crate::config::public_key(&r.public_key)
+            .map_err(|m| anyhow::anyhow!("client {}: public key: {m}", r.name))?;
+        let mut addrs = match &r.address {
+            Some(a) => crate::config::parse_addresses(&toml::Value::String(a.clone()))
+                .map_err(|m| anyhow::anyhow!("client {}: address: {m}", r.name))?,
+            None => Vec::new(),
+        };
+        if addrs.is_empty() {
+            let Some(net) = pool_net else {
+                anyhow::bail!(
+                    "client {}: give --address (there is no address_pool)",
+                    r.name
+                );
+            };
+            let mut pool = braid_core::routes::AddressPool::new(net, own);
+            for spec in c.client_specs() {
+                for a in [
+                    spec.v4.map(|(a, _)| IpAddr::V4(a)),
+                    spec.v6.map(|(a, _)| IpAddr::V6(a)),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    let _ = pool.claim(a);
+                }
+            }
+            let ip = pool.allocate()?;
+            addrs.push(crate::config::TunAddress {
+                ip,
+                prefix: net.prefix_len(),
+            });
+        }
+        let mut lans = Vec::new();
+        for l in &r.lan {
+            let n: ipnet::IpNet = l
+                .parse()
+                .map_err(|_| anyhow::anyhow!("client {}: lan {l:?} is not a prefix", r.name))?;
+            lans.push(n.trunc());
+        }
+        let names: Vec<String> = c.client_names();
+        if let Some(bad) = r.reach.iter().find(|x| *x != "*" && !names.contains(x)) {
+            anyhow::bail!("client {}: reach: no client is named {bad:?}", r.name);
+        }
+        let spec = ClientSpec {
+            name: r.name.clone(),
+            public_key: key,
+            v4: addrs.iter().find_map(|a| match a.ip {
+                IpAddr::V4(ip) => Some((ip, a.prefix)),
+                _ => None,
+            }),
+            v6: addrs.iter().find_map(|a| match a.ip {
+                IpAddr::V6(ip) => Some((ip, a.prefix)),
+                _ => None,
+            }),
+            lans,
+            reach: r.reach.clone(),
+        };
+        c.add_client(now, spec.clone())?;
+        self.install_routes(&spec);
+        tracing::info!("client {} added ({})", spec.name, prefixes_text(&spec));
+        Ok(())
+    }
+
+    /// Concentrator: removes a client (its session closed, its routes removed).
+    fn client_remove(&mut self, now: Instant, name: &str) -> anyhow::Result<()> {
+        let Some(c) = self.ep.concentrator_mut() else {
+            anyhow::bail!("this endpoint serves no [[client]]");
+        };
+        let spec = c.remove_client(now, name)?;
+        for p in self.routed_prefixes(&spec) {
+            if let Err(e) = braid_linux::netlink::del_route(&self.cfg.name, p) {
+                tracing::warn!("client {name}: {e}");
+            }
+        }
+        self.flush_transmits(now);
+        tracing::info!("client {name} removed");
+        Ok(())
+    }
+
+    /// The prefixes to route into the TUN device for a client: its LANs, and its tunnel
+    /// addresses unless the TUN device's own prefix already covers them.
+    fn routed_prefixes(&self, spec: &braid_core::concentrator::ClientSpec) -> Vec<(IpAddr, u8)> {
+        let covered = |ip: IpAddr| {
+            self.cfg
+                .addresses
+                .iter()
+                .any(|a| ipnet::IpNet::new(a.ip, a.prefix).is_ok_and(|n| n.contains(&ip)))
+        };
+        spec.prefixes()
+            .into_iter()
+            .filter(|p| !(p.prefix_len() == p.max_prefix_len() && covered(p.addr())))
+            .map(|p| (p.network(), p.prefix_len()))
+            .collect()
+    }
+
+    fn install_routes(&self, spec: &braid_core::concentrator::ClientSpec) {
+        for p in self.routed_prefixes(spec) {
+            if let Err(e) = braid_linux::netlink::add_route(&self.cfg.name, p) {
+                tracing::error!(
+                    "client {}: cannot route {}/{} into {}: {e}",
+                    spec.name,
+                    p.0,
+                    p.1,
+                    self.cfg.name
+                );
+            }
+        }
+    }
+
+    /// The bundle's statistics; a concentrator's links belong to its clients, not to it.
+    fn bundle_stats(&self, now: Instant) -> anyhow::Result<BundleStats> {
+        match self.ep.endpoint() {
+            Some(ep) => Ok(ep.stats(now)),
+            None => {
+                anyhow::bail!("a concentrator's links are its clients': change them on the client")
+            }
         }
     }
 
@@ -1039,7 +1217,9 @@ impl Runner {
             .registry()
             .register(&mut SourceFd(&sock.as_raw_fd()), tok, Interest::READABLE)?;
         self.ep
-            .add_link(now, id, link_config(&spec))
+            .endpoint_mut()
+            .ok_or(EndpointError::NoSuchLink(id))
+            .and_then(|ep| ep.add_link(now, id, link_config(&spec)))
             .map_err(|e: EndpointError| {
                 let _ = self
                     .poll
@@ -1065,11 +1245,13 @@ impl Runner {
     }
 
     fn link_remove(&mut self, now: Instant, name: &str) -> anyhow::Result<()> {
-        let stats = self.ep.stats(now);
+        let stats = self.bundle_stats(now)?;
         let id = self
             .find_link(name, &stats)
             .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
-        self.ep.remove_link(now, id)?;
+        if let Some(ep) = self.ep.endpoint_mut() {
+            ep.remove_link(now, id)?;
+        }
         // Datagrams queued for it are sent if they can be, then the socket goes.
         self.flush_transmits(now);
         if let Some((tok, _)) = self.links.remove(&id) {
@@ -1094,14 +1276,16 @@ impl Runner {
         bandwidth: Option<u64>,
         priority: Option<u8>,
     ) -> anyhow::Result<()> {
-        let stats = self.ep.stats(now);
+        let stats = self.bundle_stats(now)?;
         let id = self
             .find_link(name, &stats)
             .ok_or_else(|| anyhow::anyhow!("no link named {name}"))?;
         if bandwidth == Some(0) {
             anyhow::bail!("bandwidth must be > 0");
         }
-        self.ep.set_link(id, bandwidth.map(Some), priority)?;
+        if let Some(ep) = self.ep.endpoint_mut() {
+            ep.set_link(id, bandwidth.map(Some), priority)?;
+        }
         if let Some((_, spec)) = self.links.get_mut(&id) {
             if let Some(b) = bandwidth {
                 spec.bandwidth_bps = Some(b);

@@ -36,6 +36,44 @@ pub fn fmt_bytes(b: u64) -> String {
 
 /// Renders a tunnel's `status` reply for humans.
 pub fn render_status(s: &Value) -> String {
+    if let Some(clients) = s.get("clients").and_then(|c| c.as_array()) {
+        return render_sites(s, clients);
+    }
+    render_bundle(s)
+}
+
+/// A concentrator: one line for it, then each client as a bundle (its links table).
+fn render_sites(s: &Value, clients: &[Value]) -> String {
+    let str_of = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    let up = clients
+        .iter()
+        .filter(|c| c.get("connected").and_then(|x| x.as_bool()) == Some(true))
+        .count();
+    let mut out = format!(
+        "{}: concentrator, {} of {} clients connected, address {}, listen {}\n",
+        str_of(s, "name"),
+        up,
+        clients.len(),
+        str_of(s, "address"),
+        str_of(s, "listen"),
+    );
+    for c in clients {
+        let prefixes: Vec<&str> = c
+            .get("prefixes")
+            .and_then(|p| p.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "\nclient {} ({})\n",
+            str_of(c, "name"),
+            prefixes.join(", ")
+        ));
+        out.push_str(&render_bundle(c));
+    }
+    out
+}
+
+fn render_bundle(s: &Value) -> String {
     let str_of = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
     let u = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_u64());
     let f = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
