@@ -244,19 +244,20 @@ fn failover_high_delay_mix() {
     }
 }
 
-/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Median of seeds 1-5
-/// with the 16-byte DATA header: CUBIC 49.2% / 40.1%, BBR 60.7% / 52.8% (upload / download; with
-/// the 33-byte header 58.3% / 40.8%, 44.2% / 33.8%); single runs range 22-80%. Below
-/// the LTE link alone: the scenario issue 10 still has to win (docs/scheduling.md, open points).
+/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Median of seeds 1-5:
+/// CUBIC 80.5% / 80.3%, BBR 88.8% / 89.0% (upload / download), 1.26-1.47x the LTE link alone.
+/// Before the base one-way delay became the minimum of the *smoothed* delay (health.rs), the
+/// jitter read as a standing queue of about 20 ms, the LTE link was backed off, and the medians
+/// were 49.2% / 40.1% and 60.7% / 52.8%, below the LTE link alone.
 #[test]
 fn jittery_lte_and_dsl() {
     check(
         4,
         &[
-            (Cubic, Upload, 0.46, None),
-            (Cubic, Download, 0.38, None),
-            (Bbr, Upload, 0.41, None),
-            (Bbr, Download, 0.31, None),
+            (Cubic, Upload, 0.77, Some(1.15)),
+            (Cubic, Download, 0.77, Some(1.15)),
+            (Bbr, Upload, 0.84, Some(1.15)),
+            (Bbr, Download, 0.84, Some(1.15)),
         ],
     );
 }
