@@ -7,7 +7,7 @@
 //! - `--scenario N` (from 1, see `--list`) or `--scenario TEXT` (every name containing TEXT)
 //! - `--cc cubic|bbr`, `--dir upload|download`
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
-//! - `--duration SECS`, `--warmup SECS`, `--seed N`
+//! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation bound)
 //! - `--no-single`: skip the single-link baseline runs (faster)
 //! - `--failover`: the failover scenarios (`sim::failover_scenarios`, a link going dark) instead
 //! - `--list`: the scenarios and their links
@@ -31,6 +31,7 @@ struct Opts {
     list: bool,
     json: bool,
     failover: bool,
+    equalize_max: Option<Duration>,
 }
 
 fn secs(v: &str) -> Result<Duration, String> {
@@ -77,6 +78,11 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--seed" => {
                 let v = value()?;
                 o.seed = Some(v.parse().map_err(|_| format!("--seed: {v:?}"))?);
+            }
+            "--equalize-max" => {
+                let v = value()?;
+                let ms: u64 = v.parse().map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
+                o.equalize_max = Some(Duration::from_millis(ms));
             }
             "--no-single" => o.single = false,
             "--list" => o.list = true,
@@ -134,7 +140,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -170,6 +176,9 @@ fn main() -> ExitCode {
             }
             if let Some(w) = o.warmup {
                 sc = sc.warmup(w);
+            }
+            if let Some(d) = o.equalize_max {
+                sc = sc.equalize_max(d);
             }
             if let Some(s) = o.seed {
                 sc = sc.seed(s);
