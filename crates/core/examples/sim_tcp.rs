@@ -81,7 +81,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             }
             "--equalize-max" => {
                 let v = value()?;
-                let ms: u64 = v.parse().map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
+                let ms: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
                 o.equalize_max = Some(Duration::from_millis(ms));
             }
             "--no-single" => o.single = false,

@@ -770,7 +770,8 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         link_seq: 7,
         ts: 1_000_000,
     };
-    let payload: Vec<u8> = (0..100u8).collect();
+    // Starts as an IPv4 packet does: a plain DATA payload (braid passes it on as it is).
+    let payload: Vec<u8> = (0x45..0x45 + 100u8).collect();
     let mut nack_buf = Vec::new();
     let bodies: Vec<(&str, Body<'_>)> = vec![
         (
@@ -1045,13 +1046,14 @@ pub fn decompress_stream(data: &[u8]) {
         rest = tail;
         out.clear();
         match d.decompress(record, &mut out) {
-            // 16 bytes of dynamic fields at the least become 40 (IPv4) or 60 (IPv6) of headers.
+            // The shortest delta packet with timestamps (10 bytes: id, flags, differences)
+            // becomes 72 bytes of IPv6 and TCP headers.
             Ok(Encoding::Compressed) => {
                 assert!(
                     describes(&out),
                     "rebuilt a packet the compressor cannot send"
                 );
-                assert!(out.len() <= record.len() + 48);
+                assert!(out.len() <= record.len() + 62);
             }
             Ok(_) => assert!(out.len() <= record.len()),
             Err(_) => assert!(out.is_empty(), "a dropped packet left output"),

@@ -1031,13 +1031,6 @@ impl<'a> Body<'a> {
             PacketType::Data => return Err(WireError::Malformed),
             PacketType::Feedback => {
                 let entries = p.feedback_entries();
-                // Bit 12 of every entry is reserved (zero).
-                if entries
-                    .chunks_exact(FEEDBACK_ENTRY_LEN)
-                    .any(|e| e[0] & 0x10 != 0)
-                {
-                    return Err(WireError::Malformed);
-                }
                 Body::Feedback(FeedbackRepr { common, entries })
             }
             PacketType::Probe => {
@@ -1369,9 +1362,10 @@ mod tests {
             Body::parse(Feedback, &[0; 8 + 514]),
             Err(WireError::Malformed)
         );
-        let mut reserved = [0u8; 12];
-        reserved[10] = 0x10;
-        assert_eq!(Body::parse(Feedback, &reserved), Err(WireError::Malformed));
+        // Bit 12 of an entry marks a reference acknowledgement (compress::Feedback).
+        let mut reference = [0u8; 12];
+        reference[10] = 0x10;
+        assert!(Body::parse(Feedback, &reference).is_ok());
         assert_eq!(Body::parse(Probe, &[0; 11]), Err(WireError::Truncated));
         assert!(Body::parse(Probe, &[0; 12 + 65535]).is_ok());
         assert_eq!(

@@ -700,8 +700,8 @@ fn tcp_segment(seq: u32, payload: usize) -> Vec<u8> {
 }
 
 /// Inner header compression end to end: a TCP flow's first segments go whole, then (once the
-/// receiver's FEEDBACK confirmed the context) compressed; the receiver rebuilds every segment
-/// byte for byte, in order. With compression off the sender sends everything plain.
+/// receiver's FEEDBACK confirmed the context) compressed, then (once it confirmed a reference)
+/// coded against the reference; the receiver rebuilds every segment byte for byte, in order. With compression off the sender sends everything plain.
 #[test]
 fn tcp_headers_are_compressed_and_rebuilt_exactly() {
     for compression in [true, false] {
@@ -730,7 +730,12 @@ fn tcp_headers_are_compressed_and_rebuilt_exactly() {
         if compression {
             assert!(tx.tx_full >= 1, "{tx:?}");
             assert!(tx.tx_compressed >= 150, "{tx:?}");
-            assert_eq!(tx.tx_bytes_saved, 26 * tx.tx_compressed);
+            // 26 bytes saved by an absolute packet, 5 by one carrying a reference, 32-39 by a
+            // delta packet (this checksum is wrong on purpose: it travels as it is).
+            assert!(
+                tx.tx_bytes_saved >= 30 * tx.tx_compressed,
+                "mostly delta packets: {tx:?}"
+            );
             assert_eq!(rx.rx_compressed, tx.tx_compressed);
             assert_eq!(rx.rx_bytes_saved, tx.tx_bytes_saved);
         } else {

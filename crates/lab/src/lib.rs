@@ -1426,15 +1426,15 @@ mod tests {
         assert_eq!(MAX_TUNNEL_MTU + 60, UNDERLAY_MTU);
     }
 
-    /// The ceiling counts one outer header per piece: 1440 and 1466 fit a 1500-byte uplink in
-    /// one datagram once compressed, 1500 is cut in two (docs/protocol.md §10.1).
+    /// The ceiling counts one outer header per piece: up to 1478 a compressed segment fits a
+    /// 1500-byte uplink in one datagram, 1479 and more are cut in two (docs/protocol.md §10.1).
     #[test]
     fn ceiling_counts_pieces() {
         let c = |m| (report::bundle_ceiling_of(m) * 10_000.0).round() / 100.0;
-        assert_eq!(c(1440), 94.17); // 1388 / 1474
-        assert_eq!(c(1466), 94.27); // 1414 / 1500
-        assert_eq!(c(1467), 90.65); // 1415 / (1441 + 2 x 60)
-        assert_eq!(c(1500), 90.84); // 1448 / 1594
+        assert_eq!(c(1440), 94.94); // 1388 / (1388 + 14 + 60)
+        assert_eq!(c(1478), 95.07); // 1426 / 1500
+        assert_eq!(c(1479), 91.42); // 1427 / (1441 + 2 x 60)
+        assert_eq!(c(1500), 91.53); // 1448 / 1582
     }
 
     #[test]

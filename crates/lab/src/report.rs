@@ -3,9 +3,10 @@
 //! What "% of the sum" means: a link's RATE counts IP bytes. One TCP flow alone on a link carries
 //! at most `(1500 - 52) / 1500` = 96.5% of it as payload (IPv4 + TCP headers with timestamps are
 //! 52 bytes per 1500-byte packet). Through the tunnel every packet also carries 60 bytes of outer
-//! IPv4, UDP and braid header and tag, and braid compresses the 52 bytes of inner headers to 26
+//! IPv4, UDP and braid header and tag, and braid compresses the 52 bytes of inner headers to 14
 //! (docs/protocol.md §13), so with a tunnel MTU of 1440 a full segment of 1388 payload bytes
-//! takes `1388 + 26 + 60` = 1474 bytes on the uplink: a ceiling of 94.2% of the nominal rate. The report therefore gives the bundle's TCP
+//! takes `1388 + 14 + 60` = 1462 bytes on the uplink: a ceiling of 94.9% of the nominal rate.
+//! The report therefore gives the bundle's TCP
 //! goodput against the sum of the nominal rates (what a user bought), against the sum of what each
 //! link gave alone with plain TCP (what the bundle could at best add up to without its own
 //! overhead), and the ceilings that the headers impose, plus how full each link was (IP bytes the
@@ -17,8 +18,11 @@ use crate::spec::format_rate;
 use crate::{TCP_IP_HEADERS, UNDERLAY_MTU};
 
 /// What braid's compression leaves of a TCP/IPv4 segment's 52 bytes of headers with timestamps
-/// (context id 2, dynamic fields 24: docs/protocol.md §13).
-pub const COMPRESSED_TCP_IP_HEADERS: u32 = 26;
+/// in a one-way transfer, once the flow's reference is acknowledged (docs/protocol.md §13): a
+/// delta packet of context id 2, flags 2, TCP flags 1, IP ID difference 2, sequence difference 3
+/// (64 KB to 16 MB from the reference), timestamp differences 2 + 2; the acknowledgement
+/// number, the window and the checksum left out (26 bytes for an absolute packet).
+pub const COMPRESSED_TCP_IP_HEADERS: u32 = 14;
 
 /// TCP payload ceiling through a tunnel of MTU `tunnel_mtu`, as a fraction of the uplinks'
 /// rate: a full segment's payload over what it costs on the uplink (compressed inner headers,
