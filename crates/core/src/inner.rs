@@ -76,6 +76,13 @@ pub fn sum16(data: &[u8], sum: u64) -> u64 {
     a + b
 }
 
+/// The [`sum16`] of the pseudo-header of a transport segment of `len` bytes and protocol `proto`
+/// carried in the IP packet (or header) `ip`: the addresses, the protocol and the length.
+pub fn pseudo_sum(ip: &[u8], v6: bool, proto: u8, len: usize) -> u64 {
+    let addrs = if v6 { &ip[8..40] } else { &ip[12..20] };
+    sum16(addrs, u64::from(proto) + len as u64)
+}
+
 /// Folds a [`sum16`] into 16 bits (still not inverted).
 pub fn fold16(mut sum: u64) -> u16 {
     while sum > 0xffff {

@@ -15,7 +15,7 @@
 
 use std::ops::Range;
 
-use braid_core::inner::{fold16 as fold, sum16};
+use braid_core::inner::{fold16 as fold, pseudo_sum, sum16};
 
 /// `struct virtio_net_hdr` (include/uapi/linux/virtio_net.h), in host byte order as the TUN uses
 /// it by default (no `TUNSETVNETBE`/`LE`).
@@ -68,12 +68,6 @@ impl VirtioNetHdr {
         b[8..10].copy_from_slice(&self.csum_offset.to_ne_bytes());
         b
     }
-}
-
-/// The pseudo-header sum of a transport segment of `len` bytes in IP packet `ip`.
-fn pseudo_sum(ip: &[u8], v6: bool, proto: u8, len: usize) -> u64 {
-    let addrs = if v6 { &ip[8..40] } else { &ip[12..20] };
-    sum16(addrs, u64::from(proto) + len as u64)
 }
 
 /// Writes the IPv4 header checksum of `ip` (20+ bytes, IHL honoured).

@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::inner::{fold16, ipv4_checksum, sum16};
+use crate::inner::{fold16, ipv4_checksum, pseudo_sum, sum16};
 
 mod delta;
 use delta::{Fields, RefValues, REF_BLOCK_LEN};
@@ -492,18 +492,12 @@ fn fields<'a>(p: &Parsed<'a>) -> Fields<'a> {
 /// packet's (a wrong checksum, or the other form of zero): then the checksum is sent.
 fn recomputed_differs(p: &Parsed<'_>) -> bool {
     let seg_len = p.tcp.len() + p.options.len() + p.payload.len();
-    let mut sum = pseudo_sum(p.ip, p.key.v6, seg_len);
+    let mut sum = pseudo_sum(p.ip, p.key.v6, TCP, seg_len);
     sum = sum16(&p.tcp[..16], sum);
     sum = sum16(&p.tcp[18..], sum);
     sum = sum16(p.options, sum);
     sum = sum16(p.payload, sum);
     !fold16(sum) != u16::from_be_bytes([p.tcp[16], p.tcp[17]])
-}
-
-/// The pseudo-header sum of a TCP segment of `len` bytes in IP header `ip`.
-fn pseudo_sum(ip: &[u8], v6: bool, len: usize) -> u64 {
-    let addrs = if v6 { &ip[8..40] } else { &ip[12..20] };
-    sum16(addrs, u64::from(TCP) + len as u64)
 }
 
 /// Writes the absolute dynamic fields (the layout in `docs/protocol.md`), then the reference
@@ -910,7 +904,7 @@ fn rebuild(key: &Key, f: &Fields<'_>, payload: &[u8], out: &mut Vec<u8>) -> Opti
     if f.csum.is_none() {
         let sum = sum16(
             &out[tcp_start..],
-            pseudo_sum(&out[ip_start..], key.v6, tcp_len),
+            pseudo_sum(&out[ip_start..], key.v6, TCP, tcp_len),
         );
         let csum = !fold16(sum);
         out[tcp_start + 16..tcp_start + 18].copy_from_slice(&csum.to_be_bytes());
@@ -996,7 +990,7 @@ mod tests {
         let v6 = p[0] >> 4 == 6;
         let ip_len = if v6 { 40 } else { 20 };
         p[ip_len + 16..ip_len + 18].fill(0);
-        let sum = sum16(&p[ip_len..], pseudo_sum(&p, v6, p.len() - ip_len));
+        let sum = sum16(&p[ip_len..], pseudo_sum(&p, v6, TCP, p.len() - ip_len));
         let c = !fold16(sum);
         p[ip_len + 16..ip_len + 18].copy_from_slice(&c.to_be_bytes());
         p
