@@ -15,9 +15,10 @@
 //!   LAN prefixes is dropped and counted (a site cannot speak for another). A packet for another
 //!   client goes straight to it if the sender may reach it (`reach`), else it is dropped and
 //!   counted; everything else goes to the TUN device.
-//! - **Fair share.** Datagrams leave round-robin over the clients, one at a time, so that when
-//!   the socket's queue is full the drops fall on every client alike, not on whoever came last;
-//!   and each client's queue of datagrams not yet taken is bounded ([`MAX_QUEUED_PER_CLIENT`]):
+//! - **Fair share.** Datagrams leave round-robin over the clients, a run of at most
+//!   [`TX_QUANTUM`] datagrams to one link at a time (so the I/O layer can still send a run as one
+//!   UDP GSO super-datagram), so that when the socket's queue is full the drops fall on every
+//!   client alike, not on whoever came last; and each client's queue of datagrams not yet taken is bounded ([`MAX_QUEUED_PER_CLIENT`]):
 //!   a client receiving a flood loses its own packets, not the others'.
 //!
 //! The I/O layer keeps per-link state (the reply address of a wildcard listener, path MTUs)
@@ -45,6 +46,8 @@ pub const MAX_CLIENTS: usize = 255;
 
 /// Datagrams one client may have waiting for the I/O layer at most; more are dropped (its own).
 pub const MAX_QUEUED_PER_CLIENT: usize = 4096;
+/// Datagrams to one link one client sends in a row at most before the next client's turn.
+pub const TX_QUANTUM: usize = 16;
 
 /// The global link id of link `link` of the client in `slot`.
 pub fn global_link(slot: usize, link: LinkId) -> LinkId {
@@ -164,15 +167,56 @@ pub struct Concentrator {
     by_sid: HashMap<u32, usize>,
     routes: PrefixMap<usize>,
     rng: Box<dyn rand_core::RngCore + Send>,
-    next_tx: usize,
-    next_rx: usize,
+    /// Clients with datagrams queued, in turn order (the first is sending its run).
+    sending: Touched,
+    /// Datagrams of the current run.
+    run: usize,
     delivered: VecDeque<Vec<u8>>,
     events: VecDeque<(usize, Event)>,
     drops: ConcentratorDrops,
     /// A removed client's last datagrams (its CLOSE): no slot is theirs any more.
     orphans: VecDeque<Transmit>,
-    /// Some endpoint may have datagrams not yet moved to its client's queue.
-    dirty: bool,
+    /// Slots whose endpoint was handed something (a datagram, a TUN packet, a timeout) since
+    /// the output, the deliveries and the events last looked at it: only those can have
+    /// something new, so a turn costs the clients it touched, not every client.
+    to_send: Touched,
+    to_deliver: Touched,
+    to_report: Touched,
+    /// Each slot's endpoint's next timer, refreshed whenever the slot is touched.
+    deadlines: Vec<Option<Instant>>,
+}
+
+/// A set of slots in the order they were first added (a list and a membership flag).
+#[derive(Default)]
+struct Touched {
+    list: VecDeque<usize>,
+    flag: Vec<bool>,
+}
+
+impl Touched {
+    fn mark(&mut self, slot: usize) {
+        if self.flag.len() <= slot {
+            self.flag.resize(slot + 1, false);
+        }
+        if !self.flag[slot] {
+            self.flag[slot] = true;
+            self.list.push_back(slot);
+        }
+    }
+    fn front(&self) -> Option<usize> {
+        self.list.front().copied()
+    }
+    fn pop(&mut self) -> Option<usize> {
+        let slot = self.list.pop_front()?;
+        self.flag[slot] = false;
+        Some(slot)
+    }
+    fn remove(&mut self, slot: usize) {
+        if self.flag.get(slot).copied().unwrap_or(false) {
+            self.flag[slot] = false;
+            self.list.retain(|&s| s != slot);
+        }
+    }
 }
 
 impl Concentrator {
@@ -190,13 +234,16 @@ impl Concentrator {
             by_sid: HashMap::new(),
             routes: PrefixMap::new(),
             rng,
-            next_tx: 0,
-            next_rx: 0,
+            sending: Touched::default(),
+            run: 0,
             delivered: VecDeque::new(),
             events: VecDeque::new(),
             drops: ConcentratorDrops::default(),
             orphans: VecDeque::new(),
-            dirty: false,
+            to_send: Touched::default(),
+            to_deliver: Touched::default(),
+            to_report: Touched::default(),
+            deadlines: Vec::new(),
         }
     }
 
@@ -260,7 +307,24 @@ impl Concentrator {
             dropped_queue: 0,
             forwarded: 0,
         });
+        self.touch(slot);
         Ok(())
+    }
+
+    /// Slot `slot`'s endpoint was handed something: its output, deliveries and events are
+    /// worth a look, and its next timer is read again.
+    fn touch(&mut self, slot: usize) {
+        self.to_send.mark(slot);
+        self.to_deliver.mark(slot);
+        self.to_report.mark(slot);
+        self.refresh_deadline(slot);
+    }
+
+    fn refresh_deadline(&mut self, slot: usize) {
+        if self.deadlines.len() <= slot {
+            self.deadlines.resize(slot + 1, None);
+        }
+        self.deadlines[slot] = self.slots[slot].as_ref().and_then(|c| c.ep.poll_timeout());
     }
 
     /// Removes a client: its session ends (CLOSE sent on its links), its routes go. The
@@ -282,6 +346,14 @@ impl Concentrator {
         self.by_key.remove(&c.spec.public_key);
         self.by_sid.retain(|_, &mut s| s != slot);
         self.events.retain(|(s, _)| *s != slot);
+        self.to_send.remove(slot);
+        self.to_deliver.remove(slot);
+        self.to_report.remove(slot);
+        if self.sending.front() == Some(slot) {
+            self.run = 0;
+        }
+        self.sending.remove(slot);
+        self.deadlines[slot] = None;
         Ok(c.spec)
     }
 
@@ -360,7 +432,7 @@ impl Concentrator {
             return Received::Ignored;
         };
         let got = c.ep.handle_datagram(now, None, from, datagram);
-        self.dirty = true;
+        self.touch(slot);
         self.refresh_sids(slot);
         match got {
             Received::Link(l) => Received::Link(global_link(slot, l)),
@@ -396,10 +468,12 @@ impl Concentrator {
     pub fn send_packet(&mut self, now: Instant, packet: &[u8]) {
         let slot =
             inner_addrs(packet).and_then(|(_, dst)| self.routes.lookup(dst).map(|(_, &s)| s));
-        match slot.and_then(|s| self.slots[s].as_mut()) {
-            Some(c) => {
-                c.ep.send_packet(now, packet);
-                self.dirty = true;
+        match slot.filter(|&s| self.slots[s].is_some()) {
+            Some(s) => {
+                if let Some(c) = self.slots[s].as_mut() {
+                    c.ep.send_packet(now, packet);
+                }
+                self.touch(s);
             }
             None => self.drops.no_route += 1,
         }
@@ -407,14 +481,12 @@ impl Concentrator {
 
     // -------------------------------------------------------------- output
 
-    /// Moves every endpoint's datagrams into its client's bounded queue.
+    /// Moves the touched endpoints' datagrams into their clients' bounded queues.
     fn pull_transmits(&mut self) {
-        if !self.dirty {
-            return;
-        }
-        self.dirty = false;
-        for (slot, c) in self.slots.iter_mut().enumerate() {
-            let Some(c) = c else { continue };
+        while let Some(slot) = self.to_send.pop() {
+            let Some(c) = self.slots[slot].as_mut() else {
+                continue;
+            };
             while let Some(mut t) = c.ep.poll_transmit() {
                 if c.queued.len() >= MAX_QUEUED_PER_CLIENT {
                     c.dropped_queue += 1;
@@ -424,76 +496,105 @@ impl Concentrator {
                 t.link = global_link(slot, t.link);
                 c.queued.push_back(t);
             }
+            if !c.queued.is_empty() {
+                self.sending.mark(slot);
+            }
         }
     }
 
-    /// The next datagram to send (its `link` a global link id): round-robin over the clients.
+    /// The next datagram to send (its `link` a global link id): round-robin over the clients
+    /// with datagrams queued, a run to one link of up to [`TX_QUANTUM`] each.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if let Some(t) = self.orphans.pop_front() {
             return Some(t);
         }
         self.pull_transmits();
-        let n = self.slots.len();
-        for k in 0..n {
-            let slot = (self.next_tx + k) % n;
-            if let Some(t) = self.slots[slot].as_mut().and_then(|c| c.queued.pop_front()) {
-                self.next_tx = slot + 1;
-                return Some(t);
+        loop {
+            let slot = self.sending.front()?;
+            let Some(c) = self.slots[slot].as_mut() else {
+                self.sending.pop();
+                continue;
+            };
+            let Some(t) = c.queued.pop_front() else {
+                self.sending.pop();
+                self.run = 0;
+                continue;
+            };
+            self.run += 1;
+            let same_run = c
+                .queued
+                .front()
+                .is_some_and(|n| n.link == t.link && n.dst == t.dst);
+            if !same_run || self.run >= TX_QUANTUM {
+                // The next client's turn; this one goes last if it has more.
+                self.sending.pop();
+                self.run = 0;
+                if !c.queued.is_empty() {
+                    self.sending.mark(slot);
+                }
+            }
+            return Some(t);
+        }
+    }
+
+    /// The next packet for the TUN device, one client after the other (of those touched).
+    /// Packets from a client with a source that is not its own are dropped; packets for
+    /// another client go to it directly, if allowed.
+    pub fn poll_deliver(&mut self, now: Instant) -> Option<Vec<u8>> {
+        if let Some(p) = self.delivered.pop_front() {
+            return Some(p);
+        }
+        while let Some(slot) = self.to_deliver.pop() {
+            let got = self.deliver_from(now, slot);
+            // Delivering moves the client's reorder timers.
+            self.refresh_deadline(slot);
+            if let Some(p) = got {
+                // Round robin: the others first, then this one again.
+                self.to_deliver.mark(slot);
+                return Some(p);
             }
         }
         None
     }
 
-    /// The next packet for the TUN device. Packets from a client with a source that is not
-    /// its own are dropped; packets for another client go to it directly, if allowed.
-    pub fn poll_deliver(&mut self, now: Instant) -> Option<Vec<u8>> {
-        if let Some(p) = self.delivered.pop_front() {
-            return Some(p);
-        }
-        let n = self.slots.len();
-        for k in 0..n {
-            let slot = (self.next_rx + k) % n;
-            while let Some(p) = self.slots[slot]
-                .as_mut()
-                .and_then(|c| c.ep.poll_deliver(now))
-            {
-                let addrs = inner_addrs(&p);
-                let from_ok = addrs
-                    .is_some_and(|(src, _)| self.routes.lookup(src).map(|(_, &s)| s) == Some(slot));
-                if !from_ok {
-                    if let Some(c) = self.slots[slot].as_mut() {
-                        c.dropped_source += 1;
-                        c.ep.recycle(p);
-                    }
-                    continue;
+    /// The next packet of client `slot` for the TUN device, after the source and
+    /// client-to-client checks (`None`: it has nothing more now).
+    fn deliver_from(&mut self, now: Instant, slot: usize) -> Option<Vec<u8>> {
+        while let Some(p) = self.slots[slot]
+            .as_mut()
+            .and_then(|c| c.ep.poll_deliver(now))
+        {
+            let addrs = inner_addrs(&p);
+            let from_ok = addrs
+                .is_some_and(|(src, _)| self.routes.lookup(src).map(|(_, &s)| s) == Some(slot));
+            if !from_ok {
+                if let Some(c) = self.slots[slot].as_mut() {
+                    c.dropped_source += 1;
+                    c.ep.recycle(p);
                 }
-                let to = addrs.and_then(|(_, dst)| self.routes.lookup(dst).map(|(_, &s)| s));
-                match to {
-                    Some(other) if other != slot => {
-                        let other_name = self.slots[other].as_ref().map(|c| c.spec.name.clone());
-                        let allowed = match (&self.slots[slot], &other_name) {
-                            (Some(c), Some(name)) => c.spec.may_reach(name),
-                            _ => false,
-                        };
-                        if allowed {
-                            if let Some(o) = self.slots[other].as_mut() {
-                                o.ep.send_packet(now, &p);
-                            }
-                            self.dirty = true;
-                            if let Some(c) = self.slots[slot].as_mut() {
-                                c.forwarded += 1;
-                                c.ep.recycle(p);
-                            }
-                        } else if let Some(c) = self.slots[slot].as_mut() {
-                            c.dropped_policy += 1;
-                            c.ep.recycle(p);
-                        }
-                    }
-                    _ => {
-                        self.next_rx = slot + 1;
-                        return Some(p);
-                    }
+                continue;
+            }
+            let to = addrs.and_then(|(_, dst)| self.routes.lookup(dst).map(|(_, &s)| s));
+            let Some(other) = to.filter(|&o| o != slot) else {
+                return Some(p);
+            };
+            let allowed = match (&self.slots[slot], &self.slots[other]) {
+                (Some(c), Some(o)) => c.spec.may_reach(&o.spec.name),
+                _ => false,
+            };
+            if allowed {
+                if let Some(o) = self.slots[other].as_mut() {
+                    o.ep.send_packet(now, &p);
                 }
+                self.touch(other);
+            }
+            if let Some(c) = self.slots[slot].as_mut() {
+                if allowed {
+                    c.forwarded += 1;
+                } else {
+                    c.dropped_policy += 1;
+                }
+                c.ep.recycle(p);
             }
         }
         None
@@ -507,8 +608,10 @@ impl Concentrator {
                 return Some((name, ev));
             }
             let mut any = false;
-            for (slot, c) in self.slots.iter_mut().enumerate() {
-                let Some(c) = c else { continue };
+            while let Some(slot) = self.to_report.pop() {
+                let Some(c) = self.slots[slot].as_mut() else {
+                    continue;
+                };
                 while let Some(ev) = c.ep.poll_event() {
                     any = true;
                     let ev = match ev {
@@ -540,29 +643,33 @@ impl Concentrator {
 
     // -------------------------------------------------------------- time
 
+    /// The earliest of the clients' timers (kept per slot, read again whenever a slot is
+    /// touched: no endpoint is asked here).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.clients().filter_map(|c| c.ep.poll_timeout()).min()
+        self.deadlines.iter().flatten().min().copied()
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        for slot in 0..self.slots.len() {
-            let Some(c) = self.slots[slot].as_mut() else {
+        for slot in 0..self.deadlines.len() {
+            if self.deadlines[slot].is_none_or(|t| t > now) {
                 continue;
-            };
-            if c.ep.poll_timeout().is_some_and(|t| t <= now) {
-                c.ep.handle_timeout(now);
-                self.dirty = true;
-                self.refresh_sids(slot);
             }
+            if let Some(c) = self.slots[slot].as_mut() {
+                c.ep.handle_timeout(now);
+            }
+            self.touch(slot);
+            self.refresh_sids(slot);
         }
     }
 
     /// Ends every client's session (CLOSE on its links).
     pub fn close(&mut self, now: Instant) {
-        for c in self.slots.iter_mut().flatten() {
-            c.ep.close(now);
+        for slot in 0..self.slots.len() {
+            if let Some(c) = self.slots[slot].as_mut() {
+                c.ep.close(now);
+                self.touch(slot);
+            }
         }
-        self.dirty = true;
     }
 
     // -------------------------------------------------------------- links (global ids)
@@ -571,6 +678,7 @@ impl Concentrator {
         if let Some((slot, link)) = split_link(global) {
             if let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) {
                 c.ep.set_link_mtu(link, max);
+                self.touch(slot);
             }
         }
     }
@@ -579,7 +687,7 @@ impl Concentrator {
         if let Some((slot, link)) = split_link(global) {
             if let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) {
                 c.ep.handle_too_big(now, link, size);
-                self.dirty = true;
+                self.touch(slot);
             }
         }
     }

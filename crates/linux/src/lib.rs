@@ -14,7 +14,8 @@
 //! - [`serve`]: bounded concurrent serving of short connections (cap, request deadline, accept
 //!   back-off) for the two above;
 //! - [`service`]: readiness and shutdown notices to systemd (`Type=notify` units);
-//! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace.
+//! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace, and [`sysctl::in_netns`]
+//!   (work done, a socket opened, inside a named network namespace).
 pub mod control;
 pub mod fuzzing;
 pub mod metrics;

@@ -29,10 +29,17 @@ pub fn write(key: &str, value: &str) -> io::Result<()> {
 /// Sets `key` to `value` inside the named network namespace (`ip netns add NAME`, i.e.
 /// `/run/netns/NAME`).
 pub fn write_in_netns(netns: &str, key: &str, value: &str) -> io::Result<()> {
+    in_netns(netns, || write(key, value))
+}
+
+/// Runs `f` on a short-lived thread that has joined the named network namespace
+/// (`/run/netns/NAME`) and returns what it returns. What `f` opens there (a `/proc/sys/net`
+/// file, a socket) belongs to that namespace for its whole life, wherever it is used later;
+/// the calling thread's namespace never changes.
+pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
     let ns_path = PathBuf::from("/run/netns").join(netns);
-    let (key, value) = (key.to_string(), value.to_string());
     std::thread::scope(|s| {
-        s.spawn(move || -> io::Result<()> {
+        s.spawn(move || -> io::Result<T> {
             let ns = std::fs::File::open(&ns_path).map_err(|e| {
                 io::Error::new(
                     e.kind(),
@@ -40,10 +47,10 @@ pub fn write_in_netns(netns: &str, key: &str, value: &str) -> io::Result<()> {
                 )
             })?;
             nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-            write(&key, &value)
+            f()
         })
         .join()
-        .unwrap_or_else(|_| Err(io::Error::other("sysctl thread panicked")))
+        .unwrap_or_else(|_| Err(io::Error::other("thread in a network namespace panicked")))
     })
 }
 
