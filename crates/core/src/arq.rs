@@ -39,6 +39,8 @@ pub struct Sent {
     pub at: Instant,
     /// When it was last sent again (answers to NACKs are rate-limited by it).
     pub resent_at: Option<Instant>,
+    /// Copies sent so far (answers to NACKs and reinjections).
+    pub resends: u32,
     /// The inner IP packet (its DATA payload), or a piece of it.
     pub packet: Vec<u8>,
     /// Its piece flags ([`crate::frag::Piece::flags`]), sent again with it.
@@ -94,6 +96,7 @@ impl SentRing {
             link,
             at: now,
             resent_at: None,
+            resends: 0,
             packet: buf,
             flags: 0,
         });

@@ -96,12 +96,9 @@ pub struct Config {
     /// that died (or fell silent) is reinjected on the others, and answers to the peer's NACKs
     /// (see [`crate::arq`]). Default on.
     pub repair: bool,
-    /// Ask the peer for lost gaps (NACK) and wait for the copy before giving them up. Off by
-    /// default: it repairs random loss (CUBIC on 2 x 20 Mbit/s with 1% loss on one link: 3.8%
-    /// -> 34-51% of the sum in the simulator), but the extra hold on every gap costs the
-    /// scenarios without random loss up to 24 points (10/20/50 Mbit/s CUBIC, LTE BBR); see
-    /// docs/scheduling.md.
-    pub nack: bool,
+    /// Which lost gaps the receiver asks the peer for again (NACK) and waits for; see [`Nack`].
+    /// Default [`Nack::RandomLoss`].
+    pub nack: Nack,
     /// Bounds of the ring of sent packets kept for repair.
     pub ring: RingConfig,
     /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
@@ -126,6 +123,38 @@ pub struct Config {
     /// identity handshake, and `psk` (zeros when none is configured) is mixed into its keys.
     pub identity: Option<Identity>,
 }
+
+/// Which lost gaps a receiver asks for again (docs/scheduling.md, "Random loss").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nack {
+    /// None: every loss reaches the inner TCP (reinjection on failover is separate).
+    Off,
+    /// Gaps in which a link lost packets while it had no queue: its own sequence numbers jumped
+    /// with its queueing delay under [`RANDOM_LOSS_QDELAY`]. Random loss is repaired and hidden
+    /// from the inner TCP; a full queue's drops are not, so a loss-based sender still sees the
+    /// congestion it causes, and no other gap waits for a copy.
+    RandomLoss,
+    /// Every gap the reorder buffer would give up (repairs congestion drops too: a loss-based
+    /// inner TCP then fills the links' queues; kept for comparison).
+    Every,
+}
+
+/// A link's own packets lost while its queueing delay (as this receiver sees it) is under this
+/// share of the highest it reached lately ([`QUEUE_PEAK_WINDOW`]) are taken for random loss
+/// ([`Nack::RandomLoss`]): a queue drops for congestion when it is full, i.e. at its peak (the
+/// simulator's 50 Mbit/s link overflowing at 98 ms of its 100), while a link that loses at
+/// random does so at whatever queue it has (15-80 ms on the simulator's lossy link, whose queue
+/// delay equalisation and the inner TCP move up and down). A single delay threshold cannot tell
+/// the two: both cases above lie around 100 ms.
+pub const QUEUE_PEAK_SHARE: f64 = 0.8;
+/// Losses under this queueing delay are random whatever the peak (a link that never queues).
+pub const RANDOM_LOSS_QDELAY: Duration = Duration::from_millis(5);
+/// The peak queueing delay of a link is the highest seen over the last one or two of these.
+pub const QUEUE_PEAK_WINDOW: Duration = Duration::from_secs(5);
+/// A range of sequence numbers named for repair after a non-DATA packet showed a link's loss
+/// reaches this far beyond the highest sequence number received (the lost packet may have a
+/// higher number than any other link has brought yet).
+const SUSPECT_SLACK: u64 = 64;
 
 /// This end's static key pair and the one peer it accepts (client: the server's public key;
 /// server: the client's), for the identity handshake.
@@ -155,7 +184,7 @@ impl Config {
             forget_link_after: Duration::from_secs(120),
             equalize_max: DEFAULT_EQUALIZE_MAX,
             repair: true,
-            nack: false,
+            nack: Nack::RandomLoss,
             ring: RingConfig::default(),
             compression: true,
             max_packet: DEFAULT_MAX_PACKET,
@@ -423,6 +452,8 @@ const SILENCE_SLACK: Duration = Duration::from_millis(50);
 /// Feedback entries the receiver collects before it sends them without waiting for the end of a
 /// batch of deliveries.
 const MAX_FEEDBACK_BATCH: usize = 64;
+/// A ring entry is not sent again sooner than this after its last copy (a NACK repeated).
+const MIN_RESEND_GAP: Duration = Duration::from_millis(5);
 /// Sequence numbers resent per NACK at most (a range may name up to 65535).
 const MAX_RESEND_PER_NACK: usize = 4096;
 /// Packets shorter than this are not held for delay equalisation: pure TCP acks, DNS, keystrokes
@@ -587,6 +618,13 @@ struct Link {
     rx_meter: Meter,
     /// Last time a DATA packet arrived on this link.
     last_data_rx: Option<Instant>,
+    /// The link sequence number of the last packet received on it, and the bundle sequence
+    /// number of the last ordered DATA: a jump in the first names the range of the second in
+    /// which something was lost ([`Nack::RandomLoss`]).
+    rx_link_seq: Option<u32>,
+    rx_data_seq: Option<u64>,
+    /// The highest queueing delay seen on it lately (receiver).
+    rx_qpeak: PeakHold,
     last_rx: Option<Instant>,
     /// Silent (see [`Endpoint::is_silent`]) at the last look: avoided, and what it carried
     /// lately was reinjected.
@@ -598,6 +636,31 @@ struct Link {
     pmtu: Option<PathMtu>,
     /// The path MTU probe in flight: its probe id and datagram size.
     pmtu_probe: Option<(u32, usize)>,
+}
+
+/// The maximum of a value over the last one to two [`QUEUE_PEAK_WINDOW`]s (two buckets).
+#[derive(Debug, Default)]
+struct PeakHold {
+    current: Duration,
+    previous: Duration,
+    since: Option<Instant>,
+}
+
+impl PeakHold {
+    /// Adds a sample at `now`; returns the peak.
+    fn update(&mut self, now: Instant, v: Duration) -> Duration {
+        let since = *self.since.get_or_insert(now);
+        let age = now.saturating_duration_since(since);
+        if age >= 2 * QUEUE_PEAK_WINDOW {
+            (self.previous, self.current) = (Duration::ZERO, Duration::ZERO);
+            self.since = Some(now);
+        } else if age >= QUEUE_PEAK_WINDOW {
+            (self.previous, self.current) = (self.current, Duration::ZERO);
+            self.since = Some(now);
+        }
+        self.current = self.current.max(v);
+        self.current.max(self.previous)
+    }
 }
 
 impl Link {
@@ -784,6 +847,9 @@ impl Endpoint {
             tx_meter: Meter::default(),
             rx_meter: Meter::default(),
             last_data_rx: None,
+            rx_link_seq: None,
+            rx_data_seq: None,
+            rx_qpeak: PeakHold::default(),
             last_rx: None,
             silent: false,
             silence_checked: None,
@@ -1571,6 +1637,11 @@ impl Endpoint {
                 addr: from,
             });
         }
+        let data_seq = match &body {
+            Body::Data(d) if d.flags & FLAG_UNORDERED == 0 => Some(d.seq),
+            _ => None,
+        };
+        self.note_link_loss(now, li, body.common().link_seq, data_seq);
         let link = &mut self.links[li];
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
@@ -1707,12 +1778,49 @@ impl Endpoint {
 
     // ------------------------------------------------------------------ loss repair
 
+    /// Receiver: a packet with link sequence number `link_seq` (and bundle sequence number
+    /// `data_seq` when it is ordered DATA) arrived on link `li`. When the link's numbers jumped
+    /// while it had no queue, the bundle range in which its lost packets lie is named to the
+    /// reorder buffer for repair ([`Nack::RandomLoss`]).
+    fn note_link_loss(&mut self, now: Instant, li: usize, link_seq: u32, data_seq: Option<u64>) {
+        let link = &mut self.links[li];
+        let jumped = link
+            .rx_link_seq
+            .map(|last| link_seq.wrapping_sub(last) as i32 > 1);
+        let reordered = link
+            .rx_link_seq
+            .is_some_and(|last| link_seq.wrapping_sub(last) as i32 <= 0);
+        if !reordered {
+            link.rx_link_seq = Some(link_seq);
+        }
+        let qdelay = link.health.rx_qdelay();
+        let peak = link.rx_qpeak.update(now, qdelay);
+        let random = jumped == Some(true)
+            && (qdelay < RANDOM_LOSS_QDELAY
+                || qdelay.as_secs_f64() < QUEUE_PEAK_SHARE * peak.as_secs_f64());
+        let from = link.rx_data_seq.map(|s| s.wrapping_add(1));
+        if let Some(seq) = data_seq {
+            // A copy sent again carries an old number: the highest stands.
+            link.rx_data_seq = Some(link.rx_data_seq.map_or(seq, |s| s.max(seq)));
+        }
+        if !random || self.cfg.nack != Nack::RandomLoss {
+            return;
+        }
+        let Some(from) = from else { return };
+        let to = match data_seq {
+            Some(seq) => seq,
+            None => self.reorder.high_seq().saturating_add(SUSPECT_SLACK),
+        };
+        self.reorder.suspect_loss(from, to);
+    }
+
     /// Sets the repair wait (receiver) and the ring's age bound (sender) from the links' RTTs.
     fn tick_repair(&mut self, now: Instant) {
-        if !self.cfg.repair || !self.cfg.nack {
+        if !self.cfg.repair || self.cfg.nack == Nack::Off {
             self.reorder.set_repair_wait(Duration::ZERO);
             return;
         }
+        self.reorder.set_repair_all(self.cfg.nack == Nack::Every);
         // The NACK goes out on our fastest link and the copy comes back on the peer's fastest:
         // about the lowest round trip, its variation, and a margin.
         let live = || {
@@ -1846,13 +1954,17 @@ impl Endpoint {
             }
         }
         for &seq in &seqs {
-            // Each sequence number is sent again once at most: a second loss of the same
-            // packet, or a NACK for a congestion burst, is left to the inner TCP.
-            let once = self
-                .ring
-                .get_mut(seq)
-                .is_some_and(|s| s.resent_at.is_none());
-            if once && self.repair_budget >= 1.0 && self.resend(now, seq) {
+            // A sequence number is sent again as often as the receiver asks at most (it stops
+            // asking after `REPAIR_TRIES`, and waits for each copy only while it asks: a copy
+            // refused would leave it waiting for nothing), never twice within
+            // `MIN_RESEND_GAP` (the same NACK twice), and within the budget, which a
+            // congestion burst soon exceeds.
+            let allowed = self.ring.get_mut(seq).is_some_and(|s| {
+                s.resends < crate::reorder::REPAIR_TRIES
+                    && s.resent_at
+                        .is_none_or(|t| now.saturating_duration_since(t) >= MIN_RESEND_GAP)
+            });
+            if allowed && self.repair_budget >= 1.0 && self.resend(now, seq) {
                 self.repair_budget -= 1.0;
                 self.repair.retransmits_sent += 1;
             } else {
@@ -1874,6 +1986,7 @@ impl Endpoint {
         // that lost the original, in case that link is dying.
         let avoid = sent.resent_at.map(|_| sent.link);
         sent.resent_at = Some(now);
+        sent.resends += 1;
         let piece_flags = sent.flags;
         let packet = std::mem::take(&mut sent.packet);
         let sent_ok = match self.fastest_link(now, avoid) {

@@ -32,7 +32,12 @@
 //!   more (about one round trip on the fastest link), asked again up to [`REPAIR_TRIES`] times
 //!   in all, and given up at the latest `max_timeout` after the first packet behind it arrived.
 //!   [`ReorderBuffer::scan_losses`] finds such gaps anywhere in the window, not only at the
-//!   head, so that several losses are repaired in parallel.
+//!   head, so that several losses are repaired in parallel. With
+//!   [`ReorderBuffer::set_repair_all`] off (the endpoint's default), only gaps inside a range
+//!   the endpoint named a likely random loss ([`ReorderBuffer::suspect_loss`]: a link's own
+//!   sequence numbers jumped while it had no queue) are asked for; the others are given up at
+//!   once as without repair, so that a queue's drops still reach the inner TCP as the
+//!   congestion signal they are, and no other gap waits a round trip for a copy.
 //!
 //! Call [`ReorderBuffer::pop`] until `None` after every `push` and `set_links`, and at
 //! [`ReorderBuffer::poll_timeout`].
@@ -48,6 +53,8 @@ pub const REPAIR_TRIES: u32 = 3;
 /// Gaps under repair remembered at most (more losses than this at once are given up as without
 /// repair).
 pub const MAX_REPAIRS: usize = 1024;
+/// Suspect ranges ([`ReorderBuffer::suspect_loss`]) remembered at most.
+pub const MAX_SUSPECTS: usize = 256;
 /// [`ReorderBuffer::scan_losses`] looks at the window at most this often.
 pub const SCAN_INTERVAL: Duration = Duration::from_millis(1);
 
@@ -267,6 +274,11 @@ pub struct ReorderBuffer {
     repairs: VecDeque<Repair>,
     /// Ranges to NACK, drained by the endpoint.
     nacks: Vec<SeqRange>,
+    /// Ask for every lost gap (true), or only for those inside `suspects`.
+    repair_all: bool,
+    /// Sequence ranges `[first, end)` in which a link lost something likely at random
+    /// (sorted by `first`, at most [`MAX_SUSPECTS`], pruned behind the delivery point).
+    suspects: VecDeque<(u64, u64)>,
     /// Highest sequence number pushed (+1): the end of the window worth scanning.
     high: u128,
     next_scan: Option<Instant>,
@@ -299,6 +311,8 @@ impl ReorderBuffer {
             repair_wait: Duration::ZERO,
             repairs: VecDeque::new(),
             nacks: Vec::new(),
+            repair_all: true,
+            suspects: VecDeque::new(),
             high: 0,
             next_scan: None,
         }
@@ -647,8 +661,26 @@ impl ReorderBuffer {
                 .iter()
                 .find(|r| r.covers(head))
                 .is_some_and(|r| r.exhausted(now));
-            if !waited_max && !exhausted && self.request_repair(now, head, s) {
-                return None;
+            let under_repair = self.repairs.iter().any(|r| r.covers(head));
+            let run_end = s.min(u64::MAX as u128) as u64;
+            let want = if under_repair {
+                Some((head, run_end))
+            } else {
+                self.wanted(head, run_end)
+            };
+            match want {
+                Some((first, end))
+                    if first == head
+                        && !waited_max
+                        && !exhausted
+                        && self.request_repair(now, head, end as u128) =>
+                {
+                    return None;
+                }
+                Some((first, _)) if first == head => {}
+                // Only the part before the piece worth asking for is given up now.
+                Some((first, _)) => s = first as u128,
+                None => {}
             }
             if self.repairs.iter().any(|r| r.covers(head)) {
                 self.stats.repair_given_up += 1;
@@ -677,6 +709,46 @@ impl ReorderBuffer {
         if wait.is_zero() {
             self.repairs.clear();
         }
+    }
+
+    /// Loss repair asks for every lost gap (`true`, the default here), or only for the parts of
+    /// lost gaps inside ranges named by [`suspect_loss`](Self::suspect_loss).
+    pub fn set_repair_all(&mut self, all: bool) {
+        self.repair_all = all;
+    }
+
+    /// A link lost something likely at random among sequence numbers `[first, end)`: a lost
+    /// gap there is worth asking for (when repair is on and not asking for every gap). Ranges
+    /// longer than the window are ignored; the oldest range goes when [`MAX_SUSPECTS`] are held.
+    pub fn suspect_loss(&mut self, first: u64, end: u64) {
+        if end <= first || end - first > self.cap || (end as u128) <= self.next {
+            return;
+        }
+        while self
+            .suspects
+            .front()
+            .is_some_and(|&(_, e)| (e as u128) <= self.next)
+        {
+            self.suspects.pop_front();
+        }
+        if self.suspects.len() >= MAX_SUSPECTS {
+            self.suspects.pop_front();
+        }
+        let at = self.suspects.partition_point(|&(f, _)| f < first);
+        self.suspects.insert(at, (first, end));
+    }
+
+    /// The part of `[first, end)` worth asking for, from `first` on: the whole run when every
+    /// gap is, else the first piece inside a suspect range (`None`: nothing).
+    fn wanted(&self, first: u64, end: u64) -> Option<(u64, u64)> {
+        if self.repair_all {
+            return Some((first, end));
+        }
+        self.suspects
+            .iter()
+            .filter(|&&(f, e)| f < end && first < e)
+            .map(|&(f, e)| (f.max(first), e.min(end)))
+            .min_by_key(|&(f, _)| f)
     }
 
     /// The ranges to NACK since the last call (appended to `out`).
@@ -772,10 +844,25 @@ impl ReorderBuffer {
                 .iter()
                 .any(|r| r.first < gap.1 && gap.0 < r.end);
             if lost || under_repair {
-                // The gap, piece by piece where it meets repairs already asked for.
+                // The gap, piece by piece where it meets repairs already asked for (and, when
+                // not every gap is wanted, only the suspect pieces of what is not).
                 let mut x = gap.0;
                 while x < gap.1 {
-                    self.request_repair(now, x, e);
+                    if !self.repairs.iter().any(|r| r.covers(x)) {
+                        match self.wanted(x, gap.1) {
+                            Some((f, _)) if f == x => {}
+                            Some((f, _)) => {
+                                x = f;
+                                continue;
+                            }
+                            None => break,
+                        }
+                    }
+                    let end = match self.wanted(x, gap.1) {
+                        Some((_, end)) if !self.repair_all => end as u128,
+                        _ => e,
+                    };
+                    self.request_repair(now, x, end);
                     x = match self.repairs.iter().find(|r| r.covers(x)) {
                         Some(r) => r.end,
                         None => self
@@ -879,6 +966,7 @@ impl ReorderBuffer {
         self.skips.clear();
         self.repairs.clear();
         self.nacks.clear();
+        self.suspects.clear();
         self.next = next as u128;
         self.high = self.next;
         self.started = true;
@@ -888,6 +976,10 @@ impl ReorderBuffer {
     }
     pub fn stats(&self) -> &ReorderStats {
         &self.stats
+    }
+    /// One past the highest sequence number pushed (the delivery point before any).
+    pub fn high_seq(&self) -> u64 {
+        self.high.min(u64::MAX as u128) as u64
     }
     /// The delivery point (next sequence number expected), once known.
     pub fn next_seq(&self) -> Option<u64> {

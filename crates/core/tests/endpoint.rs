@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use braid_core::endpoint::{Config, Endpoint, Event, Identity, LinkConfig, Role};
+use braid_core::endpoint::{Config, Endpoint, Event, Identity, LinkConfig, Nack, Role};
 use braid_core::identity::KeyPair;
 use braid_core::LinkState;
 use rand_chacha::rand_core::SeedableRng;
@@ -963,11 +963,15 @@ fn packets_too_big_for_the_path_are_cut_and_rebuilt_across_links() {
     assert!(p.captured.iter().all(|(_, d)| !is_piece(d)));
 }
 
-/// A lost piece costs its packet and nothing else: the pieces that did arrive are dropped and
-/// counted, never glued to another packet's, and the packets around it arrive whole.
-#[test]
-fn a_lost_piece_drops_its_packet_only() {
-    let mut p = Pair::new(2);
+/// Sends 30 packets of 1500 bytes cut in two pieces each over 2 links, losing the first piece
+/// of packets 10 and 20 on the wire; returns the pair after everything settled, and the packets.
+fn lose_two_pieces(nack: Nack) -> (Pair, Vec<Vec<u8>>) {
+    let cfg = |role| {
+        let mut c = Config::new(role, KEY);
+        c.nack = nack;
+        c
+    };
+    let mut p = Pair::with_configs(2, cfg(Role::Client), cfg(Role::Server));
     p.path_mtu = vec![(1, 1472), (2, 1472)];
     for l in 1..=2 {
         p.client.set_link_mtu(l, 1472);
@@ -985,6 +989,15 @@ fn a_lost_piece_drops_its_packet_only() {
         p.run_for(Duration::from_millis(5));
     }
     p.run_for(Duration::from_millis(500));
+    (p, sent)
+}
+
+/// A lost piece costs its packet and nothing else (with NACK repair off): the pieces that did
+/// arrive are dropped and counted, never glued to another packet's, and the packets around it
+/// arrive whole.
+#[test]
+fn a_lost_piece_drops_its_packet_only() {
+    let (p, sent) = lose_two_pieces(Nack::Off);
     let expect: Vec<Vec<u8>> = sent
         .iter()
         .enumerate()
@@ -1001,6 +1014,18 @@ fn a_lost_piece_drops_its_packet_only() {
         rx.rx_dropped_orphans, 2,
         "the last pieces of the two: {rx:?}"
     );
+}
+
+/// With the default NACK mode, a piece lost on a link without a queue is random loss: the
+/// receiver saw the link's own sequence numbers jump, asks for the piece, the sender sends it
+/// again, and every packet arrives whole and in order.
+#[test]
+fn a_lost_piece_on_a_quiet_link_is_repaired() {
+    let (p, sent) = lose_two_pieces(Config::new(Role::Client, KEY).nack);
+    assert!(p.delivered_to_server == sent, "every packet, whole");
+    let rx = p.server.stats(p.now);
+    assert_eq!(rx.frag.rx_reassembled, 30, "{:?}", rx.frag);
+    assert!(rx.repair.holes_repaired >= 2, "{:?}", rx.repair);
 }
 
 /// Path MTU discovery through the endpoint: a path narrower than the first hop is found by

@@ -182,7 +182,7 @@ impl Scenario {
             probe_interval: self.probe_interval,
             equalize_max: self.equalize_max,
             warmup: self.warmup,
-            nack: false,
+            nack: None,
         }
     }
 }

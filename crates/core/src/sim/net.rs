@@ -211,8 +211,8 @@ pub struct BundleOptions {
     pub equalize_max: Option<Duration>,
     /// Counters start here (set-up, learning before).
     pub warmup: Duration,
-    /// Receivers ask for lost gaps again (`endpoint::Config::nack`).
-    pub nack: bool,
+    /// Which lost gaps receivers ask for again (`endpoint::Config::nack`; `None`: its default).
+    pub nack: Option<crate::endpoint::Nack>,
 }
 
 /// Per-direction counters of one link, from the end of the warm-up.
@@ -272,7 +272,9 @@ impl Bundle {
         let endpoint = |role, salt: u64| {
             let mut cfg = Config::new(role, [7u8; 32]);
             cfg.scheduler = opts.scheduler.clone();
-            cfg.nack = opts.nack;
+            if let Some(n) = opts.nack {
+                cfg.nack = n;
+            }
             if let Some(e) = opts.equalize_max {
                 cfg.equalize_max = e;
             }

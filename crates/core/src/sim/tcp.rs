@@ -701,8 +701,9 @@ pub struct TcpScenario {
     pub equalize_max: Option<Duration>,
     /// Links going dark and coming back (failover), at instants from the start of the run.
     pub events: Vec<(Duration, super::LinkEvent)>,
-    /// Receivers NACK lost gaps (`endpoint::Config::nack`, off by default).
-    pub nack: bool,
+    /// Which lost gaps receivers NACK (`endpoint::Config::nack`; `None`: its default,
+    /// [`crate::endpoint::Nack::RandomLoss`]).
+    pub nack: Option<crate::endpoint::Nack>,
 }
 
 impl TcpScenario {
@@ -719,11 +720,11 @@ impl TcpScenario {
             seed: 1,
             equalize_max: None,
             events: Vec::new(),
-            nack: false,
+            nack: None,
         }
     }
-    pub fn nack(mut self, on: bool) -> Self {
-        self.nack = on;
+    pub fn nack(mut self, mode: crate::endpoint::Nack) -> Self {
+        self.nack = Some(mode);
         self
     }
     pub fn event(mut self, at: Duration, e: super::LinkEvent) -> Self {
