@@ -1519,6 +1519,10 @@ impl Endpoint {
         // counters look like total loss and stall its sending window. Measure afresh.
         for link in &mut self.links {
             link.health = LinkHealth::new(self.cfg.health.clone(), now);
+            // Link and bundle sequence numbers start over with the session.
+            link.rx_link_seq = None;
+            link.rx_data_seq = None;
+            link.rx_qpeak = PeakHold::default();
         }
         self.next_data_seq = 0;
         self.reorder.reset(0);

@@ -1045,6 +1045,45 @@ mod tests {
         assert_eq!(b.poll_timeout(), None);
     }
 
+    /// With repair on but not for every gap, only the gaps in a suspect range are asked for
+    /// and waited for; the others are given up at once, as without repair.
+    #[test]
+    fn only_suspect_gaps_are_asked_for() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.reset(0);
+        b.set_links(&[1]);
+        b.set_repair_wait(ms(20));
+        b.set_repair_all(false);
+        // 1 lost where the link jumped at random; 4 lost without a suspect (a full queue's).
+        b.suspect_loss(1, 2);
+        for s in [0, 2, 3, 5] {
+            b.push(t, s, 1, pkt(s));
+        }
+        // Rule (a): the only link has passed both gaps. 1 is held and asked for; 4 is not.
+        assert_eq!(drain(&mut b, t), vec![0]);
+        let mut nacks = Vec::new();
+        b.take_nacks(&mut nacks);
+        assert_eq!(
+            nacks.iter().map(|r| (r.first, r.count)).collect::<Vec<_>>(),
+            vec![(1, 1)]
+        );
+        // The copy of 1 comes: 1, 2, 3 go, and 4 is given up at once.
+        assert_eq!(b.push(t + ms(5), 1, 1, pkt(1)), Pushed::Queued);
+        assert_eq!(drain(&mut b, t + ms(5)), vec![1, 2, 3, 5]);
+        b.take_nacks(&mut nacks);
+        assert_eq!(nacks.len(), 1, "4 was never asked for");
+        assert_eq!(b.stats().repair_requested, 1);
+        // Ranges too long for the window, or behind the delivery point, are ignored.
+        b.suspect_loss(0, 1000);
+        b.suspect_loss(2, 4);
+        assert!(
+            b.suspects.iter().all(|&r| r != (0, 1000) && r != (2, 4)),
+            "{:?}",
+            b.suspects
+        );
+    }
+
     #[test]
     fn in_order_passes_straight_through() {
         let t = Instant::now();
