@@ -18,7 +18,8 @@
 //! - **Fair share.** Datagrams leave round-robin over the clients, a run of at most
 //!   [`TX_QUANTUM`] datagrams to one link at a time (so the I/O layer can still send a run as one
 //!   UDP GSO super-datagram), so that when the socket's queue is full the drops fall on every
-//!   client alike, not on whoever came last; and each client's queue of datagrams not yet taken is bounded ([`MAX_QUEUED_PER_CLIENT`]):
+//!   client alike, not on whoever came last; and each client's queue of datagrams not yet taken
+//!   is bounded ([`MAX_QUEUED_PER_CLIENT`]):
 //!   a client receiving a flood loses its own packets, not the others'.
 //!
 //! The I/O layer keeps per-link state (the reply address of a wildcard listener, path MTUs)
