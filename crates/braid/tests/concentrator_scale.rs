@@ -34,6 +34,10 @@ use std::time::{Duration, Instant};
 use braid_linux::sysctl::in_netns;
 use serde_json::Value;
 
+#[path = "support/keys.rs"]
+mod keys;
+use keys::{keygen, pubkey_of};
+
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 /// The server's tunnel address and the echo port on it.
 const ECHO: &str = "198.19.0.1:7000";
@@ -93,29 +97,11 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// A private key and its public key.
 fn keypair() -> (String, String) {
-    let o = run(BRAID, &["keygen"]);
-    assert!(o.status.success());
-    let private = String::from_utf8(o.stdout).unwrap().trim().to_string();
-    let mut child = Command::new(BRAID)
-        .arg("pubkey")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(private.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success());
-    (
-        private,
-        String::from_utf8(o.stdout).unwrap().trim().to_string(),
-    )
+    let private = keygen();
+    let public = pubkey_of(&private);
+    (private, public)
 }
 
 /// Links of client `k`: 2 or 3, alternately.

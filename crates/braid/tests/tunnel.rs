@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/keys.rs"]
+mod keys;
 #[path = "support/metrics_docs.rs"]
 mod metrics_docs;
+use keys::{keygen, pubkey_of};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 
@@ -57,12 +60,6 @@ fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn keygen() -> String {
-    let o = run(BRAID, &["keygen"]);
-    assert!(o.status.success());
-    String::from_utf8(o.stdout).unwrap().trim().to_string()
 }
 
 /// A client namespace and a server namespace joined by `n` veth pairs: client `c<i>`
@@ -1916,25 +1913,6 @@ fn mtu_1500_inside_on_1500_byte_links() {
     assert!(ping_from(&net.client, "198.19.0.1", 3));
     let st = net.status("c.sock").unwrap();
     assert_eq!(links_up(&st), 2, "{}", net.why());
-}
-
-fn pubkey_of(private: &str) -> String {
-    let mut child = Command::new(BRAID)
-        .arg("pubkey")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(private.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success());
-    String::from_utf8(o.stdout).unwrap().trim().to_string()
 }
 
 /// Issue 14 item 1: per-client keys. `braid keygen` / `braid pubkey` make the key pairs; the

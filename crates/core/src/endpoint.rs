@@ -1788,18 +1788,16 @@ impl Endpoint {
     /// reorder buffer for repair ([`Nack::RandomLoss`]).
     fn note_link_loss(&mut self, now: Instant, li: usize, link_seq: u32, data_seq: Option<u64>) {
         let link = &mut self.links[li];
-        let jumped = link
+        // How far this packet's link sequence number is past the last one (1: the next).
+        let step = link
             .rx_link_seq
-            .map(|last| link_seq.wrapping_sub(last) as i32 > 1);
-        let reordered = link
-            .rx_link_seq
-            .is_some_and(|last| link_seq.wrapping_sub(last) as i32 <= 0);
-        if !reordered {
+            .map_or(1, |last| link_seq.wrapping_sub(last) as i32);
+        if step > 0 {
             link.rx_link_seq = Some(link_seq);
         }
         let qdelay = link.health.rx_qdelay();
         let peak = link.rx_qpeak.update(now, qdelay);
-        let random = jumped == Some(true)
+        let random = step > 1
             && (qdelay < RANDOM_LOSS_QDELAY
                 || qdelay.as_secs_f64() < QUEUE_PEAK_SHARE * peak.as_secs_f64());
         let from = link.rx_data_seq.map(|s| s.wrapping_add(1));

@@ -848,19 +848,18 @@ impl ReorderBuffer {
                 // not every gap is wanted, only the suspect pieces of what is not).
                 let mut x = gap.0;
                 while x < gap.1 {
-                    if !self.repairs.iter().any(|r| r.covers(x)) {
+                    // A repair already asked for is retried over its own range.
+                    let end = if self.repairs.iter().any(|r| r.covers(x)) {
+                        e
+                    } else {
                         match self.wanted(x, gap.1) {
-                            Some((f, _)) if f == x => {}
+                            Some((f, end)) if f == x => end as u128,
                             Some((f, _)) => {
                                 x = f;
                                 continue;
                             }
                             None => break,
                         }
-                    }
-                    let end = match self.wanted(x, gap.1) {
-                        Some((_, end)) if !self.repair_all => end as u128,
-                        _ => e,
                     };
                     self.request_repair(now, x, end);
                     x = match self.repairs.iter().find(|r| r.covers(x)) {
