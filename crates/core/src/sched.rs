@@ -411,11 +411,6 @@ pub const PULLBACK_RECOVER: f64 = 0.02;
 /// restarted by each, keeps a link losing 10% back (50 probes in a row without a loss: 0.5%)
 /// and lets a link that really recovered return in seconds.
 pub const PULLBACK_HOLD: Duration = Duration::from_secs(5);
-/// ... and a link is pulled back only once its estimate has stayed at [`PULLBACK_LOSS`] or more
-/// for this long: one lost probe among the ten a second of a link without data lifts the
-/// estimate by about 9 points for well under a second, which pulled back a link losing 1.5%
-/// (and, with the hold above, kept it back for most of a 20 s lab run).
-pub const PULLBACK_SUSTAIN: Duration = Duration::from_secs(1);
 /// Loss on a link that queued this recently is a full queue's (congestion: the inner TCP must
 /// see it, and the link is not at fault), not the link's own.
 pub const PULLBACK_QUIET: Duration = Duration::from_secs(2);
@@ -458,8 +453,6 @@ struct AdaptiveLink {
     queued_at: Option<Instant>,
     /// Last time its loss estimate was at [`PULLBACK_LOSS`] or more without a queue.
     lossy_at: Option<Instant>,
-    /// Since when the estimate has been at [`PULLBACK_LOSS`] or more without a break.
-    lossy_since: Option<Instant>,
 }
 
 impl AdaptiveLink {
@@ -481,7 +474,6 @@ impl AdaptiveLink {
             pulled_back: false,
             queued_at: None,
             lossy_at: None,
-            lossy_since: None,
         }
     }
 
@@ -495,15 +487,9 @@ impl AdaptiveLink {
             .queued_at
             .is_some_and(|t| now.saturating_duration_since(t) < PULLBACK_QUIET);
         if loss >= PULLBACK_LOSS && !congested {
-            let since = *self.lossy_since.get_or_insert(now);
-            if self.pulled_back || now.saturating_duration_since(since) >= PULLBACK_SUSTAIN {
-                self.pulled_back = true;
-                self.lossy_at = Some(now);
-            }
-            return;
-        }
-        self.lossy_since = None;
-        if loss < PULLBACK_RECOVER
+            self.pulled_back = true;
+            self.lossy_at = Some(now);
+        } else if loss < PULLBACK_RECOVER
             && self
                 .lossy_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= PULLBACK_HOLD)
@@ -1374,18 +1360,12 @@ mod tests {
     #[test]
     fn adaptive_pulls_traffic_off_a_lossy_link_but_not_off_a_congested_one() {
         let t0 = Instant::now();
-        // Picks for PULLBACK_SUSTAIN and a bit (not counted), then 2000 more at full load.
         let count = |links: &[LinkView], id| {
             let mut s = Adaptive::default();
             let mut out = Vec::new();
-            let warm = PULLBACK_SUSTAIN + ms(100);
-            for k in 0..warm.as_millis() as u64 {
-                s.pick(t0 + ms(k), 1250, 0, links, &mut out);
-            }
-            out.clear();
             for k in 0..2000u64 {
                 s.pick(
-                    t0 + warm + Duration::from_micros(100 * k),
+                    t0 + Duration::from_micros(100 * k),
                     1250,
                     0,
                     links,
@@ -1408,6 +1388,26 @@ mod tests {
             v.loss = 0.10;
         }
         assert!(count(&all, 3) > 500);
+        // Hysteresis: back under PULLBACK_RECOVER only.
+        let mut s = Adaptive::default();
+        let mut out = Vec::new();
+        let mut links = three_links();
+        links[2].loss = 0.10;
+        s.pick(t0, 1250, 0, &links, &mut out);
+        links[2].loss = 0.03;
+        out.clear();
+        for k in 0..2000u64 {
+            s.pick(
+                t0 + Duration::from_micros(100 * k),
+                1250,
+                0,
+                &links,
+                &mut out,
+            );
+        }
+        assert!(!out.contains(&3), "3% is above PULLBACK_RECOVER");
+        // Under it, but within PULLBACK_HOLD of the last lossy estimate: still back.
+        links[2].loss = 0.01;
         let picks = |s: &mut Adaptive, from: Instant, links: &[LinkView]| {
             let mut out = Vec::new();
             for k in 0..2000u64 {
@@ -1421,39 +1421,17 @@ mod tests {
             }
             out
         };
-        // A spike shorter than PULLBACK_SUSTAIN (one lost probe) pulls nothing back.
-        let mut s = Adaptive::default();
-        let mut out = Vec::new();
-        let mut links = three_links();
-        links[2].loss = 0.10;
-        s.pick(t0, 1250, 0, &links, &mut out);
-        links[2].loss = 0.04;
-        assert!(picks(&mut s, t0 + ms(500), &links).contains(&3), "a spike");
-        // Hysteresis: pulled back once sustained, back under PULLBACK_RECOVER only.
-        let mut s = Adaptive::default();
-        let mut links = three_links();
-        links[2].loss = 0.10;
-        s.pick(t0, 1250, 0, &links, &mut out);
-        let tb = t0 + PULLBACK_SUSTAIN;
-        s.pick(tb, 1250, 0, &links, &mut out);
-        links[2].loss = 0.03;
         assert!(
-            !picks(&mut s, tb, &links).contains(&3),
-            "3% is above PULLBACK_RECOVER"
-        );
-        // Under it, but within PULLBACK_HOLD of the last lossy estimate: still back.
-        links[2].loss = 0.01;
-        assert!(
-            !picks(&mut s, tb + ms(300), &links).contains(&3),
+            !picks(&mut s, t0 + ms(300), &links).contains(&3),
             "held back"
         );
         // One more lossy estimate restarts the hold.
         links[2].loss = 0.10;
-        s.pick(tb + ms(4000), 1250, 0, &links, &mut out);
+        s.pick(t0 + ms(4000), 1250, 0, &links, &mut out);
         links[2].loss = 0.01;
-        let at = tb + ms(4000) + PULLBACK_HOLD - ms(500);
+        let at = t0 + ms(4000) + PULLBACK_HOLD - ms(500);
         assert!(!picks(&mut s, at, &links).contains(&3), "hold restarted");
-        let at = tb + ms(4000) + PULLBACK_HOLD;
+        let at = t0 + ms(4000) + PULLBACK_HOLD;
         assert!(picks(&mut s, at, &links).contains(&3), "recovered");
     }
 
