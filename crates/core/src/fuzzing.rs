@@ -106,9 +106,9 @@ pub fn parse_any(data: &[u8]) {
             ack.emit(&mut out);
             assert_eq!(out, bytes, "hello-ack not canonical");
         }
-        for t in 1..=6u8 {
+        for t in 1..=11u8 {
             let Some(ptype) = PacketType::from_u8(t) else {
-                unreachable!("types 1..=6 are defined")
+                unreachable!("types 1..=11 are defined")
             };
             if let Ok(body) = Body::parse(ptype, bytes) {
                 assert_eq!(body.ptype(), ptype);
@@ -349,7 +349,7 @@ impl Harness {
     }
 
     fn sealed(&mut self, to_server: bool, input: &mut Input<'_>) {
-        let ptype = PacketType::from_u8(input.u8() % 6 + 1).unwrap_or(PacketType::Data);
+        let ptype = PacketType::from_u8(input.u8() % 11 + 1).unwrap_or(PacketType::Data);
         let link = LinkId::from(input.u8() % 4);
         let counter = input.u64();
         // DATA's seq and flags travel in its header: the fuzzer picks them too.
@@ -815,6 +815,13 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             }),
         ),
         ("close", Body::Close(common)),
+        (
+            "link-info",
+            Body::LinkInfo(crate::wire::LinkInfoRepr {
+                common,
+                rate_to_you_bps: 50_000_000,
+            }),
+        ),
         (
             "nack",
             Body::Nack(

@@ -521,7 +521,9 @@ impl AdaptiveLink {
         if v.bandwidth_bps != self.configured {
             self.configured = v.bandwidth_bps;
             if let Some(b) = v.bandwidth_bps.filter(|&b| b > 0) {
+                // As in `new`: a configured rate is the start-up's answer.
                 self.rate = b as f64;
+                self.startup = false;
             }
         }
         let interval = ADJUST_INTERVAL.max(v.srtt.unwrap_or(Duration::ZERO));

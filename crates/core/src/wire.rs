@@ -96,6 +96,8 @@ pub const ID_HELLO_ACK_DATAGRAM_LEN: usize =
 const _: () = assert!(HELLO_ACK_DATAGRAM_LEN < HELLO_DATAGRAM_LEN);
 pub const PROBE_LEN: usize = COMMON_LEN + 4;
 pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
+/// LINK-INFO body: the common prefix and the rate hint.
+pub const LINK_INFO_LEN: usize = COMMON_LEN + 8;
 /// Bytes of one NACK range: first missing bundle seq (8) + count (2).
 pub const NACK_RANGE_LEN: usize = 10;
 /// Most ranges in one NACK (a NACK body is at most 8 + 640 bytes).
@@ -145,6 +147,8 @@ pub enum PacketType {
     IdHello = 9,
     /// HELLO-ACK of the identity handshake.
     IdHelloAck = 10,
+    /// What the sender knows of the link it travels on (docs/protocol.md §5.9).
+    LinkInfo = 11,
 }
 
 impl PacketType {
@@ -161,6 +165,7 @@ impl PacketType {
             8 => PacketType::Feedback,
             9 => PacketType::IdHello,
             10 => PacketType::IdHelloAck,
+            11 => PacketType::LinkInfo,
             _ => return None,
         })
     }
@@ -237,6 +242,9 @@ mod field {
     pub const ACK_RX_BYTES: Field = 28..36;
     pub const ACK_QDELAY_US: Field = 36..40;
     pub const ACK_OWD_OFFSET_US: Field = 40..44;
+
+    // LINK-INFO.
+    pub const INFO_RATE_TO_YOU: Field = 8..16;
 
     // NACK.
     pub const NACK_RANGES: Rest = 8..;
@@ -749,6 +757,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
             PacketType::Probe => (PROBE_LEN, PROBE_LEN + MAX_PROBE_PADDING),
             PacketType::ProbeAck => (PROBE_ACK_LEN, PROBE_ACK_LEN),
             PacketType::Close => (COMMON_LEN, COMMON_LEN),
+            PacketType::LinkInfo => (LINK_INFO_LEN, LINK_INFO_LEN),
             PacketType::Nack => {
                 if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(NACK_RANGE_LEN) {
                     return Err(WireError::Malformed);
@@ -817,6 +826,11 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
     pub fn ack_owd_offset_us(&self) -> i32 {
         get_u32(self.buffer.as_ref(), field::ACK_OWD_OFFSET_US) as i32
+    }
+
+    // LINK-INFO
+    pub fn info_rate_to_you(&self) -> u64 {
+        get_u64(self.buffer.as_ref(), field::INFO_RATE_TO_YOU)
     }
 }
 
@@ -961,6 +975,15 @@ pub struct ProbeAckRepr {
     pub owd_offset_us: i32,
 }
 
+/// LINK-INFO: what the sender knows of the link the packet travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkInfoRepr {
+    pub common: Common,
+    /// The rate, bit/s of IP, at which the receiver may assume it can send on this link at first
+    /// (the sender's configured download bandwidth of the link); 0: no hint.
+    pub rate_to_you_bps: u64,
+}
+
 /// A run of missing bundle sequence numbers: `first`, `first + 1`, ... (`count` of them, >= 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqRange {
@@ -1015,6 +1038,7 @@ pub enum Body<'a> {
     Close(Common),
     Nack(NackRepr<'a>),
     Feedback(FeedbackRepr<'a>),
+    LinkInfo(LinkInfoRepr),
 }
 
 impl<'a> Body<'a> {
@@ -1057,6 +1081,10 @@ impl<'a> Body<'a> {
                 owd_offset_us: p.ack_owd_offset_us(),
             }),
             PacketType::Close => Body::Close(common),
+            PacketType::LinkInfo => Body::LinkInfo(LinkInfoRepr {
+                common,
+                rate_to_you_bps: p.info_rate_to_you(),
+            }),
             PacketType::Nack => {
                 let ranges = p.nack_ranges();
                 let nack = NackRepr { common, ranges };
@@ -1082,6 +1110,7 @@ impl<'a> Body<'a> {
             Body::Close(_) => PacketType::Close,
             Body::Nack(_) => PacketType::Nack,
             Body::Feedback(_) => PacketType::Feedback,
+            Body::LinkInfo(_) => PacketType::LinkInfo,
         }
     }
 
@@ -1093,6 +1122,7 @@ impl<'a> Body<'a> {
             Body::Close(c) => *c,
             Body::Nack(n) => n.common,
             Body::Feedback(f) => f.common,
+            Body::LinkInfo(i) => i.common,
         }
     }
 
@@ -1105,6 +1135,7 @@ impl<'a> Body<'a> {
             Body::Close(_) => COMMON_LEN,
             Body::Nack(n) => COMMON_LEN + n.ranges.len(),
             Body::Feedback(f) => COMMON_LEN + f.entries.len(),
+            Body::LinkInfo(_) => LINK_INFO_LEN,
         }
     }
 
@@ -1136,6 +1167,7 @@ impl<'a> Body<'a> {
             Body::Close(_) => {}
             Body::Nack(n) => buf[field::NACK_RANGES].copy_from_slice(n.ranges),
             Body::Feedback(f) => buf[field::FEEDBACK_ENTRIES].copy_from_slice(f.entries),
+            Body::LinkInfo(i) => put_u64(buf, field::INFO_RATE_TO_YOU, i.rate_to_you_bps),
         }
     }
 }
@@ -1299,7 +1331,7 @@ mod tests {
             assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
         }
         b[0] = VERSION;
-        for t in [0u8, 11, 0x14, 255] {
+        for t in [0u8, 12, 0x14, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -1380,8 +1412,31 @@ mod tests {
         assert!(Body::parse(ProbeAck, &[0; 44]).is_ok());
         assert_eq!(Body::parse(Close, &[0; 7]), Err(WireError::Truncated));
         assert_eq!(Body::parse(Close, &[0; 9]), Err(WireError::Malformed));
+        assert_eq!(Body::parse(LinkInfo, &[0; 15]), Err(WireError::Truncated));
+        assert_eq!(Body::parse(LinkInfo, &[0; 17]), Err(WireError::Malformed));
+        assert!(Body::parse(LinkInfo, &[0; 16]).is_ok());
         assert_eq!(Body::parse(Hello, &[0; 40]), Err(WireError::Malformed));
         assert_eq!(Body::parse(HelloAck, &[0; 40]), Err(WireError::Malformed));
+    }
+
+    #[test]
+    fn link_info_bytes_are_as_specified() {
+        let info = Body::LinkInfo(LinkInfoRepr {
+            common: Common {
+                link_seq: 0x0102_0304,
+                ts: 0x0506_0708,
+            },
+            rate_to_you_bps: 50_000_000,
+        });
+        assert_eq!(info.ptype(), PacketType::LinkInfo);
+        assert_eq!(PacketType::from_u8(11), Some(PacketType::LinkInfo));
+        let mut b = [0xffu8; LINK_INFO_LEN];
+        info.emit(&mut b);
+        assert_eq!(
+            b,
+            [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0x02, 0xfa, 0xf0, 0x80]
+        );
+        assert_eq!(Body::parse(PacketType::LinkInfo, &b), Ok(info));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{Config, Endpoint, Event, Identity, LinkConfig, Nack, Role};
 use braid_core::identity::KeyPair;
+use braid_core::wire::PacketType;
 use braid_core::LinkState;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -247,6 +248,52 @@ fn handshake_brings_session_and_links_up() {
         .client_events
         .iter()
         .any(|e| matches!(e, Event::SessionUp { .. })));
+}
+
+#[test]
+fn download_bandwidth_hint_reaches_the_server_and_follows_changes() {
+    let mut p = Pair::new(2);
+    p.client.set_link_download(1, Some(50_000_000)).unwrap();
+    p.run_for(Duration::from_secs(1));
+    // The scheduler meets the links with the server's first packet.
+    let now = p.now;
+    p.server.send_packet(now, &ip_packet(1));
+    p.exchange();
+    let server_link = |p: &Pair, id: u16| {
+        let st = p.server.stats(p.now);
+        let l = st
+            .links
+            .iter()
+            .find(|l| l.id == id)
+            .expect("server knows the link");
+        (l.bandwidth_bps, l.sched_rate_bps)
+    };
+    let (bw, rate) = server_link(&p, 1);
+    assert_eq!(bw, Some(50_000_000));
+    // `adaptive` starts sending at the hint instead of learning it from 1 Mbit/s.
+    assert!(rate.is_some_and(|r| r >= 49e6), "server's rate {rate:?}");
+    assert_eq!(server_link(&p, 2).0, None, "no hint for link 2");
+    let client_link1 = &p.client.stats(p.now).links[0];
+    assert_eq!(client_link1.download_bandwidth_bps, Some(50_000_000));
+
+    // Three copies a second apart (a lost one costs seconds of learning, not the session),
+    // only where set, and no more: each delays the data behind it on a slow link.
+    let info = |p: &Pair, link: u16| {
+        p.captured
+            .iter()
+            .filter(|(l, d)| *l == link && d[1] == PacketType::LinkInfo as u8)
+            .count()
+    };
+    p.run_for(Duration::from_secs(11));
+    assert_eq!(info(&p, 1), 3);
+    assert_eq!(info(&p, 2), 0);
+
+    p.client.set_link_download(1, Some(20_000_000)).unwrap();
+    p.run_for(Duration::from_millis(300));
+    assert_eq!(server_link(&p, 1).0, Some(20_000_000));
+    p.client.set_link_download(1, None).unwrap();
+    p.run_for(Duration::from_millis(300));
+    assert_eq!(server_link(&p, 1).0, None, "hint withdrawn");
 }
 
 #[test]

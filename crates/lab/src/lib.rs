@@ -175,7 +175,8 @@ pub struct LabArgs {
     /// up to 1500, where braid cuts packets that do not fit into pieces).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_LAB_MTU as i64))]
     pub mtu: Option<u32>,
-    /// Do not tell the endpoints the links' rates (`bandwidth` in the config): let them learn.
+    /// Do not tell the endpoints the links' rates (`bandwidth` and `download_bandwidth` in the
+    /// client's config): let both ends learn them.
     #[arg(long)]
     pub no_bandwidth_hint: bool,
     /// Bound of the endpoints' delay equalisation, milliseconds (`equalize_max_ms`; 0 turns it
@@ -812,7 +813,11 @@ impl Lab {
                 netns::addr_b(n)
             );
             if bandwidth_hint {
-                client += &format!("bandwidth = {}\n", s.rate_bps);
+                // The emulated links are symmetric: the same rate both ways.
+                client += &format!(
+                    "bandwidth = {}\ndownload_bandwidth = {}\n",
+                    s.rate_bps, s.rate_bps
+                );
             }
         }
         let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {

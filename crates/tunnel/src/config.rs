@@ -20,7 +20,9 @@
 //! dev = "eth1"                 # SO_BINDTODEVICE (must exist), and/or
 //! bind = "198.18.1.1"          # this source address (optionally with :port)
 //! remote = "198.18.1.2:5050"
-//! bandwidth = 28800            # optional, bit/s
+//! bandwidth = 28800            # optional, bit/s: the uplink's rate (what braid sends at first)
+//! download_bandwidth = 56000   # optional, bit/s: the downlink's; told to the server, which
+//!                              # sends at it first (MLVPN's bandwidth_download)
 //! priority = 0                 # optional
 //! ```
 
@@ -138,6 +140,7 @@ struct LinkRepr {
     bind: Option<Spanned<String>>,
     remote: Option<Spanned<String>>,
     bandwidth: Option<Spanned<u64>>,
+    download_bandwidth: Option<Spanned<u64>>,
     priority: Option<Spanned<u8>>,
 }
 
@@ -214,6 +217,8 @@ pub struct LinkSpec {
     pub remote_text: String,
     pub remote: SocketAddr,
     pub bandwidth_bps: Option<u64>,
+    /// The link's rate towards us, told to the server (its first guess for sending on it).
+    pub download_bps: Option<u64>,
     pub priority: u8,
 }
 
@@ -849,6 +854,9 @@ fn validate_link(
         0 => Err(format!("link {name}: must be > 0 bit/s (or left out)")),
         b => Ok(b),
     })?;
+    let download_bps = src.optional(&l.download_bandwidth, &key("download_bandwidth"), |&b| {
+        check_download_bandwidth(b).map_err(|m| format!("link {name}: {m}"))
+    })?;
     Ok(LinkSpec {
         id: (i + 1) as LinkId,
         name,
@@ -857,8 +865,22 @@ fn validate_link(
         remote_text: remote_v.get_ref().clone(),
         remote,
         bandwidth_bps,
+        download_bps,
         priority: l.priority.as_ref().map_or(0, |p| *p.get_ref()),
     })
+}
+
+/// A download bandwidth hint goes to the server on the wire, where more than
+/// [`braid_core::endpoint::MAX_RATE_HINT_BPS`] is ignored: refuse it here instead.
+pub fn check_download_bandwidth(b: u64) -> Result<u64, String> {
+    match b {
+        0 => Err("must be > 0 bit/s (or left out)".into()),
+        b if b > braid_core::endpoint::MAX_RATE_HINT_BPS => Err(format!(
+            "{b} bit/s is more than the largest hint, {} (1 Tbit/s)",
+            braid_core::endpoint::MAX_RATE_HINT_BPS
+        )),
+        b => Ok(b),
+    }
 }
 
 #[cfg(test)]
@@ -872,7 +894,7 @@ mod tests {
             "[bundle]\nname = \"braid0\"\nrole = \"client\"\nkey = \"{KEY}\"\naddress = \"198.19.0.2/30\"\nmtu = 1400\n{extra_bundle}\n{links}"
         )
     }
-    const LINKS: &str = "[[link]]\nname = \"isp1\"\ndev = \"lo\"\nremote = \"198.18.1.2:5050\"\nbandwidth = 28800\n\n[[link]]\nname = \"isp2\"\nbind = \"198.18.2.1\"\nremote = \"198.18.2.2:5050\"\npriority = 1\n";
+    const LINKS: &str = "[[link]]\nname = \"isp1\"\ndev = \"lo\"\nremote = \"198.18.1.2:5050\"\nbandwidth = 28800\ndownload_bandwidth = 56000\n\n[[link]]\nname = \"isp2\"\nbind = \"198.18.2.1\"\nremote = \"198.18.2.2:5050\"\npriority = 1\n";
 
     fn parse(t: &str) -> Result<Config, String> {
         Config::parse(Path::new("/etc/braid/t.toml"), t).map_err(|e| e.to_string())
@@ -979,6 +1001,8 @@ mod tests {
         assert_eq!((c.links[0].id, c.links[1].id), (1, 2));
         assert_eq!(c.links[0].dev.as_deref(), Some("lo"));
         assert_eq!(c.links[0].bandwidth_bps, Some(28800));
+        assert_eq!(c.links[0].download_bps, Some(56000));
+        assert_eq!(c.links[1].download_bps, None);
         assert_eq!(c.links[1].bind, Some("198.18.2.1:0".parse().unwrap()));
         assert_eq!(c.links[1].priority, 1);
         assert_eq!(c.connect_timeout, Some(Duration::from_secs(10)));
@@ -1166,11 +1190,11 @@ mod tests {
             (client("", ""), "1:1: link: missing: a client needs at least one [[link]]"),
             (
                 client("", &LINKS.replace("isp2", "isp1")),
-                "15:8: link[1].name: \"isp1\" is used by an earlier link",
+                "16:8: link[1].name: \"isp1\" is used by an earlier link",
             ),
             (
                 client("", &LINKS.replace("bind = \"198.18.2.1\"\n", "")),
-                "14:1: link[1].dev: missing: link isp2 needs dev",
+                "15:1: link[1].dev: missing: link isp2 needs dev",
             ),
             (
                 client("", &LINKS.replace("dev = \"lo\"", "dev = \"nosuchdev9\"")),
@@ -1182,7 +1206,7 @@ mod tests {
             ),
             (
                 client("", &LINKS.replace("198.18.2.2:5050", "nowhere")),
-                "17:10: link[1].remote: link isp2: \"nowhere\" is not HOST:PORT",
+                "18:10: link[1].remote: link isp2: \"nowhere\" is not HOST:PORT",
             ),
             (
                 client("", &LINKS.replace("198.18.2.2:5050", "[fd00::2]:5050")),
@@ -1197,8 +1221,19 @@ mod tests {
                 "12:13: link[0].bandwidth: invalid type: string \"big\", expected u64",
             ),
             (
+                client("", &LINKS.replace("download_bandwidth = 56000", "download_bandwidth = 0")),
+                "13:22: link[0].download_bandwidth: link isp1: must be > 0",
+            ),
+            (
+                client(
+                    "",
+                    &LINKS.replace("download_bandwidth = 56000", "download_bandwidth = 2000000000000"),
+                ),
+                "13:22: link[0].download_bandwidth: link isp1: 2000000000000 bit/s is more than the largest hint",
+            ),
+            (
                 client("", &LINKS.replace("priority", "priorty")),
-                "18:1: link[1].priorty: unknown key, did you mean `priority`?",
+                "19:1: link[1].priorty: unknown key, did you mean `priority`?",
             ),
             (
                 client("", LINKS).replace("role = \"client\"", "role = \"boss\""),

@@ -37,6 +37,7 @@ pub enum Command {
     LinkSet {
         name: String,
         bandwidth: Option<u64>,
+        download_bandwidth: Option<u64>,
         priority: Option<u8>,
     },
     /// Concentrator: a client to add (checked here; its address from the pool if it has none).
@@ -85,6 +86,8 @@ pub struct LinkAddReq {
     pub bind: Option<String>,
     pub remote: Option<String>,
     pub bandwidth: Option<u64>,
+    #[serde(default)]
+    pub download_bandwidth: Option<u64>,
     pub priority: Option<u8>,
 }
 
@@ -182,6 +185,7 @@ impl Handle {
                 (Some(name), Ok(priority)) => self.call(Command::LinkSet {
                     name,
                     bandwidth: req.get("bandwidth").and_then(|b| b.as_u64()),
+                    download_bandwidth: req.get("download_bandwidth").and_then(|b| b.as_u64()),
                     priority,
                 }),
                 (None, _) => return json!({"error": "link-set needs a name"}),
@@ -257,7 +261,9 @@ pub fn status_json(cfg: &Config, snap: &Snapshot) -> Value {
     let mut v = serde_json::to_value(stats).unwrap_or_else(|e| json!({"error": e.to_string()}));
     let live = || stats.links.iter().filter(|l| l.state != LinkState::Down);
     let up = live().count();
-    let total_bw: u64 = live().filter_map(|l| l.bandwidth_bps).sum();
+    let total_bw: u64 = live()
+        .filter_map(|l| l.bandwidth_bps)
+        .fold(0, u64::saturating_add);
     let Some(o) = v.as_object_mut() else {
         return v;
     };
@@ -400,6 +406,7 @@ remote = "198.18.1.2:5050"
             name: "isp1".into(),
             bandwidth_bps: Some(5_000_000),
             priority: 0,
+            download_bps: None,
         };
         ep.add_link(now, 1, link).unwrap();
         Snapshot {

@@ -45,6 +45,9 @@ pub enum LinkCmd {
         /// Estimated bandwidth, bit/s.
         #[arg(long, value_name = "BPS")]
         bandwidth: Option<u64>,
+        /// Estimated bandwidth towards us, bit/s (told to the server, which sends at it first).
+        #[arg(long, value_name = "BPS")]
+        download_bandwidth: Option<u64>,
         /// Priority (used by the `backup` scheduler; higher is preferred).
         #[arg(long, value_name = "N")]
         priority: Option<u8>,
@@ -54,13 +57,16 @@ pub enum LinkCmd {
         /// Name of the link.
         name: String,
     },
-    /// Change a link's configured bandwidth or priority (give one or both).
+    /// Change a link's configured bandwidths or priority (give at least one).
     Set {
         /// Name of the link.
         name: String,
         /// Estimated bandwidth, bit/s (weights the `weighted` and `adaptive` schedulers).
         #[arg(long, value_name = "BPS")]
         bandwidth: Option<u64>,
+        /// Estimated bandwidth towards us, bit/s (told to the server, which sends at it first).
+        #[arg(long, value_name = "BPS")]
+        download_bandwidth: Option<u64>,
         /// Priority (used by the `backup` scheduler; higher is preferred).
         #[arg(long, value_name = "N")]
         priority: Option<u8>,
@@ -209,9 +215,10 @@ pub fn run_link(control: Option<PathBuf>, cmd: LinkCmd) -> anyhow::Result<()> {
             bind,
             remote,
             bandwidth,
+            download_bandwidth,
             priority,
         } => (
-            json!({"cmd": "link-add", "name": name, "dev": dev, "bind": bind, "remote": remote, "bandwidth": bandwidth, "priority": priority}),
+            json!({"cmd": "link-add", "name": name, "dev": dev, "bind": bind, "remote": remote, "bandwidth": bandwidth, "download_bandwidth": download_bandwidth, "priority": priority}),
             format!("link {name} added"),
         ),
         LinkCmd::Remove { name } => (
@@ -221,13 +228,16 @@ pub fn run_link(control: Option<PathBuf>, cmd: LinkCmd) -> anyhow::Result<()> {
         LinkCmd::Set {
             name,
             bandwidth,
+            download_bandwidth,
             priority,
         } => {
-            if bandwidth.is_none() && priority.is_none() {
-                anyhow::bail!("link set {name}: give --bandwidth BPS and/or --priority N");
+            if bandwidth.is_none() && download_bandwidth.is_none() && priority.is_none() {
+                anyhow::bail!(
+                    "link set {name}: give --bandwidth BPS, --download-bandwidth BPS and/or --priority N"
+                );
             }
             (
-                json!({"cmd": "link-set", "name": name, "bandwidth": bandwidth, "priority": priority}),
+                json!({"cmd": "link-set", "name": name, "bandwidth": bandwidth, "download_bandwidth": download_bandwidth, "priority": priority}),
                 format!("link {name} changed"),
             )
         }

@@ -622,6 +622,7 @@ mod tests {
                 name: "isp1".into(),
                 bandwidth_bps: Some(28800),
                 priority: 0,
+                download_bps: None,
             },
         )
         .unwrap();

@@ -979,8 +979,11 @@ impl Runner {
                 Command::LinkSet {
                     name,
                     bandwidth,
+                    download_bandwidth,
                     priority,
-                } => self.link_set(now, &name, bandwidth, priority).into(),
+                } => self
+                    .link_set(now, &name, bandwidth, download_bandwidth, priority)
+                    .into(),
                 Command::ClientAdd(r) => self.client_add(now, r).into(),
                 Command::ClientRemove { name } => self.client_remove(now, &name).into(),
             };
@@ -1200,6 +1203,11 @@ impl Runner {
         if r.bandwidth == Some(0) {
             anyhow::bail!("link {}: bandwidth must be > 0", r.name);
         }
+        let download_bps = r
+            .download_bandwidth
+            .map(crate::config::check_download_bandwidth)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("link {}: download bandwidth {m}", r.name))?;
         let id = self.next_link_id;
         let spec = LinkSpec {
             id,
@@ -1209,6 +1217,7 @@ impl Runner {
             remote_text,
             remote,
             bandwidth_bps: r.bandwidth,
+            download_bps,
             priority: r.priority.unwrap_or(0),
         };
         let sock = open_link_socket(&spec)?;
@@ -1274,6 +1283,7 @@ impl Runner {
         now: Instant,
         name: &str,
         bandwidth: Option<u64>,
+        download_bandwidth: Option<u64>,
         priority: Option<u8>,
     ) -> anyhow::Result<()> {
         let stats = self.bundle_stats(now)?;
@@ -1283,18 +1293,30 @@ impl Runner {
         if bandwidth == Some(0) {
             anyhow::bail!("bandwidth must be > 0");
         }
+        if let Some(b) = download_bandwidth {
+            crate::config::check_download_bandwidth(b)
+                .map_err(|m| anyhow::anyhow!("download bandwidth {m}"))?;
+        }
         if let Some(ep) = self.ep.endpoint_mut() {
             ep.set_link(id, bandwidth.map(Some), priority)?;
+            if download_bandwidth.is_some() {
+                ep.set_link_download(id, download_bandwidth)?;
+            }
         }
         if let Some((_, spec)) = self.links.get_mut(&id) {
             if let Some(b) = bandwidth {
                 spec.bandwidth_bps = Some(b);
             }
+            if download_bandwidth.is_some() {
+                spec.download_bps = download_bandwidth;
+            }
             if let Some(p) = priority {
                 spec.priority = p;
             }
         }
-        tracing::info!("link {name}: bandwidth {bandwidth:?} priority {priority:?}");
+        tracing::info!(
+            "link {name}: bandwidth {bandwidth:?} download bandwidth {download_bandwidth:?} priority {priority:?}"
+        );
         Ok(())
     }
 
@@ -1368,6 +1390,7 @@ fn link_config(spec: &LinkSpec) -> LinkConfig {
         name: spec.name.clone(),
         bandwidth_bps: spec.bandwidth_bps,
         priority: spec.priority,
+        download_bps: spec.download_bps,
     }
 }
 

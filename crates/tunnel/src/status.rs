@@ -123,9 +123,12 @@ fn render_bundle(s: &Value) -> String {
             fmt_bps(f(l, "rx_rate_bps")),
             fmt_bytes(u(l, "tx_bytes").unwrap_or(0)),
             fmt_bytes(u(l, "rx_bytes").unwrap_or(0)),
-            u(l, "bandwidth_bps")
-                .map(|b| format!("{b} bps"))
-                .unwrap_or_else(|| "-".into()),
+            match (u(l, "bandwidth_bps"), u(l, "download_bandwidth_bps")) {
+                (Some(b), Some(d)) => format!("{b} bps, down {d}"),
+                (None, Some(d)) => format!("down {d} bps"),
+                (Some(b), None) => format!("{b} bps"),
+                (None, None) => "-".into(),
+            },
             peer,
         ]);
     }
@@ -232,7 +235,7 @@ mod tests {
                 {"name": "isp1", "state": "up", "srtt_us": 1234, "loss": 0.0, "tx_rate_bps": 1.5e6, "rx_rate_bps": 2e3,
                  "tx_bytes": 123456, "rx_bytes": 10, "bandwidth_bps": 2000000, "remote": "198.18.1.2:5050", "dev": "veth1"},
                 {"name": "isp-two", "state": "down", "srtt_us": null, "loss": 0.5, "tx_rate_bps": 0.0, "rx_rate_bps": 0.0,
-                 "tx_bytes": 0, "rx_bytes": 0, "bandwidth_bps": 4000000, "remote": "198.18.2.2:5050"}
+                 "tx_bytes": 0, "rx_bytes": 0, "bandwidth_bps": 4000000, "download_bandwidth_bps": 8000000, "remote": "198.18.2.2:5050"}
             ],
             "drops": {"auth": 3, "malformed": 0}
         });
@@ -244,6 +247,7 @@ mod tests {
         assert_eq!(&lines[2][col..col + 6], "1.2 ms");
         assert_eq!(&lines[3][col..col + 1], "-");
         assert!(lines[3].contains("DOWN"));
+        assert!(lines[3].contains("4000000 bps, down 8000000"), "{out}");
         assert!(lines[4].contains("drops: auth 3"), "{out}");
     }
 }

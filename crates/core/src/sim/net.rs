@@ -16,7 +16,7 @@ use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{LinkEvent, LinkReport, LinkSpec};
-use crate::endpoint::{Config, Endpoint, Event, LinkConfig, Role, IP_UDP_OVERHEAD};
+use crate::endpoint::{BundleStats, Config, Endpoint, Event, LinkConfig, Role, IP_UDP_OVERHEAD};
 use crate::health::LinkState;
 use crate::netem::{LinkModel, Verdict};
 use crate::LinkId;
@@ -292,6 +292,7 @@ impl Bundle {
                 name: format!("link{}", i + 1),
                 bandwidth_bps: l.configure_bandwidth.then_some(l.rate_bps),
                 priority: 0,
+                download_bps: l.configure_bandwidth.then_some(l.rate_bps),
             };
             client.add_link(base, (i + 1) as LinkId, cfg).expect("link");
         }
@@ -498,10 +499,21 @@ impl Bundle {
         };
         self.next_trace = Some(next + Duration::from_millis(250));
         let inst = self.base + now;
-        let st = self.client.stats(inst);
-        let mut line = format!("t={:6.2}", now.as_secs_f64());
+        for (side, dir) in [("client", 0), ("server", 1)] {
+            let st = if dir == 0 {
+                self.client.stats(inst)
+            } else {
+                self.server.stats(inst)
+            };
+            self.trace_side(now, side, dir, &st);
+        }
+    }
+
+    fn trace_side(&self, now: Duration, side: &str, dir: usize, st: &BundleStats) {
+        let inst = self.base + now;
+        let mut line = format!("t={:6.2} {side}", now.as_secs_f64());
         for (l, sim) in st.links.iter().zip(&self.links) {
-            let real_q = sim.dirs[0].backlog(inst) as f64 * 8.0 / sim.spec.rate_bps as f64;
+            let real_q = sim.dirs[dir].backlog(inst) as f64 * 8.0 / sim.spec.rate_bps as f64;
             line += &format!(
                 " | {} {:?} sched {:6.2} dlv {:6.2} qd {:5.1}ms realq {:5.1}ms",
                 l.name,
