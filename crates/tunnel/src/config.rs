@@ -1164,7 +1164,7 @@ mod tests {
         assert!(e.contains("colour"), "{e}");
         assert!(!e.contains('\n'));
         let e = parse(&client("", &LINKS.replace("priority", "prio"))).unwrap_err();
-        assert!(e.contains("prio") && e.contains(":18:"), "{e}");
+        assert!(e.contains("prio") && e.contains(":19:"), "{e}");
     }
 
     #[test]
