@@ -908,6 +908,10 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
     let end = bundle.instant(sc.duration);
     let tx = bundle.endpoint(from).stats(end);
     let rx = bundle.endpoint(from.other()).stats(end);
+    if std::env::var_os("BRAID_SIM_DEBUG").is_some() {
+        eprintln!("sender: {:#?}\nreceiver: {:#?}", tx.repair, rx.repair);
+        eprintln!("receiver reorder: {:#?}", rx.reorder);
+    }
     report.repair = TunnelRepair {
         resent: tx.repair.retransmits_sent,
         reinjected: tx.repair.reinjected,
