@@ -2306,6 +2306,7 @@ impl Endpoint {
             owd: base + l.health.owd_offset(),
             qdelay: l.health.qdelay(),
             loss: l.health.loss(),
+            loss_basis_pps: Some(l.health.loss_basis_pps()),
         }
     }
 

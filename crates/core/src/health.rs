@@ -192,6 +192,9 @@ pub struct LinkHealth {
     // --- peer reports ---
     report: Option<Report>,
     loss: f64,
+    /// Packets per second the loss estimate rests on (the reports' expected counts, smoothed
+    /// with the same time constant).
+    loss_pps: f64,
     rate_base: Option<RateBase>,
     rate_bps: f64,
     qdelay: Duration,
@@ -255,6 +258,7 @@ impl LinkHealth {
             min_rtt: None,
             report: None,
             loss: 0.0,
+            loss_pps: 0.0,
             rate_base: None,
             rate_bps: 0.0,
             qdelay: Duration::ZERO,
@@ -401,12 +405,16 @@ impl LinkHealth {
             let expected = cur.rx_seq_max.wrapping_sub(prev.rx_seq_max);
             let received = cur.rx_packets.wrapping_sub(prev.rx_packets);
             if expected as i32 >= 0 && received as i32 >= 0 && expected <= MAX_REPORT_PACKETS {
+                let dt = now.saturating_duration_since(prev.at);
+                let w = ewma_weight(dt, LOSS_TAU);
                 if expected > 0 {
                     // Reordering can make `received` exceed `expected` for one interval.
                     let sample = 1.0 - (received.min(expected) as f64 / expected as f64);
-                    let dt = now.saturating_duration_since(prev.at);
-                    let w = ewma_weight(dt, LOSS_TAU);
                     self.loss = (self.loss * (1.0 - w) + sample * w).clamp(0.0, 1.0);
+                }
+                if !dt.is_zero() {
+                    let pps = expected as f64 / dt.as_secs_f64();
+                    self.loss_pps = self.loss_pps * (1.0 - w) + pps * w;
                 }
                 self.report = Some(cur);
             } else {
@@ -629,6 +637,11 @@ impl LinkHealth {
     /// Recent loss fraction of our packets on this link, from the peer's reports (0..1).
     pub fn loss(&self) -> f64 {
         self.loss
+    }
+    /// Packets per second that [`loss`](Self::loss) rests on lately: with the probes alone
+    /// (about ten a second) one lost packet moves the estimate by several points.
+    pub fn loss_basis_pps(&self) -> f64 {
+        self.loss_pps
     }
     /// Recent rate at which our packets arrived at the peer on this link, bits per second
     /// (0 when unknown).
@@ -1020,6 +1033,13 @@ mod tests {
         let ch = feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 100, 5);
         assert!(ch.is_empty(), "{ch:?}");
         assert_eq!(h.state(), LinkState::Up);
+        // The estimate rests on a thousand packets a second here; on a link that carries
+        // about ten, on about ten (scheduler: PULLBACK_MIN_PPS).
+        let pps = h.loss_basis_pps();
+        assert!((900.0..1100.0).contains(&pps), "{pps}");
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 50, 1, 0);
+        let pps = h.loss_basis_pps();
+        assert!((5.0..25.0).contains(&pps), "{pps}");
     }
 
     #[test]
