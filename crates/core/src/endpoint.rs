@@ -654,8 +654,12 @@ struct Link {
     pmtu: Option<PathMtu>,
     /// The path MTU probe in flight: its probe id and datagram size.
     pmtu_probe: Option<(u32, usize)>,
-    /// Client: the last LINK-INFO sent on it (session, rate hint, when, copies so far).
+    /// Client: the last LINK-INFO sent on it (session, rate hint, when, copies so far); reset
+    /// when the link goes DOWN.
     info_sent: Option<(u32, u64, Instant, u8)>,
+    /// Server: the client's hint of the link's rate towards it (LINK-INFO), for this session;
+    /// the link's bandwidth unless one is configured here.
+    peer_hint_bps: Option<u64>,
 }
 
 /// The maximum of a value over the last one to two [`QUEUE_PEAK_WINDOW`]s (two buckets).
@@ -876,6 +880,7 @@ impl Endpoint {
             pmtu: None,
             pmtu_probe: None,
             info_sent: None,
+            peer_hint_bps: None,
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
             // A new link during a handshake: say HELLO on it right away.
@@ -922,6 +927,7 @@ impl Endpoint {
             if let Some(state) = self.links[i].health.force_down(now) {
                 self.events.push_back(Event::LinkState { link, state });
                 self.reinject(now, i);
+                self.links[i].info_sent = None;
             }
         }
     }
@@ -1552,6 +1558,8 @@ impl Endpoint {
             link.rx_link_seq = None;
             link.rx_data_seq = None;
             link.rx_qpeak = PeakHold::default();
+            // A hint lasts one session: the client tells each new one.
+            link.peer_hint_bps = None;
         }
         self.next_data_seq = 0;
         self.reorder.reset(0);
@@ -1751,7 +1759,7 @@ impl Endpoint {
                 // A server takes the client's hint as the link's bandwidth (its first guess
                 // of the rate it can send at); a client has its own configuration.
                 if self.cfg.role == Role::Server && i.rate_to_you_bps <= MAX_RATE_HINT_BPS {
-                    self.links[li].cfg.bandwidth_bps =
+                    self.links[li].peer_hint_bps =
                         (i.rate_to_you_bps > 0).then_some(i.rate_to_you_bps);
                 }
             }
@@ -2300,7 +2308,7 @@ impl Endpoint {
             id: l.id,
             state: l.health.state(),
             priority: l.cfg.priority,
-            bandwidth_bps: l.cfg.bandwidth_bps,
+            bandwidth_bps: l.cfg.bandwidth_bps.or(l.peer_hint_bps),
             delivery_rate_bps: l.health.delivery_rate_bps(),
             srtt: l.health.srtt(),
             owd: base + l.health.owd_offset(),
@@ -2592,6 +2600,8 @@ impl Endpoint {
                     });
                     if state == LinkState::Down {
                         self.reinject(now, li);
+                        // The server forgets a link silent long enough: tell it again.
+                        self.links[li].info_sent = None;
                     }
                 }
                 if now >= self.links[li].health.next_probe_at() {
@@ -2738,7 +2748,7 @@ impl Endpoint {
                     name: l.cfg.name.clone(),
                     state: l.health.state(),
                     addr: l.addr,
-                    bandwidth_bps: l.cfg.bandwidth_bps,
+                    bandwidth_bps: l.cfg.bandwidth_bps.or(l.peer_hint_bps),
                     download_bandwidth_bps: l.cfg.download_bps,
                     priority: l.cfg.priority,
                     srtt_us: us(l.health.srtt()),

@@ -739,6 +739,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
 
     /// DATA: at least 17 bytes. PROBE: 12 to 12 + 65535. PROBE-ACK: exactly 44. CLOSE: exactly 8.
+    /// LINK-INFO: exactly 16.
     /// NACK: 8 + 10k bytes, 1 <= k <= 64 (a length between two multiples: `Malformed`).
     /// HELLO / HELLO-ACK are not session bodies: `Malformed`.
     pub fn check_len(&self) -> Result<(), WireError> {
@@ -1194,11 +1195,11 @@ pub fn peek_route(datagram: &[u8]) -> Option<u16> {
     let ty = datagram[field::TYPE];
     let at = if ty & 0x0f == PacketType::Data as u8 {
         field::D_SESSION
+    } else if ty == PacketType::HelloAck as u8 || ty == PacketType::IdHelloAck as u8 {
+        return None;
     } else {
-        match PacketType::from_u8(ty)? {
-            PacketType::HelloAck | PacketType::IdHelloAck => return None,
-            _ => field::SESSION,
-        }
+        // Every other type, including those a later braid adds (§12), has the long header.
+        field::SESSION
     };
     let session = u32::from_be_bytes(datagram[at].try_into().ok()?);
     Some(route_of(session))
@@ -1544,14 +1545,22 @@ mod tests {
         let mut long = [0u8; 40];
         long[0] = VERSION;
         long[4..8].copy_from_slice(&route_session(0xabcd, 0).to_be_bytes());
-        for t in [PacketType::Hello, PacketType::Probe, PacketType::Close] {
+        for t in [
+            PacketType::Hello,
+            PacketType::Probe,
+            PacketType::Close,
+            PacketType::LinkInfo,
+        ] {
             long[1] = t as u8;
             assert_eq!(peek_route(&long), Some(0xabcd), "{t:?}");
         }
-        long[1] = PacketType::HelloAck as u8;
-        assert_eq!(peek_route(&long), None, "HELLO-ACK: server to client");
+        for t in [PacketType::HelloAck, PacketType::IdHelloAck] {
+            long[1] = t as u8;
+            assert_eq!(peek_route(&long), None, "{t:?}: server to client");
+        }
+        // A type a later braid adds has the long header too: its route is read.
         long[1] = 0x7f;
-        assert_eq!(peek_route(&long), None, "unknown type");
+        assert_eq!(peek_route(&long), Some(0xabcd), "type unknown here");
         data[0] = 1;
         assert_eq!(peek_route(&data), None, "other version");
         assert_eq!(peek_route(&long[..15]), None, "short");

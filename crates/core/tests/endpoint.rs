@@ -294,6 +294,46 @@ fn download_bandwidth_hint_reaches_the_server_and_follows_changes() {
     p.client.set_link_download(1, None).unwrap();
     p.run_for(Duration::from_millis(300));
     assert_eq!(server_link(&p, 1).0, None, "hint withdrawn");
+
+    // A link dark long enough for the server to forget it gets its hint again when it is back.
+    p.client.set_link_download(1, Some(30_000_000)).unwrap();
+    p.run_for(Duration::from_secs(3));
+    assert_eq!(server_link(&p, 1).0, Some(30_000_000));
+    p.dark.push(1);
+    p.run_for(Duration::from_secs(130));
+    assert!(
+        p.server.stats(p.now).links.iter().all(|l| l.id != 1),
+        "server forgot link 1"
+    );
+    p.dark.clear();
+    p.run_for(Duration::from_secs(2));
+    assert_eq!(server_link(&p, 1).0, Some(30_000_000), "told again");
+}
+
+#[test]
+fn a_download_hint_lasts_one_session() {
+    let mut p = Pair::new(1);
+    p.client.set_link_download(1, Some(50_000_000)).unwrap();
+    p.run_for(Duration::from_secs(1));
+    let hint = |p: &Pair| p.server.stats(p.now).links[0].bandwidth_bps;
+    assert_eq!(hint(&p), Some(50_000_000));
+    // The client restarts without the hint: the server's new session has none.
+    let cfg = Config::new(Role::Client, KEY);
+    let now = p.now;
+    p.client = Endpoint::new(cfg, now, Box::new(ChaCha8Rng::seed_from_u64(9))).unwrap();
+    p.client
+        .add_link(
+            now,
+            1,
+            LinkConfig {
+                name: "l1".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    p.run_for(Duration::from_secs(2));
+    assert!(p.client.is_connected());
+    assert_eq!(hint(&p), None);
 }
 
 #[test]

@@ -64,7 +64,8 @@ pub enum LinkCmd {
         /// Estimated bandwidth, bit/s (weights the `weighted` and `adaptive` schedulers).
         #[arg(long, value_name = "BPS")]
         bandwidth: Option<u64>,
-        /// Estimated bandwidth towards us, bit/s (told to the server, which sends at it first).
+        /// Estimated bandwidth towards us, bit/s (told to the server, which sends at it first;
+        /// 0 withdraws it).
         #[arg(long, value_name = "BPS")]
         download_bandwidth: Option<u64>,
         /// Priority (used by the `backup` scheduler; higher is preferred).

@@ -1293,22 +1293,30 @@ impl Runner {
         if bandwidth == Some(0) {
             anyhow::bail!("bandwidth must be > 0");
         }
-        if let Some(b) = download_bandwidth {
-            crate::config::check_download_bandwidth(b)
-                .map_err(|m| anyhow::anyhow!("download bandwidth {m}"))?;
-        }
+        // 0 withdraws the hint; a server has none to give (its clients tell it theirs).
+        let download = match download_bandwidth {
+            Some(_) if self.cfg.role == Role::Server => {
+                anyhow::bail!("a download bandwidth is the client's to tell: set it there")
+            }
+            Some(0) => Some(None),
+            Some(b) => Some(Some(
+                crate::config::check_download_bandwidth(b)
+                    .map_err(|m| anyhow::anyhow!("download bandwidth {m}"))?,
+            )),
+            None => None,
+        };
         if let Some(ep) = self.ep.endpoint_mut() {
             ep.set_link(id, bandwidth.map(Some), priority)?;
-            if download_bandwidth.is_some() {
-                ep.set_link_download(id, download_bandwidth)?;
+            if let Some(d) = download {
+                ep.set_link_download(id, d)?;
             }
         }
         if let Some((_, spec)) = self.links.get_mut(&id) {
             if let Some(b) = bandwidth {
                 spec.bandwidth_bps = Some(b);
             }
-            if download_bandwidth.is_some() {
-                spec.download_bps = download_bandwidth;
+            if let Some(d) = download {
+                spec.download_bps = d;
             }
             if let Some(p) = priority {
                 spec.priority = p;

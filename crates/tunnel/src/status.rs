@@ -124,7 +124,7 @@ fn render_bundle(s: &Value) -> String {
             fmt_bytes(u(l, "tx_bytes").unwrap_or(0)),
             fmt_bytes(u(l, "rx_bytes").unwrap_or(0)),
             match (u(l, "bandwidth_bps"), u(l, "download_bandwidth_bps")) {
-                (Some(b), Some(d)) => format!("{b} bps, down {d}"),
+                (Some(b), Some(d)) => format!("{b} bps, down {d} bps"),
                 (None, Some(d)) => format!("down {d} bps"),
                 (Some(b), None) => format!("{b} bps"),
                 (None, None) => "-".into(),
@@ -149,7 +149,7 @@ fn render_bundle(s: &Value) -> String {
         .iter()
         .filter(|l| l.get("state").and_then(|x| x.as_str()) != Some("down"))
         .filter_map(|l| u(l, "bandwidth_bps"))
-        .sum();
+        .fold(0, u64::saturating_add);
     let measured: f64 = links
         .iter()
         .filter(|l| l.get("state").and_then(|x| x.as_str()) != Some("down"))
@@ -247,7 +247,7 @@ mod tests {
         assert_eq!(&lines[2][col..col + 6], "1.2 ms");
         assert_eq!(&lines[3][col..col + 1], "-");
         assert!(lines[3].contains("DOWN"));
-        assert!(lines[3].contains("4000000 bps, down 8000000"), "{out}");
+        assert!(lines[3].contains("4000000 bps, down 8000000 bps"), "{out}");
         assert!(lines[4].contains("drops: auth 3"), "{out}");
     }
 }

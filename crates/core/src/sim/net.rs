@@ -492,7 +492,7 @@ impl Bundle {
         while self.server.poll_event().is_some() {}
     }
 
-    /// With `BRAID_SIM_TRACE`: every 250 ms, what the client knows of each link.
+    /// With `BRAID_SIM_TRACE`: every 250 ms, what each end knows of each link it sends on.
     fn trace(&mut self, now: Duration) {
         let Some(next) = self.next_trace.filter(|&t| now >= t) else {
             return;
@@ -512,7 +512,12 @@ impl Bundle {
     fn trace_side(&self, now: Duration, side: &str, dir: usize, st: &BundleStats) {
         let inst = self.base + now;
         let mut line = format!("t={:6.2} {side}", now.as_secs_f64());
-        for (l, sim) in st.links.iter().zip(&self.links) {
+        for l in &st.links {
+            // Link ids are 1-based indices into the simulated links (the server lists its links
+            // in the order it learned them).
+            let Some(sim) = self.links.get((l.id as usize).wrapping_sub(1)) else {
+                continue;
+            };
             let real_q = sim.dirs[dir].backlog(inst) as f64 * 8.0 / sim.spec.rate_bps as f64;
             line += &format!(
                 " | {} {:?} sched {:6.2} dlv {:6.2} qd {:5.1}ms realq {:5.1}ms",
