@@ -1816,12 +1816,7 @@ impl Endpoint {
                 common,
                 entries: &buf,
             });
-            if self.queue_sealed(li, PacketType::Feedback, &body) {
-                let len = self.transmits.back().map_or(0, |t| t.payload.len());
-                self.links[li]
-                    .health
-                    .on_packet_sent(now, common.link_seq, len);
-            }
+            self.send_sealed(now, li, PacketType::Feedback, &body);
         }
     }
 
@@ -1906,12 +1901,8 @@ impl Endpoint {
                     let Some(nack) = NackRepr::encode(common, chunk, &mut buf) else {
                         continue;
                     };
-                    if self.queue_sealed(li, PacketType::Nack, &Body::Nack(nack)) {
+                    if self.send_sealed(now, li, PacketType::Nack, &Body::Nack(nack)) {
                         self.repair.nacks_sent += 1;
-                        let len = self.transmits.back().map_or(0, |t| t.payload.len());
-                        self.links[li]
-                            .health
-                            .on_packet_sent(now, common.link_seq, len);
                     }
                 }
                 self.nack_buf = buf;
@@ -2045,14 +2036,7 @@ impl Endpoint {
                     flags: FLAG_RETRANSMIT | piece_flags,
                     payload: &packet,
                 });
-                let ok = self.queue_sealed(li, PacketType::Data, &body);
-                if ok {
-                    let len = self.transmits.back().map_or(0, |t| t.payload.len());
-                    self.links[li]
-                        .health
-                        .on_packet_sent(now, common.link_seq, len);
-                }
-                ok
+                self.send_sealed(now, li, PacketType::Data, &body)
             }
             None => false,
         };
@@ -2123,6 +2107,23 @@ impl Endpoint {
         true
     }
 
+    /// [`queue_sealed`](Self::queue_sealed), then counts the datagram as sent on the link (its
+    /// health sees the link sequence number and size, for loss and delivery rate).
+    fn send_sealed(&mut self, now: Instant, li: usize, ptype: PacketType, body: &Body<'_>) -> bool {
+        if !self.queue_sealed(li, ptype, body) {
+            return false;
+        }
+        self.count_sent(now, li, body.common().link_seq);
+        true
+    }
+
+    /// The datagram just queued for link index `li` (the last transmit) goes into the link's
+    /// health as sent with `link_seq`.
+    fn count_sent(&mut self, now: Instant, li: usize, link_seq: u32) {
+        let len = self.transmits.back().map_or(0, |t| t.payload.len());
+        self.links[li].health.on_packet_sent(now, link_seq, len);
+    }
+
     /// Queues a sealed datagram for link index `li`, counting it on the link.
     fn push_transmit(&mut self, li: usize, payload: Vec<u8>) {
         let link = &mut self.links[li];
@@ -2162,11 +2163,8 @@ impl Endpoint {
             probe_id,
             padding: 0,
         });
-        if self.queue_sealed(li, PacketType::Probe, &body) {
-            let len = self.transmits.back().map_or(0, |t| t.payload.len());
-            let link = &mut self.links[li];
-            link.health.on_probe_sent(now, probe_id);
-            link.health.on_packet_sent(now, common.link_seq, len);
+        if self.send_sealed(now, li, PacketType::Probe, &body) {
+            self.links[li].health.on_probe_sent(now, probe_id);
         }
     }
 
@@ -2201,11 +2199,8 @@ impl Endpoint {
                 common,
                 rate_to_you_bps: hint,
             });
-            if self.queue_sealed(li, PacketType::LinkInfo, &body) {
-                let len = self.transmits.back().map_or(0, |t| t.payload.len());
-                let link = &mut self.links[li];
-                link.health.on_packet_sent(now, common.link_seq, len);
-                link.info_sent = Some((sid, hint, now, copies + 1));
+            if self.send_sealed(now, li, PacketType::LinkInfo, &body) {
+                self.links[li].info_sent = Some((sid, hint, now, copies + 1));
             }
         }
     }
@@ -2223,11 +2218,8 @@ impl Endpoint {
             probe_id,
             padding,
         });
-        if self.queue_sealed(li, PacketType::Probe, &body) {
-            let len = self.transmits.back().map_or(0, |t| t.payload.len());
-            let link = &mut self.links[li];
-            link.pmtu_probe = Some((probe_id, size));
-            link.health.on_packet_sent(now, common.link_seq, len);
+        if self.send_sealed(now, li, PacketType::Probe, &body) {
+            self.links[li].pmtu_probe = Some((probe_id, size));
         }
     }
 
@@ -2242,12 +2234,7 @@ impl Endpoint {
         };
         self.links[li].health.fill_report(now, &mut ack);
         ack.owd_offset_us = self.owd_offset_us(li);
-        if self.queue_sealed(li, PacketType::ProbeAck, &Body::ProbeAck(ack)) {
-            let len = self.transmits.back().map_or(0, |t| t.payload.len());
-            self.links[li]
-                .health
-                .on_packet_sent(now, common.link_seq, len);
-        }
+        self.send_sealed(now, li, PacketType::ProbeAck, &Body::ProbeAck(ack));
     }
 
     /// How much later than our fastest incoming link this link's packets arrive (base delays).
@@ -2445,10 +2432,7 @@ impl Endpoint {
             };
             let common = self.next_common(now, li);
             if self.queue_data_in_place(li, common, seq, flags, buf) {
-                let len = self.transmits.back().map_or(0, |t| t.payload.len());
-                self.links[li]
-                    .health
-                    .on_packet_sent(now, common.link_seq, len);
+                self.count_sent(now, li, common.link_seq);
             }
         }
         if let Some(buf) = sealing {
