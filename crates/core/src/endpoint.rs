@@ -621,6 +621,15 @@ impl Meter {
     }
 }
 
+/// Client: what a link last told the server in LINK-INFO.
+#[derive(Debug, Clone, Copy)]
+struct InfoSent {
+    session: u32,
+    hint: u64,
+    at: Instant,
+    copies: u8,
+}
+
 struct Link {
     id: LinkId,
     cfg: LinkConfig,
@@ -654,9 +663,8 @@ struct Link {
     pmtu: Option<PathMtu>,
     /// The path MTU probe in flight: its probe id and datagram size.
     pmtu_probe: Option<(u32, usize)>,
-    /// Client: the last LINK-INFO sent on it (session, rate hint, when, copies so far); reset
-    /// when the link goes DOWN.
-    info_sent: Option<(u32, u64, Instant, u8)>,
+    /// Client: the last LINK-INFO sent on it; reset when the link goes DOWN.
+    info_sent: Option<InfoSent>,
     /// Server: the client's hint of the link's rate towards it (LINK-INFO), for this session;
     /// the link's bandwidth unless one is configured here.
     peer_hint_bps: Option<u64>,
@@ -2181,12 +2189,14 @@ impl Endpoint {
             let link = &self.links[li];
             let hint = link.cfg.download_bps.unwrap_or(0).min(MAX_RATE_HINT_BPS);
             let copies = match link.info_sent {
-                None => (hint != 0).then_some(0),
-                Some((s, _, _, _)) if s != sid => (hint != 0).then_some(0),
-                Some((_, sent, _, _)) if sent != hint => Some(0),
-                Some((_, _, at, n)) => (n < LINK_INFO_COPIES
-                    && now.saturating_duration_since(at) >= LINK_INFO_REPEAT)
-                    .then_some(n),
+                // Told this session: the remaining copies, a second apart.
+                Some(s) if s.session == sid && s.hint == hint => (s.copies < LINK_INFO_COPIES
+                    && now.saturating_duration_since(s.at) >= LINK_INFO_REPEAT)
+                    .then_some(s.copies),
+                // A new hint (or none any more) this session.
+                Some(s) if s.session == sid => Some(0),
+                // Not told this session: only a hint is worth telling.
+                _ => (hint != 0).then_some(0),
             };
             let Some(copies) = copies else {
                 continue;
@@ -2200,7 +2210,12 @@ impl Endpoint {
                 rate_to_you_bps: hint,
             });
             if self.send_sealed(now, li, PacketType::LinkInfo, &body) {
-                self.links[li].info_sent = Some((sid, hint, now, copies + 1));
+                self.links[li].info_sent = Some(InfoSent {
+                    session: sid,
+                    hint,
+                    at: now,
+                    copies: copies + 1,
+                });
             }
         }
     }

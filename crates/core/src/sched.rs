@@ -715,8 +715,8 @@ impl Scheduler for Adaptive {
             // (least queued relative to its rate) wins. The bundle then fills its links in
             // proportion to their rates, as one link of their summed rate would, instead of
             // queueing on the fastest ones first.
-            let tx = st.queue_time(len, v) - st.queue_time(0, v);
             let wait = st.queue_time(0, v);
+            let tx = queue - wait;
             let cap = PLANNED_QUEUE_MAX.as_secs_f64();
             let over = (wait - cap).max(0.0);
             let mut arrival = (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx;
