@@ -624,6 +624,15 @@ impl Concentrator {
                             link: global_link(slot, link),
                             addr,
                         },
+                        Event::LinkSilent {
+                            link,
+                            silent,
+                            after,
+                        } => Event::LinkSilent {
+                            link: global_link(slot, link),
+                            silent,
+                            after,
+                        },
                         other => other,
                     };
                     self.events.push_back((slot, ev));

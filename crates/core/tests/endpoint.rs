@@ -647,6 +647,62 @@ fn dead_link_goes_down_in_under_a_second_and_comes_back() {
     );
 }
 
+/// How long after link 2 goes dark the client reinjects what it sent there (it called the link
+/// silent), when the server sends a packet every 5 ms (`busy`: round-robin, so link 2 brings
+/// one every 10 ms) or only its probes. The client sends on both links throughout.
+fn silence_detected_after(busy: bool) -> Duration {
+    let mut server = Config::new(Role::Server, KEY);
+    server.scheduler = "round-robin".into();
+    let mut client = Config::new(Role::Client, KEY);
+    client.scheduler = "round-robin".into();
+    let mut p = Pair::with_configs(2, client, server);
+    let step = Duration::from_millis(5);
+    let tick = |p: &mut Pair, i: u32| {
+        p.client.send_packet(p.now, &ip_packet(i as u8));
+        if busy {
+            p.server.send_packet(p.now, &ip_packet(i as u8));
+        }
+        p.run_for(step);
+    };
+    // Three seconds of traffic: the client learns the gaps between what link 2 brings.
+    for i in 0..600 {
+        tick(&mut p, i);
+    }
+    assert_eq!(
+        p.client.stats(p.now).repair.reinjected,
+        0,
+        "no false silence"
+    );
+    p.dark.push(2);
+    let t0 = p.now;
+    for i in 0..200 {
+        tick(&mut p, i);
+        if p.client.stats(p.now).repair.reinjected > 0 {
+            return p.now - t0;
+        }
+    }
+    panic!("link 2 was never called silent");
+}
+
+#[test]
+fn a_busy_link_that_falls_silent_is_left_within_a_few_of_its_gaps() {
+    // Link 2 brought something every 10 ms: silent after 50 ms (the floor), where the old rule
+    // (3 srtt, at least one probe interval + 50 ms) waited 150 ms.
+    let busy = silence_detected_after(true);
+    assert!(busy <= Duration::from_millis(60), "busy link: {busy:?}");
+    // A link that brings only the peer's probes (every 100 ms) is not called silent before
+    // a probe is overdue.
+    let quiet = silence_detected_after(false);
+    assert!(
+        quiet >= Duration::from_millis(150),
+        "probes only: {quiet:?}"
+    );
+    assert!(
+        quiet <= Duration::from_millis(160),
+        "probes only: {quiet:?}"
+    );
+}
+
 #[test]
 fn close_ends_the_session_on_the_peer() {
     let mut p = Pair::new(1);

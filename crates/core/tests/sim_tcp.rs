@@ -185,21 +185,27 @@ fn nack_repairs_random_loss() {
 
 /// Failover on the default lab (1, 2, 3 Mbit/s, 10 ms): the 3 Mbit/s link goes dark mid-transfer.
 /// What was in flight on it is reinjected by the sender when the link falls silent (nothing from
-/// it for max(3 srtt, 150 ms)) or is declared DOWN, and the link is avoided from then on.
-/// Measured: CUBIC stall 481 ms, 168 inner retransmissions (956 ms and 709 with no ring and no
-/// silence rule, i.e. `repair` off); BBR 236 ms, 63. Issue 10 asks for under 300 ms: the bound
-/// here is what is reached, not the goal.
+/// it for twice the longest gap between its packets lately, at least its srtt and 50 ms, see
+/// `Endpoint::silence_after`) or is declared DOWN, and the link is avoided from then on. With no
+/// ring and no silence rule (`repair` off) CUBIC stalled 956 ms with 709 inner retransmissions.
 #[test]
 fn failover_mid_transfer() {
-    for cc in CcKind::ALL {
-        let sc = sim::failover_scenarios()[0].clone().cc(cc);
+    for (cc, dir) in CcKind::ALL
+        .into_iter()
+        .flat_map(|cc| [Upload, Download].map(|d| (cc, d)))
+    {
+        let sc = sim::failover_scenarios()[0].clone().cc(cc).direction(dir);
         let r = sim::run_tcp(&sc);
         eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
         eprintln!("{:?}", r.repair);
+        // Issue 10's bound. Measured: CUBIC 216 / 208 ms, BBR 294 / 182 ms (upload /
+        // download); 384 / 314 and 323 / 495 before a busy link's silence was read from the
+        // gaps between its packets (`Endpoint::silence_after`).
         assert!(
-            r.longest_stall_ms < 600.0,
-            "{}: stalled {:.0} ms",
+            r.longest_stall_ms < 300.0,
+            "{} {}: stalled {:.0} ms",
             cc.name(),
+            dir.name(),
             r.longest_stall_ms
         );
         assert!(

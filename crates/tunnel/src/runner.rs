@@ -807,6 +807,18 @@ impl Runner {
                         LinkState::Down => tracing::warn!("link {name}: down"),
                     }
                 }
+                Event::LinkSilent {
+                    link,
+                    silent: true,
+                    after,
+                } => tracing::info!(
+                    "link {}: nothing from it for {} ms while the others deliver: left until it speaks again",
+                    self.link_name(link),
+                    after.as_millis()
+                ),
+                Event::LinkSilent { link, .. } => {
+                    tracing::info!("link {}: speaks again", self.link_name(link))
+                }
                 Event::LinkLearned { link, addr } => {
                     tracing::info!("link {} learned: client at {addr}", self.link_name(link));
                     self.mtu_check_due = true;
