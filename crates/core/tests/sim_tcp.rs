@@ -185,7 +185,7 @@ fn nack_repairs_random_loss() {
 
 /// Failover on the default lab (1, 2, 3 Mbit/s, 10 ms): the 3 Mbit/s link goes dark mid-transfer.
 /// What was in flight on it is reinjected by the sender when the link falls silent (nothing from
-/// it for twice the longest gap between its packets lately, at least its srtt and 50 ms, see
+/// it for twice the longest gap between its packets lately, at least half its srtt and 50 ms, see
 /// `Endpoint::silence_after`) or is declared DOWN, and the link is avoided from then on. With no
 /// ring and no silence rule (`repair` off) CUBIC stalled 956 ms with 709 inner retransmissions.
 #[test]
@@ -198,7 +198,7 @@ fn failover_mid_transfer() {
         let r = sim::run_tcp(&sc);
         eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
         eprintln!("{:?}", r.repair);
-        // Issue 10's bound. Measured: CUBIC 216 / 208 ms, BBR 294 / 182 ms (upload /
+        // Issue 10's bound. Measured: CUBIC 264 / 195 ms, BBR 222 / 164 ms (upload /
         // download); 384 / 314 and 323 / 495 before a busy link's silence was read from the
         // gaps between its packets (`Endpoint::silence_after`).
         assert!(
