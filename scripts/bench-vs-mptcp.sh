@@ -4,14 +4,14 @@
 # run's JSON in $OUT).
 #
 #   scripts/bench-vs-mptcp.sh [SECONDS] [SCENARIO...]     (as root; needs mptcpize)
-#   SCENARIOS: default 10-20-50 ratio7 lossy lte   (default: all)
+#   SCENARIOS: default 10-20-50 ratio7 lossy lte spread100   (default: all)
 #   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" BRAID=/tmp/braid scripts/bench-vs-mptcp.sh 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-20}
 shift || true
 SCENARIOS=("$@")
-((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte)
+((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte spread100)
 CCS=${CCS:-"cubic bbr"}
 DIRS=${DIRS:-"up down"}
 EXTRA=${EXTRA:-}
@@ -31,6 +31,8 @@ links() {
     ratio7) echo "--link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms" ;;
     lossy) echo "--link 20mbit/10ms --link 20mbit/40ms/1.5%" ;;
     lte) echo "--link 30mbit/30ms/0%/20ms --link 10mbit/15ms" ;;
+    # Equal rates, one-way delays 100 ms apart: the spread on the default equalisation bound.
+    spread100) echo "--link 10mbit/20ms --link 10mbit/120ms" ;;
     *) echo "unknown scenario $1" >&2; exit 2 ;;
   esac
 }

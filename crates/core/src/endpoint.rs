@@ -244,6 +244,8 @@ pub enum Event {
     },
     /// A link fell silent (nothing from it for `after` while another link delivers: it is
     /// avoided and what it carried lately was sent again), or spoke again (`after` is zero).
+    /// Not always a failure: a busy link whose traffic ends is silent until its next probe
+    /// (a few duplicates sent, nothing lost).
     LinkSilent {
         link: LinkId,
         silent: bool,
@@ -690,7 +692,8 @@ struct Link {
     peer_hint_bps: Option<u64>,
 }
 
-/// The maximum of a value over the last one to two [`QUEUE_PEAK_WINDOW`]s (two buckets).
+/// The maximum of a value over the last one to two windows (two buckets; the window is the
+/// caller's, e.g. [`QUEUE_PEAK_WINDOW`]).
 #[derive(Debug, Default)]
 struct PeakHold {
     current: Duration,
@@ -699,8 +702,8 @@ struct PeakHold {
 }
 
 impl PeakHold {
-    /// The peak, once a whole window of samples is behind it (`None` before, or after a
-    /// window without any).
+    /// The peak, once a whole window of samples is behind it (`None` before; a sample after
+    /// two windows without any starts afresh).
     fn settled_peak(&self) -> Option<Duration> {
         (!self.previous.is_zero()).then(|| self.current.max(self.previous))
     }
@@ -1962,7 +1965,10 @@ impl Endpoint {
             (0..self.links.len())
                 .filter(|&li| self.links[li].health.state() != LinkState::Down)
                 .filter(|&li| {
-                    allow_avoided || (Some(self.links[li].id) != avoid && !self.is_silent(now, li))
+                    allow_avoided
+                        || (Some(self.links[li].id) != avoid
+                            && !self.links[li].silent
+                            && !self.is_silent(now, li))
                 })
                 .min_by_key(|&li| key(li))
         };
@@ -2750,10 +2756,11 @@ impl Endpoint {
         }
     }
 
-    /// The equalisation target from the live links' base relative one-way delays: the largest,
-    /// but no more than `equalize_max` above the smallest (a link slower than that is not
-    /// waited for: its packets arrive late and wait in the reorder buffer as usual).
-    /// Also returns how much the target adds to the smallest.
+    /// The equalisation target from the live links' base relative one-way delays: the smallest
+    /// plus the longest [`crate::sched::equalize_wait`] for any of them (the largest spread up
+    /// to `equalize_max`; a link somewhat slower than that is waited for up to the bound, a
+    /// much slower one not at all: its packets arrive late and wait in the reorder buffer as
+    /// usual). Also returns how much the target adds to the smallest.
     fn equalize_target(&self, bases: &[u32]) -> Option<(u32, Duration)> {
         let max_add = self.cfg.equalize_max.as_micros().min(i32::MAX as u128) as i64;
         let &first = bases.first()?;
@@ -2765,15 +2772,19 @@ impl Endpoint {
             .map(|&o| o.wrapping_sub(first) as i32 as i64)
             .collect();
         let lo = rel.iter().copied().min().unwrap_or(0);
-        let hi = rel
+        let wait = rel
             .iter()
-            .copied()
-            .filter(|&r| r - lo <= max_add)
+            .map(|&r| {
+                let spread = Duration::from_micros((r - lo) as u64);
+                crate::sched::equalize_wait(spread, self.cfg.equalize_max)
+            })
             .max()
-            .unwrap_or(lo);
+            .unwrap_or(Duration::ZERO);
+        // At most `equalize_max` (clamped to i32 microseconds above).
+        let add = (wait.as_micros() as i64).min(max_add);
         Some((
-            first.wrapping_add(hi as u32),
-            Duration::from_micros((hi - lo) as u64),
+            first.wrapping_add((lo + add) as u32),
+            Duration::from_micros(add as u64),
         ))
     }
 

@@ -226,11 +226,53 @@ fn failover_mid_transfer() {
     }
 }
 
+/// Two 10 Mbit/s links 100 ms apart in one-way delay (20 and 120 ms), rates configured: the
+/// spread sits on the default equalisation bound. Measured (all seeds alike: no loss or
+/// jitter): CUBIC 80.7% / 68.5%, BBR 79.3% / 80.7% of the sum (upload / download). When a link
+/// just beyond the bound was not waited for at all, a measured spread a hair above 100 ms left
+/// the 120 ms link unused on upload (46-47%, the fast link alone), and in the lab the two ends
+/// flipped between holding and not, which gave BBR RTT samples of 40 and 240 ms and 21% of the
+/// sum (kernel MPTCP 86%). A link up to 1.25 x the bound slower is now waited for up to the
+/// bound, less and less beyond (`sched::equalize_wait`). The stalls are not bounded here: BBR v1's
+/// 2 x BDP at a 240 ms round trip overflows the 100 ms buffers and its recoveries stall 250-650
+/// ms (the lab shows MPTCP retransmitting as much, BENCHMARKS.md §4).
+#[test]
+fn delay_spread_on_the_equalisation_bound() {
+    let base = sim::tcp_scenarios()[5].clone();
+    for (cc, dir, floor) in [
+        (Cubic, Upload, 0.75),
+        (Cubic, Download, 0.63),
+        (Bbr, Upload, 0.74),
+        (Bbr, Download, 0.75),
+    ] {
+        let r = sim::run_tcp(&base.clone().cc(cc).direction(dir));
+        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
+        assert!(
+            r.of_sum >= floor,
+            "{} {}: goodput {:.1}% of the sum < {:.0}%",
+            cc.name(),
+            dir.name(),
+            r.of_sum * 100.0,
+            floor * 100.0
+        );
+        // Both links carry data.
+        assert!(
+            r.links.iter().all(|l| l.share > 0.15),
+            "{} {}: shares {:?}",
+            cc.name(),
+            dir.name(),
+            r.links.iter().map(|l| l.share).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// Failover on a high-delay mix (2 x 10 Mbit/s, 20 and 120 ms one way), either link dark, CUBIC
-/// both ways. Measured: the 20 ms link dark: stall 443 / 717 ms, 9 / 178 inner retransmissions
-/// (upload / download); the 120 ms link dark: 449 / 1085 ms, 93 / 248. Far from issue 10's
-/// 300 ms: the bounds catch regressions only. BBR's figures (stalls 436-726 ms, 1600-2150
-/// retransmissions) are in BENCHMARKS.md and not bounded here.
+/// both ways, no rates configured. Measured: the 20 ms link dark: stall 718 / 744 ms, 93 / 444
+/// inner retransmissions (upload / download); the 120 ms link dark: 483 / 490 ms, 221 / 443
+/// (the 120 ms link carries half the data since it is waited for, see
+/// `delay_spread_on_the_equalisation_bound`; before, it carried little and its loss cost
+/// little). Above issue 10's 300 ms: the bounds catch regressions only; the lab, with the
+/// rates configured, is in BENCHMARKS.md §4. BBR's figures are not bounded here.
 #[test]
 fn failover_high_delay_mix() {
     // The scenarios darken link 0 (20 ms), then link 1 (120 ms).
@@ -246,7 +288,7 @@ fn failover_high_delay_mix() {
                 r.longest_stall_ms
             );
             assert!(
-                r.retransmits <= 320,
+                r.retransmits <= 520,
                 "{what}: {} retransmits",
                 r.retransmits
             );

@@ -807,17 +807,19 @@ impl Runner {
                         LinkState::Down => tracing::warn!("link {name}: down"),
                     }
                 }
+                // Debug, not info: a busy link also falls quiet for a moment when the peer's
+                // transfer on it ends (the gaps lately were short), which is no news.
                 Event::LinkSilent {
                     link,
                     silent: true,
                     after,
-                } => tracing::info!(
+                } => tracing::debug!(
                     "link {}: nothing from it for {} ms while the others deliver: left until it speaks again",
                     self.link_name(link),
                     after.as_millis()
                 ),
                 Event::LinkSilent { link, .. } => {
-                    tracing::info!("link {}: speaks again", self.link_name(link))
+                    tracing::debug!("link {}: speaks again", self.link_name(link))
                 }
                 Event::LinkLearned { link, addr } => {
                     tracing::info!("link {} learned: client at {addr}", self.link_name(link));

@@ -985,6 +985,13 @@ pub fn tcp_scenarios() -> Vec<TcpScenario> {
                 LinkSpec::new(10_000_000, ms(15)),
             ],
         ),
+        TcpScenario::new(
+            "2x10 Mbit/s, 20/120 ms, rates configured",
+            vec![
+                LinkSpec::new(10_000_000, ms(20)).configured(),
+                LinkSpec::new(10_000_000, ms(120)).configured(),
+            ],
+        ),
     ]
 }
 
