@@ -1998,46 +1998,54 @@ impl Endpoint {
     }
 
     /// Link index `li` has brought nothing (not even the peer's probes) for
-    /// [`silence_after`](Self::silence_after) while another link did (within its own bound:
-    /// a link that brings only probes must not make a busy one look alive and dead by turns):
-    /// it is most likely dead, and is avoided before its probes time out.
-    fn is_silent(&self, now: Instant, li: usize) -> bool {
-        if !self.cfg.repair {
-            return false;
-        }
-        let Some(last) = self.links[li].last_rx else {
-            return false;
-        };
+    /// [`silence_after`](Self::silence_after): that bound, else `None`.
+    fn quiet_after(&self, now: Instant, li: usize) -> Option<Duration> {
+        let last = self.links[li].last_rx?;
         let after = self.silence_after(li);
-        now.saturating_duration_since(last) >= after
-            && self.links.iter().enumerate().any(|(j, l)| {
-                j != li
-                    && l.last_rx.is_some_and(|t| {
-                        now.saturating_duration_since(t) < after.max(self.silence_after(j))
-                    })
-            })
+        (now.saturating_duration_since(last) >= after).then_some(after)
+    }
+
+    /// Link index `li` has been quiet for `after` while another link brought something (within
+    /// that link's own bound: a link that brings only probes must not make a busy one look
+    /// alive and dead by turns).
+    fn others_speak(&self, now: Instant, li: usize, after: Duration) -> bool {
+        self.links.iter().enumerate().any(|(j, l)| {
+            j != li
+                && l.last_rx.is_some_and(|t| {
+                    now.saturating_duration_since(t) < after.max(self.silence_after(j))
+                })
+        })
+    }
+
+    /// Link index `li` is quiet ([`quiet_after`](Self::quiet_after)) while the others speak
+    /// ([`others_speak`](Self::others_speak)): it is most likely dead, and is avoided before
+    /// its probes time out.
+    fn is_silent(&self, now: Instant, li: usize) -> bool {
+        self.cfg.repair
+            && self
+                .quiet_after(now, li)
+                .is_some_and(|after| self.others_speak(now, li, after))
     }
 
     /// Marks links that fell silent (reinjecting what they carried lately) or spoke again.
     fn check_silence(&mut self, now: Instant) {
         for li in 0..self.links.len() {
-            let silent = self.is_silent(now, li);
-            let l = &self.links[li];
-            let quiet = l.last_rx.is_some_and(|t| now >= t + self.silence_after(li));
-            if quiet {
+            let quiet = self.quiet_after(now, li);
+            if quiet.is_some() {
                 self.links[li].silence_checked = self.links[li].last_rx;
             }
+            let silent_after =
+                quiet.filter(|&after| self.cfg.repair && self.others_speak(now, li, after));
             let link = self.links[li].id;
-            if silent && !self.links[li].silent {
+            if let (Some(after), false) = (silent_after, self.links[li].silent) {
                 self.links[li].silent = true;
-                let after = self.silence_after(li);
                 self.events.push_back(Event::LinkSilent {
                     link,
                     silent: true,
                     after,
                 });
                 self.reinject(now, li);
-            } else if !silent && !quiet && self.links[li].silent {
+            } else if quiet.is_none() && self.links[li].silent {
                 // Silent until it speaks again (not when the others fall quiet too).
                 self.links[li].silent = false;
                 self.events.push_back(Event::LinkSilent {
