@@ -388,6 +388,25 @@ pub const INCREASE_GAIN: f64 = 1.03;
 /// Until the link's first congestion signal, a busy link without queue is given this multiple of
 /// its delivery rate.
 pub const STARTUP_GAIN: f64 = 1.5;
+/// Start-up also ends without a congestion signal once the link's delivery rate has stopped
+/// growing (by [`PLATEAU_GROWTH`] over [`PLATEAU_ROUNDS`] adjustments in a row) while the peer
+/// measures a queue of at least [`PLATEAU_QDELAY`]: the link is full, and what it delivers is its
+/// capacity (BBR's "full pipe" test). Without it a fast link whose buffer the traffic never
+/// filled to [`QDELAY_HIGH`] kept start-up's 1.5 x its delivery rate for good: two veth links
+/// shaped to 1 Gbit/s (tbf, 20 ms of buffer) were assumed to carry 1.4-1.5 Gbit/s each, the
+/// virtual queue drained faster than the real one, and the server placed 970 Mbit/s on one link
+/// (2.6 ms of real queue) and 150-530 Mbit/s on the other (download 53-84% of the sum).
+pub const PLATEAU_GROWTH: f64 = 1.25;
+/// See [`PLATEAU_GROWTH`].
+pub const PLATEAU_ROUNDS: u8 = 3;
+/// See [`PLATEAU_GROWTH`]: a queue this deep is the link's, not a timing artefact (a delivery
+/// rate that stops growing without a queue is the traffic's limit, not the link's) ...
+pub const PLATEAU_QDELAY: Duration = Duration::from_millis(1);
+/// ... nor a few packets' serialisation: at least this many full-size (1500-byte) packets at the
+/// delivery rate (at 3 Mbit/s one packet alone is 4 ms of "queue": a link carrying 60% of its
+/// capacity ended its start-up at that 60% in the simulator). Slow links end start-up by
+/// [`QDELAY_HIGH`] as before; the test matters for fast links with shallow buffers.
+pub const PLATEAU_PACKETS: f64 = 8.0;
 /// On congestion the rate drops to this fraction of the measured delivery rate. While the
 /// bottleneck queue is non-empty the delivery rate is the link's capacity, so 1.0 is exact.
 pub const DECREASE_TO: f64 = 1.0;
@@ -460,6 +479,8 @@ struct AdaptiveLink {
     vq_prev: f64,
     /// Until the first congestion signal, probe up faster.
     startup: bool,
+    /// Start-up's full-pipe test (see [`PLATEAU_GROWTH`]).
+    plateau: Plateau,
     /// Packets were dropped at the sender during this interval because every link was full:
     /// the traffic wanted more than the rates we assume.
     demand: bool,
@@ -472,6 +493,32 @@ struct AdaptiveLink {
     queued_at: Option<Instant>,
     /// Last time its loss estimate was at [`PULLBACK_LOSS`] or more without a queue.
     lossy_at: Option<Instant>,
+}
+
+/// Start-up's full-pipe test: the best delivery rate seen, and how many adjustments in a row
+/// found a queue without beating it by [`PLATEAU_GROWTH`].
+#[derive(Debug, Default)]
+struct Plateau {
+    best: f64,
+    flat: u8,
+}
+
+impl Plateau {
+    /// One adjustment's delivery rate and queue: true once the pipe is full.
+    fn full(&mut self, delivered: f64, qdelay: Duration) -> bool {
+        if delivered >= self.best * PLATEAU_GROWTH {
+            self.best = delivered;
+            self.flat = 0;
+        } else if delivered > 0.0
+            && qdelay >= PLATEAU_QDELAY
+            && qdelay.as_secs_f64() >= PLATEAU_PACKETS * 1500.0 * 8.0 / delivered
+        {
+            self.flat += 1;
+        } else {
+            self.flat = 0;
+        }
+        self.flat >= PLATEAU_ROUNDS
+    }
 }
 
 impl AdaptiveLink {
@@ -488,6 +535,7 @@ impl AdaptiveLink {
             busy: 0.0,
             vq_prev: 0.0,
             startup: v.bandwidth_bps.is_none(),
+            plateau: Plateau::default(),
             demand: false,
             configured: v.bandwidth_bps,
             pulled_back: false,
@@ -562,6 +610,11 @@ impl AdaptiveLink {
         // the offered load equals the capacity) and arrival predictions go wrong.
         let err = v.qdelay.as_secs_f64() - self.vq_prev;
         self.backlog = (self.backlog + RECONCILE_GAIN * err * self.rate / 8.0).max(0.0);
+        if self.startup && pushed && self.plateau.full(delivered, v.qdelay) {
+            // Full without a congestion signal: what it delivers is what it carries.
+            self.startup = false;
+            self.rate = delivered;
+        }
         if v.qdelay > QDELAY_HIGH && delivered > 0.0 && pushed {
             // A standing queue at the bottleneck: the link was busy the whole time, so what
             // arrived is its capacity, whether we had guessed lower or higher.
@@ -1441,6 +1494,51 @@ mod tests {
         // (Offered 100 Mbit/s to a 4 Mbit/s link: dropped at the sender with no queue at the
         // bottleneck, the fast climb.)
         assert_eq!(s.rate_bps(1), Some(4e6 * STARTUP_GAIN));
+    }
+
+    #[test]
+    fn adaptive_start_up_ends_when_a_fast_link_is_full_below_the_queue_thresholds() {
+        // A 1 Gbit/s link with a shallow queue: the peer measures 2.6 ms of it (under
+        // QDELAY_LOW) and a delivery rate that no longer grows. After PLATEAU_ROUNDS flat
+        // adjustments start-up is over and the rate is about what the link delivers, not 1.5 x.
+        let run = |delivered: f64, qdelay: Duration, offered: f64| {
+            let t0 = Instant::now();
+            let v = LinkView {
+                delivery_rate_bps: delivered,
+                qdelay,
+                ..view(1, None, 1)
+            };
+            let mut s = Adaptive::default();
+            let mut rates = Vec::new();
+            for k in 0..6u32 {
+                // 105 ms of traffic per step: one adjustment each.
+                let n = (0.105 * offered / 8.0 / 1250.0) as usize;
+                offer(
+                    &mut s,
+                    t0 + ms(110) * k,
+                    std::slice::from_ref(&v),
+                    n,
+                    1250,
+                    offered,
+                );
+                rates.push(s.rate_bps(1).unwrap());
+            }
+            rates
+        };
+        let fast = run(0.99e9, Duration::from_micros(2600), 1.5e9);
+        assert_eq!(fast[0], STARTUP_GAIN * 0.99e9, "{fast:?}");
+        // (From there it is probed up, a few % at a time, only while it delivers 95% of it.)
+        let last = *fast.last().unwrap();
+        assert!(
+            (0.99e9..=0.99e9 / RAISE_EVIDENCE * INCREASE_GAIN).contains(&last),
+            "{fast:?}"
+        );
+        // Without a queue a flat delivery rate is the traffic's limit: start-up goes on.
+        let idle = run(0.99e9, Duration::ZERO, 1.5e9);
+        assert!(idle.iter().all(|&r| r >= STARTUP_GAIN * 0.99e9), "{idle:?}");
+        // At 3 Mbit/s 2.6 ms is less than one packet's time on the wire: no evidence either.
+        let slow = run(3e6, Duration::from_micros(2600), 6e6);
+        assert!(slow.iter().all(|&r| r >= STARTUP_GAIN * 3e6), "{slow:?}");
     }
 
     #[test]
