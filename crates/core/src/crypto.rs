@@ -24,6 +24,8 @@
 //! Every expanded key is 32 bytes whichever AEAD uses it (both ChaCha20-Poly1305 and AES-256-GCM
 //! take 32-byte keys); the cipher is fixed by configuration on both ends.
 
+use std::sync::Arc;
+
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
 
@@ -84,9 +86,10 @@ impl Aead {
     }
 }
 
-/// Both directions' keys of one session, from this endpoint's point of view.
+/// Both directions' keys of one session, from this endpoint's point of view. The sending key is
+/// shared with the [`Seal`] jobs of datagrams laid out but not yet sealed.
 pub struct SessionKeys {
-    pub send: Aead,
+    pub send: Arc<Aead>,
     pub recv: Aead,
 }
 
@@ -176,7 +179,7 @@ pub fn session_keys(
     let (c2s, s2c) = session_key_bytes(psk, client_salt, server_salt);
     let (send, recv) = if is_client { (c2s, s2c) } else { (s2c, c2s) };
     SessionKeys {
-        send: Aead::new(cipher, &send),
+        send: Arc::new(Aead::new(cipher, &send)),
         recv: Aead::new(cipher, &recv),
     }
 }
@@ -226,6 +229,71 @@ pub fn seal(key: &Aead, header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
     seal_with(key, header, emit_header, body.buffer_len(), out, |b| {
         body.emit(b)
     })
+}
+
+/// The sealing of one datagram, handed out with the datagram instead of done at once (the
+/// endpoint's deferred sealing, [`crate::Endpoint::set_deferred_sealing`]): the data plane seals
+/// a batch on several cores, each datagram under the key, link and counter the endpoint gave it
+/// in order, then sends each link's datagrams in that order (wireguard-go's pipeline).
+#[derive(Clone)]
+pub struct Seal {
+    key: Arc<Aead>,
+    link: LinkId,
+    counter: u64,
+}
+
+impl std::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seal")
+            .field("link", &self.link)
+            .field("counter", &self.counter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Seal {
+    pub fn new(key: Arc<Aead>, header: &Header) -> Self {
+        Seal {
+            key,
+            link: header.link,
+            counter: header.counter,
+        }
+    }
+
+    /// Seals `datagram`, laid out as header then plaintext ([`lay_out`],
+    /// [`lay_out_data_in_place`]), in place: the plaintext is encrypted where it lies, with the
+    /// header as AAD, and the tag appended. The result is the datagram [`seal`] would have made.
+    ///
+    /// # Panics
+    /// If `datagram` is shorter than the header (a bug in braid, never input from the network).
+    pub fn apply(&self, datagram: &mut Vec<u8>) {
+        let (hdr, body) = datagram.split_at_mut(HEADER_LEN);
+        let tag = self
+            .key
+            .key
+            .seal_in_place_separate_tag(nonce(self.link, self.counter), Aad::from(&*hdr), body)
+            .expect("AEAD seal of a datagram-sized body");
+        datagram.extend_from_slice(tag.as_ref());
+    }
+}
+
+/// Writes header and plaintext of `body` into `out` (cleared first), leaving the sealing to a
+/// [`Seal`]: what [`seal`] writes, before encryption and without the tag.
+pub fn lay_out(header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(HEADER_LEN + body.buffer_len(), 0);
+    let (hdr, rest) = out.split_at_mut(HEADER_LEN);
+    match body {
+        Body::Data(d) => d.emit_header(header, hdr),
+        _ => header.emit(hdr),
+    }
+    body.emit(rest);
+}
+
+/// [`seal_data_in_place`] without the sealing: writes DATA's compact header into the headroom of
+/// `buf` and leaves the payload for a [`Seal`].
+pub fn lay_out_data_in_place(header: &Header, data: &DataRepr<'_>, buf: &mut [u8]) {
+    data.emit_header(header, &mut buf[..HEADER_LEN]);
 }
 
 /// Seals a DATA datagram in place: `buf` holds [`HEADER_LEN`] bytes of headroom (whatever they
@@ -517,6 +585,35 @@ mod tests {
                 assert_eq!(buf, want, "{cipher:?} {len}");
                 assert_eq!(buf.as_ptr(), ptr, "reallocated");
                 assert_eq!(open(&key, &header, &mut buf).unwrap(), &payload[..]);
+            }
+        }
+    }
+
+    /// Laying out then sealing with the `Seal` job (deferred sealing) gives the very datagram
+    /// `seal` gives, for DATA laid out in place and for other bodies.
+    #[test]
+    fn deferred_sealing_matches_seal() {
+        for cipher in [CipherId::ChaCha20Poly1305, CipherId::Aes256Gcm] {
+            let key = Arc::new(Aead::new(cipher, &[9; 32]));
+            for len in [0usize, 1, 1400] {
+                let payload: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                let header = data_header(0x2_0000_0009);
+                let body = data_body(&payload);
+                let mut want = Vec::new();
+                seal(&key, &header, &body, &mut want);
+                let mut laid = Vec::new();
+                lay_out(&header, &body, &mut laid);
+                assert_eq!(laid.len() + TAG_LEN, want.len());
+                Seal::new(key.clone(), &header).apply(&mut laid);
+                assert_eq!(laid, want, "{cipher:?} {len}");
+                let Body::Data(data) = body else {
+                    unreachable!()
+                };
+                let mut buf = vec![0xee; HEADER_LEN];
+                buf.extend_from_slice(&payload);
+                lay_out_data_in_place(&header, &data, &mut buf);
+                Seal::new(key.clone(), &header).apply(&mut buf);
+                assert_eq!(buf, want, "in place, {cipher:?} {len}");
             }
         }
     }

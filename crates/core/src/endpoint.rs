@@ -228,6 +228,28 @@ pub struct Transmit {
     pub link: LinkId,
     pub dst: Option<SocketAddr>,
     pub payload: Vec<u8>,
+    /// With deferred sealing ([`Endpoint::set_deferred_sealing`]): `payload` is laid out but not
+    /// sealed yet; [`Transmit::finish`] (on any thread) seals it. Always `None` otherwise.
+    pub seal: Option<crypto::Seal>,
+}
+
+impl Transmit {
+    /// Seals the payload if its sealing was deferred; then it is the datagram to send.
+    pub fn finish(&mut self) {
+        if let Some(s) = self.seal.take() {
+            s.apply(&mut self.payload);
+        }
+    }
+
+    /// The datagram's length on the wire (sealed or not yet).
+    pub fn wire_len(&self) -> usize {
+        self.payload.len()
+            + if self.seal.is_some() {
+                wire::TAG_LEN
+            } else {
+                0
+            }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -798,6 +820,9 @@ pub struct Endpoint {
     nack_buf: Vec<u8>,
     /// What the datagram being handled authenticated as (returned by `handle_datagram`).
     received: Received,
+    /// Session datagrams are laid out and handed out with their [`crypto::Seal`] job instead
+    /// of sealed here (see [`Endpoint::set_deferred_sealing`]).
+    defer_seal: bool,
 }
 
 const POOL_MAX: usize = 4096;
@@ -873,6 +898,7 @@ impl Endpoint {
             resend_seqs: Vec::new(),
             nack_buf: Vec::new(),
             received: Received::Ignored,
+            defer_seal: false,
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -1118,6 +1144,7 @@ impl Endpoint {
                 link: id,
                 dst: None,
                 payload: out,
+                seal: None,
             });
         }
         self.next_hello = Some(now + self.cfg.hello_interval);
@@ -1468,6 +1495,7 @@ impl Endpoint {
             link,
             dst: Some(from),
             payload: out,
+            seal: None,
         });
     }
 
@@ -2180,12 +2208,18 @@ impl Endpoint {
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(BUF_CAPACITY));
         out.clear();
-        crypto::seal(&session.keys.send, &header, body, &mut out);
+        let seal = if self.defer_seal {
+            crypto::lay_out(&header, body, &mut out);
+            Some(crypto::Seal::new(session.keys.send.clone(), &header))
+        } else {
+            crypto::seal(&session.keys.send, &header, body, &mut out);
+            None
+        };
         if self.cfg.role == Role::Server && self.links[li].addr.is_none() {
             self.recycle(out);
             return false;
         }
-        self.push_transmit(li, out);
+        self.push_transmit(li, out, seal);
         true
     }
 
@@ -2202,20 +2236,22 @@ impl Endpoint {
     /// The datagram just queued for link index `li` (the last transmit) goes into the link's
     /// health as sent with `link_seq`.
     fn count_sent(&mut self, now: Instant, li: usize, link_seq: u32) {
-        let len = self.transmits.back().map_or(0, |t| t.payload.len());
+        let len = self.transmits.back().map_or(0, Transmit::wire_len);
         self.links[li].health.on_packet_sent(now, link_seq, len);
     }
 
     /// Queues a sealed datagram for link index `li`, counting it on the link.
-    fn push_transmit(&mut self, li: usize, payload: Vec<u8>) {
+    fn push_transmit(&mut self, li: usize, payload: Vec<u8>, seal: Option<crypto::Seal>) {
         let link = &mut self.links[li];
-        link.tx_packets += 1;
-        link.tx_bytes += payload.len() as u64;
-        self.transmits.push_back(Transmit {
+        let t = Transmit {
             link: link.id,
             dst: link.addr,
             payload,
-        });
+            seal,
+        };
+        link.tx_packets += 1;
+        link.tx_bytes += t.wire_len() as u64;
+        self.transmits.push_back(t);
     }
 
     fn next_common(&mut self, now: Instant, li: usize) -> Common {
@@ -2561,13 +2597,28 @@ impl Endpoint {
             flags,
             payload: &[],
         };
-        crypto::seal_data_in_place(&session.keys.send, &header, &data, &mut buf);
-        self.push_transmit(li, buf);
+        let seal = if self.defer_seal {
+            crypto::lay_out_data_in_place(&header, &data, &mut buf);
+            Some(crypto::Seal::new(session.keys.send.clone(), &header))
+        } else {
+            crypto::seal_data_in_place(&session.keys.send, &header, &data, &mut buf);
+            None
+        };
+        self.push_transmit(li, buf, seal);
         true
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
+    }
+
+    /// Deferred sealing: from now on, session datagrams come out of [`Self::poll_transmit`]
+    /// laid out but not sealed, each with its [`crypto::Seal`] (key, link, counter assigned here,
+    /// in order), so that a data plane can seal a batch on several cores and send each link's
+    /// datagrams in order ([`Transmit::finish`] before sending). Handshake datagrams are sealed
+    /// here as before. Off by default: then every datagram comes out sealed.
+    pub fn set_deferred_sealing(&mut self, on: bool) {
+        self.defer_seal = on;
     }
 
     /// Next IP packet for the TUN device, in order.

@@ -200,7 +200,7 @@ impl AckSecrets {
         let (c2s, s2c) = (expand(&prk, &[C2S_INFO]), expand(&prk, &[S2C_INFO]));
         let (send, recv) = if is_client { (c2s, s2c) } else { (s2c, c2s) };
         SessionKeys {
-            send: Aead::new(cipher, &send),
+            send: std::sync::Arc::new(Aead::new(cipher, &send)),
             recv: Aead::new(cipher, &recv),
         }
     }

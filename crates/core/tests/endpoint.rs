@@ -109,6 +109,7 @@ impl Pair {
             let mut moved = false;
             while let Some(mut t) = self.client.poll_transmit() {
                 moved = true;
+                t.finish();
                 self.captured.push((t.link, t.payload.clone()));
                 if is_first_piece(&t.payload) && self.drop_first_pieces > 0 {
                     self.drop_first_pieces -= 1;
@@ -130,6 +131,7 @@ impl Pair {
             }
             while let Some(mut t) = self.server.poll_transmit() {
                 moved = true;
+                t.finish();
                 if t.dst == Some(attacker_addr()) {
                     self.to_attacker.push(t.payload);
                     continue;
@@ -343,6 +345,45 @@ fn data_flows_both_ways_in_order() {
     for i in 0..50 {
         p.client.send_packet(p.now, &ip_packet(i));
         p.server.send_packet(p.now, &ip_packet(100 + i));
+    }
+    p.exchange();
+    p.run_for(Duration::from_millis(100));
+    let ids: Vec<u8> = p.delivered_to_server.iter().map(|b| b[20]).collect();
+    assert_eq!(ids, (0..50).collect::<Vec<u8>>());
+    let ids: Vec<u8> = p.delivered_to_client.iter().map(|b| b[20]).collect();
+    assert_eq!(ids, (100..150).collect::<Vec<u8>>());
+}
+
+/// Deferred sealing (the data plane seals on worker threads): datagrams come out laid out but
+/// unsealed, with their seal job; sealed later, in any order across datagrams, they carry the
+/// same traffic, in order, both ways, whatever the link.
+#[test]
+fn deferred_sealing_carries_the_same_traffic() {
+    let mut p = Pair::new(2);
+    p.client.set_deferred_sealing(true);
+    p.server.set_deferred_sealing(true);
+    p.run_for(Duration::from_secs(1));
+    assert!(p.client.is_connected() && p.server.is_connected());
+    for i in 0..50 {
+        p.client.send_packet(p.now, &ip_packet(i));
+        p.server.send_packet(p.now, &ip_packet(100 + i));
+    }
+    // Seal the client's batch back to front (as workers may), then hand it over in order.
+    let mut batch = Vec::new();
+    while let Some(t) = p.client.poll_transmit() {
+        batch.push(t);
+    }
+    assert!(batch.iter().all(|t| t.seal.is_some()), "unsealed data");
+    let unsealed: Vec<usize> = batch.iter().map(|t| t.payload.len()).collect();
+    for t in batch.iter_mut().rev() {
+        t.finish();
+    }
+    for (t, n) in batch.iter_mut().zip(unsealed) {
+        assert_eq!(t.wire_len(), n + braid_core::wire::TAG_LEN);
+        assert!(t.seal.is_none());
+        let link = t.link;
+        p.server
+            .handle_datagram(p.now, None, client_addr(link), &mut t.payload);
     }
     p.exchange();
     p.run_for(Duration::from_millis(100));

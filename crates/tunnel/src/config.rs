@@ -54,6 +54,8 @@ pub const DEFAULT_TXQUEUELEN: u32 = 2000;
 pub const DEFAULT_BATCH_WAIT_US: u64 = 50;
 /// Longest `batch_wait_us` accepted: beyond a millisecond the wait is latency, not batching.
 pub const MAX_BATCH_WAIT_US: u64 = 1000;
+/// Most threads `workers` accepts (the data plane's sealing and sending; docs/guide.md).
+pub const MAX_WORKERS: usize = 64;
 /// Default time the client waits for a first session before it gives up.
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 
@@ -125,6 +127,9 @@ struct BundleRepr {
     /// Data plane: wait up to this many microseconds after a wake-up to fill a batch (NAPI's
     /// trade: latency for CPU at high packet rates); 0: process at once.
     batch_wait_us: Option<Spanned<u64>>,
+    /// Threads that seal and send, the data-plane thread included (0: one per two cores the
+    /// process may run on, 1 to 4; 1: all on the data-plane thread).
+    workers: Option<Spanned<usize>>,
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
     /// start (0: keep trying forever). Default 10.
     connect_timeout: Option<Spanned<u64>>,
@@ -174,6 +179,8 @@ pub struct Config {
     pub txqueuelen: u32,
     /// How long the data plane waits after a wake-up to fill a batch (docs/guide.md).
     pub batch_wait: Duration,
+    /// Threads that seal and send (0: automatic; see [`crate::workers::Workers::new`]).
+    pub workers: usize,
     pub links: Vec<LinkSpec>,
     /// Per-client keys (`private_key`): this end's key pair, and the peer it accepts.
     pub identity: Option<IdentityConfig>,
@@ -485,6 +492,11 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
                 in_range(w, 0, MAX_BATCH_WAIT_US).map(Duration::from_micros)
             })?
             .unwrap_or(Duration::from_micros(DEFAULT_BATCH_WAIT_US)),
+        workers: src
+            .optional(&b.workers, "bundle.workers", |&w| {
+                in_range(w, 0, MAX_WORKERS)
+            })?
+            .unwrap_or(0),
         links: Vec::new(),
         identity: None,
         warnings,
@@ -1040,6 +1052,18 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn workers_are_automatic_by_default_and_bounded() {
+        assert_eq!(parse(&client("", LINKS)).unwrap().workers, 0);
+        assert_eq!(parse(&client("workers = 1", LINKS)).unwrap().workers, 1);
+        let e = parse(&client("workers = 65", LINKS)).unwrap_err();
+        assert!(
+            e.contains("bundle.workers: 65 is out of range 0..64"),
+            "{e}"
+        );
+        assert!(parse(&client("workers = -1", LINKS)).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod metrics;
 pub mod runner;
 pub mod status;
+pub mod workers;
 
 use std::path::PathBuf;
 

@@ -39,6 +39,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::config::{Config, LinkSpec};
 use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
+use crate::workers::Workers;
 
 const TUN: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -81,6 +82,19 @@ struct Sock {
     backoff: Duration,
     /// Registered for writability (while `pending` is not empty).
     writable_watched: bool,
+    /// Scratch: the datagrams of one `send_batch` (empty between uses; no allocation per batch).
+    scratch: Vec<Datagram<'static>>,
+    /// What the last [`Sock::send_pending`] did, for the data-plane thread to act on.
+    outcome: SendOutcome,
+}
+
+/// What one socket's flush did: how many datagrams from the front of `pending` left or failed
+/// for good (their buffers go back to the core), and the last error.
+#[derive(Default)]
+struct SendOutcome {
+    done: usize,
+    failed: usize,
+    last_error: Option<std::io::Error>,
 }
 
 /// What a connected link socket is tied to: the local address the kernel chose (or the one it
@@ -131,10 +145,11 @@ pub struct Runner {
     monitor: Option<braid_linux::netlink::Monitor>,
     /// Client: when to check every link socket's binding (set by a netlink notice).
     relink_at: Option<Instant>,
-    /// Scratch lists kept across turns (no allocation per batch): the readable sockets of this
-    /// turn, and the datagrams of one `send_batch` (empty between uses).
+    /// Scratch list kept across turns (no allocation per batch): the readable sockets of this
+    /// turn.
     ready_tokens: Vec<Token>,
-    datagrams: Vec<Datagram<'static>>,
+    /// Helper threads that seal and send alongside this one (see [`crate::workers`]).
+    workers: Workers,
     /// Per link: the datagram room the kernel last reported for its route (route MTU less the
     /// outer headers), told to the endpoint's path MTU discovery.
     path_mtus: HashMap<LinkId, usize>,
@@ -229,6 +244,14 @@ impl Runner {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?,
             )),
         };
+        let workers = Workers::new(cfg.workers)?;
+        if workers.threads() > 1 {
+            // Sealing happens at the flush, in parallel (see `crate::workers`).
+            if let Some(ep) = ep.endpoint_mut() {
+                ep.set_deferred_sealing(true);
+            }
+        }
+        tracing::debug!("data plane: {} thread(s) seal and send", workers.threads());
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let (handle, cmd_rx) = Handle::new(Arc::new(cfg.clone()), waker);
@@ -341,7 +364,7 @@ impl Runner {
             monitor,
             relink_at: None,
             ready_tokens: Vec::with_capacity(16),
-            datagrams: Vec::with_capacity(BATCH),
+            workers,
             path_mtus: HashMap::new(),
             mtu_check_due: true,
         };
@@ -687,64 +710,57 @@ impl Runner {
         }
         for s in self.socks.values_mut() {
             s.hello_from.clear();
-        }
-        let mut dead_socks = Vec::new();
-        for (tok, s) in self.socks.iter_mut() {
             if s.link.is_none() {
                 group_by_destination(&mut s.pending);
             }
-            while !s.pending.is_empty() {
-                let (a, b) = s.pending.as_slices();
-                let part = if a.is_empty() { b } else { a };
-                let mut msgs = reuse(std::mem::take(&mut self.datagrams));
-                msgs.extend(part.iter().map(|(t, src)| Datagram {
-                    dst: t.dst,
-                    src: *src,
-                    payload: t.payload.as_slice(),
-                }));
-                let rep = s.sock.send_batch(&msgs);
-                self.datagrams = reuse(msgs);
-                let consumed = rep.sent + rep.failed;
-                if rep.failed > 0 {
-                    s.send_errors += rep.failed as u64;
-                    let too_big = rep.last_error.as_ref().and_then(|e| e.raw_os_error())
-                        == Some(libc::EMSGSIZE);
-                    // The route's MTU went down (ICMP from the path, or a smaller interface):
-                    // read it at once.
-                    self.mtu_check_due |= too_big;
-                    let gone = rep
-                        .last_error
-                        .as_ref()
-                        .and_then(|e| e.raw_os_error())
-                        .is_some_and(|c| {
-                            matches!(
-                                c,
-                                libc::ENETDOWN | libc::ENETUNREACH | libc::ENODEV | libc::ENXIO
-                            )
-                        });
-                    if gone {
-                        dead_socks.push(*tok);
-                    }
-                    // The socket may be tied to an address or device that is gone: try a new
-                    // one (with backoff) until sends succeed again.
-                    let stale = rep
-                        .last_error
-                        .as_ref()
-                        .and_then(|e| e.raw_os_error())
-                        .is_some_and(|c| matches!(c, libc::EADDRNOTAVAIL | libc::EINVAL));
-                    if s.link.is_some() && (gone || stale) && s.retry_at.is_none() {
-                        s.schedule_retry(now);
-                    }
-                    s.last_send_error = rep.last_error.map(|e| e.to_string());
+        }
+        // Seal and send, on the helper threads too: one queue (the server's socket, a one-link
+        // client) is sealed in parts and then sent; several are sealed and sent one per thread.
+        let mut busy: Vec<&mut Sock> = self
+            .socks
+            .values_mut()
+            .filter(|s| !s.pending.is_empty())
+            .collect();
+        let workers = &self.workers;
+        if busy.len() == 1 {
+            let s = &mut busy[0];
+            seal_all(workers, s.pending.make_contiguous());
+            s.outcome = s.send_pending();
+        } else {
+            workers.for_each(busy, |s| {
+                s.pending.iter_mut().for_each(|(t, _)| t.finish());
+                s.outcome = s.send_pending();
+            });
+        }
+        // Back on this thread alone: buffers return to the core, send errors are acted on.
+        let mut dead_socks = Vec::new();
+        for (tok, s) in self.socks.iter_mut() {
+            let o = std::mem::take(&mut s.outcome);
+            for (t, _) in s.pending.drain(..o.done) {
+                self.ep.recycle(t.payload);
+            }
+            if o.failed > 0 {
+                s.send_errors += o.failed as u64;
+                let code = o.last_error.as_ref().and_then(|e| e.raw_os_error());
+                // The route's MTU went down (ICMP from the path, or a smaller interface): read
+                // it at once.
+                self.mtu_check_due |= code == Some(libc::EMSGSIZE);
+                let gone = code.is_some_and(|c| {
+                    matches!(
+                        c,
+                        libc::ENETDOWN | libc::ENETUNREACH | libc::ENODEV | libc::ENXIO
+                    )
+                });
+                if gone {
+                    dead_socks.push(*tok);
                 }
-                for _ in 0..consumed {
-                    if let Some((t, _)) = s.pending.pop_front() {
-                        self.ep.recycle(t.payload);
-                    }
+                // The socket may be tied to an address or device that is gone: try a new one
+                // (with backoff) until sends succeed again.
+                let stale = code.is_some_and(|c| matches!(c, libc::EADDRNOTAVAIL | libc::EINVAL));
+                if s.link.is_some() && (gone || stale) && s.retry_at.is_none() {
+                    s.schedule_retry(now);
                 }
-                if rep.would_block || consumed == 0 {
-                    break;
-                }
+                s.last_send_error = o.last_error.map(|e| e.to_string());
             }
             s.watch_writable(&self.poll, *tok);
         }
@@ -1379,7 +1395,36 @@ impl Sock {
             retry_at: None,
             backoff: Duration::ZERO,
             writable_watched: false,
+            scratch: Vec::with_capacity(BATCH),
+            outcome: SendOutcome::default(),
         }
+    }
+
+    /// Sends the queue (sealed) in batches until it is empty or the kernel takes no more, and
+    /// says how far it got. Touches only this socket: it may run on a helper thread.
+    fn send_pending(&mut self) -> SendOutcome {
+        let mut out = SendOutcome::default();
+        let items = self.pending.make_contiguous();
+        while out.done < items.len() {
+            let mut msgs = reuse(std::mem::take(&mut self.scratch));
+            msgs.extend(items[out.done..].iter().map(|(t, src)| Datagram {
+                dst: t.dst,
+                src: *src,
+                payload: t.payload.as_slice(),
+            }));
+            let rep = self.sock.send_batch(&msgs);
+            self.scratch = reuse(msgs);
+            let consumed = rep.sent + rep.failed;
+            if rep.failed > 0 {
+                out.failed += rep.failed;
+                out.last_error = rep.last_error;
+            }
+            out.done += consumed;
+            if rep.would_block || consumed == 0 {
+                break;
+            }
+        }
+        out
     }
 
     /// Registers for writability while datagrams wait in `pending`, and drops it once they are
@@ -1408,6 +1453,21 @@ impl Sock {
         self.backoff = (self.backoff * 2).clamp(RETRY_MIN, RETRY_MAX);
         self.retry_at = Some(now + self.backoff);
     }
+}
+
+/// Seals what the core handed out unsealed (deferred sealing), in parts on the helper threads
+/// when there are enough of them; datagrams sealed already (queued at an earlier flush) cost
+/// nothing.
+fn seal_all(workers: &Workers, items: &mut [(Transmit, Option<IpAddr>)]) {
+    let parts = workers.parts(items.len());
+    if parts <= 1 {
+        items.iter_mut().for_each(|(t, _)| t.finish());
+        return;
+    }
+    let chunk = items.len().div_ceil(parts);
+    workers.for_each(items.chunks_mut(chunk).collect(), |c| {
+        c.iter_mut().for_each(|(t, _)| t.finish())
+    });
 }
 
 /// Puts the datagrams queued for one socket in runs by destination (and source address). The
@@ -1455,6 +1515,7 @@ mod tests {
                     link,
                     dst: Some(dst),
                     payload: vec![n],
+                    seal: None,
                 },
                 None,
             )

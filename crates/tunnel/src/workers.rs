@@ -1,0 +1,126 @@
+//! The data plane's helper threads (issue 12 item 4): sealing and per-link sending on more than
+//! one core.
+//!
+//! The pipeline is wireguard-go's, in fork-join form: the sans-I/O core assigns every datagram
+//! its link, key and counter in order and hands it out laid out but unsealed
+//! ([`braid_core::Endpoint::set_deferred_sealing`]); at each flush the runner seals the batch in
+//! parallel chunks and sends each socket's queue (one per client link) on its own thread, in
+//! order; then, back on the data-plane thread alone, it recycles the buffers and reads the
+//! send reports. Nothing but the datagrams and the session's sending key crosses threads, so the
+//! core stays single-threaded and deterministic.
+//!
+//! Why `rayon`: a pool of parked threads with scoped spawning (jobs borrow the batch, no
+//! copies, no channels to size) and the data-plane thread working alongside in
+//! `in_place_scope`; its idle threads spin only briefly before they sleep, which matters on a
+//! 2-core box shared with the inner TCP. Hand-written channels and threads would give the same
+//! shape with more code to get right.
+//!
+//! What stays on the data-plane thread: TUN reads and writes, scheduling, receiving and opening
+//! (see docs/guide.md "Worker threads" for the limit this sets).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Fewer datagrams than this to seal in one flush are sealed on the data-plane thread: waking a
+/// helper costs more than sealing a few.
+pub const PARALLEL_MIN: usize = 32;
+/// The most threads the automatic setting (`workers = 0`) takes, whatever the cores.
+pub const AUTO_MAX: usize = 4;
+
+/// The helper threads: none when `workers` is 1 (everything on the data-plane thread).
+pub struct Workers {
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Workers {
+    /// `threads`: how many threads share the data plane's sealing and sending, the data-plane
+    /// thread included. 0: one per two cores the process may run on (`taskset` counts), at
+    /// least 1 and at most [`AUTO_MAX`]: the kernel's share of each packet (UDP, the NIC or
+    /// veth, the TUN, the inner TCP) needs cores too. On 2 cores a helper thread cost a third
+    /// of the throughput over one veth link (BENCHMARKS.md §3, "Worker threads").
+    pub fn new(threads: usize) -> anyhow::Result<Workers> {
+        let n = match threads {
+            0 => {
+                (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).clamp(1, AUTO_MAX)
+            }
+            n => n,
+        };
+        if n <= 1 {
+            return Ok(Workers { pool: None });
+        }
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n - 1)
+            .thread_name(|_| format!("braid-dp{}", NEXT.fetch_add(1, Ordering::Relaxed)))
+            .build()?;
+        Ok(Workers { pool: Some(pool) })
+    }
+
+    /// Threads sharing the work, the data-plane thread included.
+    pub fn threads(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(1, |p| p.current_num_threads() + 1)
+    }
+
+    /// Runs `f` on every item: the first on this thread, the others on the helpers, and returns
+    /// when all are done. On this thread alone without helpers, or for fewer than two items.
+    pub fn for_each<T: Send>(&self, items: Vec<T>, f: impl Fn(T) + Sync) {
+        let pool = match &self.pool {
+            Some(p) if items.len() > 1 => p,
+            _ => {
+                items.into_iter().for_each(f);
+                return;
+            }
+        };
+        let mut items = items.into_iter();
+        let first = items.next();
+        let f = &f;
+        pool.in_place_scope(|scope| {
+            for item in items {
+                scope.spawn(move |_| f(item));
+            }
+            if let Some(item) = first {
+                f(item);
+            }
+        });
+    }
+
+    /// How many parts a job of `n` small items is worth cutting into.
+    pub fn parts(&self, n: usize) -> usize {
+        if n < PARALLEL_MIN {
+            1
+        } else {
+            self.threads().min(n / (PARALLEL_MIN / 2)).max(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_item_is_done_once_whatever_the_threads() {
+        for threads in [1, 2, 3] {
+            let w = Workers::new(threads).unwrap();
+            assert_eq!(w.threads(), threads);
+            let mut items: Vec<Vec<u32>> = (0..7).map(|i| vec![i]).collect();
+            w.for_each(items.iter_mut().collect(), |v: &mut Vec<u32>| {
+                v.push(v[0] * 10)
+            });
+            for (i, v) in items.iter().enumerate() {
+                assert_eq!(v, &vec![i as u32, i as u32 * 10], "{threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn small_jobs_stay_in_one_part() {
+        let w = Workers::new(3).unwrap();
+        assert_eq!(w.parts(PARALLEL_MIN - 1), 1);
+        assert_eq!(w.parts(PARALLEL_MIN), 2);
+        assert_eq!(w.parts(10_000), 3);
+        assert_eq!(Workers::new(1).unwrap().parts(10_000), 1);
+        assert!(Workers::new(0).unwrap().threads() <= AUTO_MAX);
+    }
+}
