@@ -693,7 +693,12 @@ fn dual_stack_pings_ipv4_and_ipv6() {
 #[test]
 fn link_down_mid_transfer_keeps_tcp_and_recovers() {
     let mut net = Net::new("b", 2);
-    net.start_pair(2);
+    // Both ends seal and send on two threads (`workers = 2`; the other tests run the default,
+    // one on a 2-core machine): the client's two link sockets each on its own, the server's one
+    // socket sealed in parts; a link's send errors are read back on the data-plane thread.
+    let s = net.server_config("workers = 2");
+    let c = net.client_config(2, &net.key.clone(), "workers = 2");
+    net.start_pair_with(2, &s, &c);
     let t = Transfer::start(&net, 5202, 6, 0.2);
     std::thread::sleep(Duration::from_secs(2));
 

@@ -77,11 +77,18 @@ impl SentRing {
         self.max_age
     }
 
-    /// Remembers `packet`, sent at `now` as `seq` on `link`. Sequence numbers must grow (a
-    /// lower or equal one is ignored). A packet larger than the byte bound is not kept.
-    pub fn push(&mut self, now: Instant, seq: u64, link: LinkId, packet: &[u8]) {
+    /// Remembers `packet`, sent at `now` as `seq` on `link`, and returns its entry. Sequence
+    /// numbers must grow (a lower or equal one is ignored). A packet larger than the byte bound
+    /// is not kept.
+    pub fn push(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        link: LinkId,
+        packet: &[u8],
+    ) -> Option<&mut Sent> {
         if self.entries.back().is_some_and(|e| e.seq >= seq) || packet.len() > self.cfg.max_bytes {
-            return;
+            return None;
         }
         self.expire(now);
         while self.bytes + packet.len() > self.cfg.max_bytes {
@@ -100,6 +107,7 @@ impl SentRing {
             packet: buf,
             flags: 0,
         });
+        self.entries.back_mut()
     }
 
     /// Drops packets older than the age bound.
@@ -122,9 +130,16 @@ impl SentRing {
         }
     }
 
-    /// The packet sent as `seq`, if still held.
+    /// The packet sent as `seq`, if still held. Sequence numbers are usually consecutive: the
+    /// entry is then found at its offset from the oldest, else by binary search.
     pub fn get_mut(&mut self, seq: u64) -> Option<&mut Sent> {
-        let i = self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?;
+        let first = self.entries.front()?.seq;
+        let guess = usize::try_from(seq.checked_sub(first)?).ok()?;
+        let i = if self.entries.get(guess).is_some_and(|e| e.seq == seq) {
+            guess
+        } else {
+            self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?
+        };
         self.entries.get_mut(i)
     }
 
@@ -180,6 +195,26 @@ mod tests {
         let mut on1 = Vec::new();
         r.sent_on(1, t0 + ms(4), &mut on1);
         assert_eq!(on1, vec![10, 14, 18]);
+    }
+
+    /// Consecutive sequence numbers are found at their offset, the ones after a gap by search;
+    /// `push` hands back the entry it made.
+    #[test]
+    fn finds_packets_across_a_gap_in_the_numbers() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig::default());
+        for seq in (3..8u64).chain(20..25) {
+            let e = r.push(t0, seq, 1, &[seq as u8]).expect("kept");
+            e.flags = seq as u8;
+        }
+        for seq in (3..8u64).chain(20..25) {
+            let e = r.get_mut(seq).expect("held");
+            assert_eq!((e.seq, e.flags, e.packet[0]), (seq, seq as u8, seq as u8));
+        }
+        for seq in [0, 2, 8, 12, 19, 25, u64::MAX] {
+            assert!(r.get_mut(seq).is_none(), "{seq}");
+        }
+        assert!(r.push(t0, 24, 1, &[0]).is_none(), "not growing");
     }
 
     #[test]

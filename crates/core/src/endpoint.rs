@@ -2533,9 +2533,10 @@ impl Endpoint {
         // A packet sent on several links at once (`redundant`, `backup` while probing) has its
         // copies already: reinjecting it when one of them dies only adds a burst on the others.
         if self.cfg.repair && flags & FLAG_UNORDERED == 0 && picks.len() == 1 {
-            self.ring
+            let held = self
+                .ring
                 .push(now, seq, picks[0], &sealing[wire::HEADER_LEN..]);
-            if let Some(sent) = self.ring.get_mut(seq) {
+            if let Some(sent) = held {
                 sent.flags = piece.flags();
             }
             self.repair_budget = (self.repair_budget + REPAIR_SHARE).min(REPAIR_BURST);
