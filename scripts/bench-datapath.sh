@@ -12,6 +12,11 @@
 #                                                       mid-run)
 #   TASKSET=0 scripts/bench-datapath.sh                (pin every process to CPU 0: the 1-core case)
 #   EXTRA='batch_wait_us = 50' scripts/bench-datapath.sh   (more [bundle] keys for both ends)
+#   PART=2 DIRS=down REPEAT=5 scripts/bench-datapath.sh    (only the 2-link bundle, download,
+#                                                       braid run 5 times: run-to-run spread)
+#   OMIT=2 scripts/bench-datapath.sh                   (every iperf3 run leaves out its first 2 s:
+#                                                       steady state, start-up excluded alike;
+#                                                       the CPU column still counts them)
 #
 # Namespaces bdc$$/bds$$, veth 198.18.i.1 <-> 198.18.i.2, tunnels 198.19.0.0/30 (braid) and
 # 198.19.1.0/30 (wireguard-go). Cleans up on exit.
@@ -59,7 +64,7 @@ cpu_ticks() { # PID... -> utime+stime summed, in clock ticks
 iperf() { # DST [-R] -> "Gbit/s bytes"
   ip netns exec "$S" "${PIN[@]}" iperf3 -s -1 -p 5301 >/dev/null 2>&1 & local sp=$!
   sleep 0.3
-  ip netns exec "$C" "${PIN[@]}" iperf3 -c "$1" -p 5301 -t "$DUR" ${2:-} -J >"$W/ip.json" || true
+  ip netns exec "$C" "${PIN[@]}" iperf3 -c "$1" -p 5301 -t "$DUR" -O "${OMIT:-0}" ${2:-} -J >"$W/ip.json" || true
   wait "$sp" 2>/dev/null || true
   python3 -c "import json; e=json.load(open('$W/ip.json'))['end']['sum_received']; print(round(e['bits_per_second']/1e9, 3), e['bytes'])"
 }
@@ -113,7 +118,8 @@ wg_up() {
 }
 wg_down() { kill "$WGC" "$WGS" 2>/dev/null || true; wait "$WGC" "$WGS" 2>/dev/null || true; }
 
-echo "# $(date -u +%F) $(nproc) cores${TASKSET:+, pinned to CPU $TASKSET}, ${DUR}s per run, braid $("$B" --version)"
+echo "# $(date -u +%F) $(nproc) cores${TASKSET:+, pinned to CPU $TASKSET}, ${DUR}s per run${OMIT:+ after $OMIT s left out}, braid $("$B" --version)"
+if [ "${PART:-all}" != 2 ]; then
 echo "## 1. one unshaped veth link, one TCP flow"
 printf '%-40s %10s %16s\n' setup "Gbit/s" "CPU s per GB"
 measure "plain veth" 198.18.1.2 ""; plain=$GBPS
@@ -124,6 +130,7 @@ braid_up 1
 measure "braid, 1 link" 198.19.0.1 "" "$CP" "$SP"; br=$GBPS
 braid_down
 python3 -c "print(f'braid / wireguard-go: {$br/max($wgg,1e-9):.2f}x; braid / plain veth: {100*$br/max($plain,1e-9):.1f}%')"
+fi
 
 echo "## 2. two links shaped to $RATE each, one TCP flow"
 for i in 1 2; do
@@ -131,12 +138,14 @@ for i in 1 2; do
   ip netns exec "$S" tc qdisc replace dev "s$i" root tbf rate "$RATE" burst 1mb latency 20ms
 done
 printf '%-40s %10s %16s\n' setup "Gbit/s" "CPU s per GB"
-for dir in up down; do
+for dir in ${DIRS:-up down}; do
   rev=""; [ "$dir" = down ] && rev="-R"
   measure "link 1 alone, $dir" 198.18.1.2 "$rev"; a=$GBPS
   measure "link 2 alone, $dir" 198.18.2.2 "$rev"; b=$GBPS
-  braid_up 2
-  measure "braid over both, $dir" 198.19.0.1 "$rev" "$CP" "$SP"; br=$GBPS
-  braid_down
-  python3 -c "print(f'{\"$dir\"}: braid {$br} of {$a}+{$b} = {100*$br/max($a+$b,1e-9):.1f}% of the links alone, summed')"
+  for _ in $(seq "${REPEAT:-1}"); do
+    braid_up 2
+    measure "braid over both, $dir" 198.19.0.1 "$rev" "$CP" "$SP"; br=$GBPS
+    braid_down
+    python3 -c "print(f'{\"$dir\"}: braid {$br} of {$a}+{$b} = {100*$br/max($a+$b,1e-9):.1f}% of the links alone, summed')"
+  done
 done
