@@ -16,7 +16,8 @@
 #                                                       braid run 5 times: run-to-run spread)
 #   OMIT=2 scripts/bench-datapath.sh                   (every iperf3 run leaves out its first 2 s:
 #                                                       steady state, start-up excluded alike;
-#                                                       the CPU column still counts them)
+#                                                       the CPU column counts the CPU of those
+#                                                       seconds but not their bytes: overstated)
 #
 # Namespaces bdc$$/bds$$, veth 198.18.i.1 <-> 198.18.i.2, tunnels 198.19.0.0/30 (braid) and
 # 198.19.1.0/30 (wireguard-go). Cleans up on exit.
@@ -32,6 +33,10 @@ command -v wg >/dev/null || need+=(wireguard-tools)
 if ((${#need[@]})); then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+case ${PART:-all} in all|2) ;; *) echo "PART is all or 2, not $PART" >&2; exit 2 ;; esac
+for d in ${DIRS:-up down}; do
+  case $d in up|down) ;; *) echo "DIRS holds up and/or down, not $d" >&2; exit 2 ;; esac
+done
 PIN=()
 [ -n "${TASKSET:-}" ] && PIN=(taskset -c "$TASKSET")
 C=bdc$$ S=bds$$ W=$(mktemp -d)

@@ -134,11 +134,10 @@ impl SentRing {
     /// entry is then found at its offset from the oldest, else by binary search.
     pub fn get_mut(&mut self, seq: u64) -> Option<&mut Sent> {
         let first = self.entries.front()?.seq;
-        let guess = usize::try_from(seq.checked_sub(first)?).ok()?;
-        let i = if self.entries.get(guess).is_some_and(|e| e.seq == seq) {
-            guess
-        } else {
-            self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?
+        let guess = usize::try_from(seq.checked_sub(first)?).ok();
+        let i = match guess.filter(|&g| self.entries.get(g).is_some_and(|e| e.seq == seq)) {
+            Some(g) => g,
+            None => self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?,
         };
         self.entries.get_mut(i)
     }

@@ -235,7 +235,9 @@ pub fn seal(key: &Aead, header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
 /// endpoint's deferred sealing, [`crate::Endpoint::set_deferred_sealing`]): the data plane seals
 /// a batch on several cores, each datagram under the key, link and counter the endpoint gave it
 /// in order, then sends each link's datagrams in that order (wireguard-go's pipeline).
-#[derive(Clone)]
+///
+/// Not `Clone`, and [`Seal::apply`] takes it by value: sealing a datagram twice would encrypt
+/// the ciphertext again with the same key stream, i.e. put the plaintext on the wire.
 pub struct Seal {
     key: Arc<Aead>,
     link: LinkId,
@@ -266,7 +268,7 @@ impl Seal {
     ///
     /// # Panics
     /// If `datagram` is shorter than the header (a bug in braid, never input from the network).
-    pub fn apply(&self, datagram: &mut Vec<u8>) {
+    pub fn apply(self, datagram: &mut Vec<u8>) {
         let (hdr, body) = datagram.split_at_mut(HEADER_LEN);
         let tag = self
             .key
@@ -606,6 +608,21 @@ mod tests {
                 assert_eq!(laid.len() + TAG_LEN, want.len());
                 Seal::new(key.clone(), &header).apply(&mut laid);
                 assert_eq!(laid, want, "{cipher:?} {len}");
+                // A body other than DATA (the full header).
+                let probe = Body::Probe(crate::wire::ProbeRepr {
+                    common: crate::wire::Common {
+                        link_seq: 5,
+                        ts: 77,
+                    },
+                    probe_id: 3,
+                    padding: len as u16,
+                });
+                let mut want_probe = Vec::new();
+                seal(&key, &header, &probe, &mut want_probe);
+                let mut laid = Vec::new();
+                lay_out(&header, &probe, &mut laid);
+                Seal::new(key.clone(), &header).apply(&mut laid);
+                assert_eq!(laid, want_probe, "probe, {cipher:?} {len}");
                 let Body::Data(data) = body else {
                     unreachable!()
                 };

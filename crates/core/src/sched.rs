@@ -44,11 +44,18 @@
 //!     backlog > 0 for at least [`BUSY_FRACTION`] of the interval) whose `qdelay` is below
 //!     [`QDELAY_LOW`] gets `rate = max(rate, STARTUP_GAIN * delivery_rate)`: the rate grows by
 //!     about that factor per round trip from a guess that may be far too low, and never exceeds
-//!     the capacity by more than that factor (BBR's start-up, in spirit);
+//!     the capacity by more than that factor (BBR's start-up, in spirit); start-up also ends,
+//!     with `rate = delivery_rate`, once the delivery rate has stopped growing (by
+//!     [`PLATEAU_GROWTH`]) over [`PLATEAU_ROUNDS`] adjustments in a row in which the link was
+//!     kept busy and showed a *standing queue*: at least [`PLATEAU_QDELAY`] and
+//!     [`PLATEAU_PACKETS`] packets' time at its delivery rate (BBR's full-pipe test; a fast link
+//!     with a shallow buffer never shows [`QDELAY_HIGH`]);
+//!   - **hold**: a link kept busy with such a standing queue that delivers less than the
+//!     assumed rate gets `rate = delivery_rate` (at most [`MAX_DECREASE`] lower per adjustment);
 //!   - **probe up**: after start-up, the same conditions plus evidence (the link delivered at
-//!     least [`RAISE_EVIDENCE`] of the assumed rate) give `rate = max(rate, delivery_rate) *
-//!     INCREASE_GAIN`; the evidence condition keeps a link fed with stale or partial signals from
-//!     being inflated without bound;
+//!     least [`RAISE_EVIDENCE`] of the assumed rate) and no standing queue give
+//!     `rate = max(rate, delivery_rate) * INCREASE_GAIN`; the evidence condition keeps a link fed
+//!     with stale or partial signals from being inflated without bound;
 //!   - **floor**: otherwise a link that delivered more than the assumed rate gets
 //!     `rate = delivery_rate` (it can carry at least that: this lifts a rate stuck with `qdelay`
 //!     between the thresholds, e.g. because of jitter on a slow link);
@@ -389,7 +396,8 @@ pub const INCREASE_GAIN: f64 = 1.03;
 /// its delivery rate.
 pub const STARTUP_GAIN: f64 = 1.5;
 /// Start-up also ends without a congestion signal once the link's delivery rate has stopped
-/// growing (by [`PLATEAU_GROWTH`] over [`PLATEAU_ROUNDS`] adjustments in a row) while the peer
+/// growing (by [`PLATEAU_GROWTH`] over [`PLATEAU_ROUNDS`] adjustments in a row in which we kept
+/// it busy; others neither count nor reset the run) while the peer
 /// measures a queue of at least [`PLATEAU_QDELAY`]: the link is full, and what it delivers is its
 /// capacity (BBR's "full pipe" test). Without it a fast link whose buffer the traffic never
 /// filled to [`QDELAY_HIGH`] kept start-up's 1.5 x its delivery rate for good: two veth links

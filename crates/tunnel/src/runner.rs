@@ -86,6 +86,8 @@ struct Sock {
     scratch: Vec<Datagram<'static>>,
     /// What the last [`Sock::send_pending`] did, for the data-plane thread to act on.
     outcome: SendOutcome,
+    /// How many datagrams `pending` held when this flush began.
+    queued_before: usize,
 }
 
 /// What one socket's flush did: how many datagrams from the front of `pending` left or failed
@@ -244,7 +246,14 @@ impl Runner {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?,
             )),
         };
-        let workers = Workers::new(cfg.workers)?;
+        // A concentrator's endpoints seal as they go (no deferred sealing there yet): helper
+        // threads would only be woken for nothing.
+        let threads = if matches!(ep, Engine::Sites(_)) {
+            1
+        } else {
+            cfg.workers
+        };
+        let workers = Workers::new(threads)?;
         if workers.threads() > 1 {
             // Sealing happens at the flush, in parallel (see `crate::workers`).
             if let Some(ep) = ep.endpoint_mut() {
@@ -692,6 +701,10 @@ impl Runner {
         } else {
             None
         };
+        // What each socket still held from earlier flushes (oldest first, left as it is).
+        for s in self.socks.values_mut() {
+            s.queued_before = s.pending.len();
+        }
         while let Some(t) = self.ep.poll_transmit() {
             let tok = match self.cfg.role {
                 Role::Server => listen,
@@ -711,7 +724,8 @@ impl Runner {
         for s in self.socks.values_mut() {
             s.hello_from.clear();
             if s.link.is_none() {
-                group_by_destination(&mut s.pending);
+                let old = s.queued_before;
+                group_by_destination(&mut s.pending.make_contiguous()[old..]);
             }
         }
         // Seal and send, on the helper threads too: one queue (the server's socket, a one-link
@@ -1397,6 +1411,7 @@ impl Sock {
             writable_watched: false,
             scratch: Vec::with_capacity(BATCH),
             outcome: SendOutcome::default(),
+            queued_before: 0,
         }
     }
 
@@ -1405,6 +1420,7 @@ impl Sock {
     fn send_pending(&mut self) -> SendOutcome {
         let mut out = SendOutcome::default();
         let items = self.pending.make_contiguous();
+        debug_assert!(items.iter().all(|(t, _)| t.seal.is_none()), "unsealed");
         while out.done < items.len() {
             let mut msgs = reuse(std::mem::take(&mut self.scratch));
             msgs.extend(items[out.done..].iter().map(|(t, src)| Datagram {
@@ -1470,16 +1486,16 @@ fn seal_all(workers: &Workers, items: &mut [(Transmit, Option<IpAddr>)]) {
     });
 }
 
-/// Puts the datagrams queued for one socket in runs by destination (and source address). The
+/// Puts one flush's new datagrams for a socket in runs by destination (and source address). The
 /// server's one socket carries every link, and the scheduler stripes: in arrival order no two
 /// neighbours share a destination, so none could leave with another as one GSO message (the
 /// server sent one system-call segment per datagram and spent twice the client's CPU). A stable
-/// sort: each link's order is kept; across links order means nothing.
-fn group_by_destination(pending: &mut VecDeque<(Transmit, Option<IpAddr>)>) {
-    if pending.len() > 1 {
-        pending
-            .make_contiguous()
-            .sort_by_key(|(t, src)| (t.dst, *src));
+/// sort: each link's order is kept; across links order means nothing within one flush. Only
+/// the new ones: what waits from earlier flushes stays ahead (else a concentrator's clients at
+/// low addresses would overtake the others' older datagrams flush after flush).
+fn group_by_destination(new: &mut [(Transmit, Option<IpAddr>)]) {
+    if new.len() > 1 {
+        new.sort_by_key(|(t, src)| (t.dst, *src));
     }
 }
 
@@ -1520,8 +1536,7 @@ mod tests {
                 None,
             )
         };
-        let mut q: VecDeque<_> =
-            [t(2, b, 0), t(1, a, 1), t(2, b, 2), t(1, a, 3), t(2, b, 4)].into();
+        let mut q = vec![t(2, b, 0), t(1, a, 1), t(2, b, 2), t(1, a, 3), t(2, b, 4)];
         group_by_destination(&mut q);
         let got: Vec<(LinkId, u8)> = q.iter().map(|(t, _)| (t.link, t.payload[0])).collect();
         assert_eq!(got, vec![(1, 1), (1, 3), (2, 0), (2, 2), (2, 4)]);

@@ -35,8 +35,9 @@ impl Workers {
     /// `threads`: how many threads share the data plane's sealing and sending, the data-plane
     /// thread included. 0: one per two cores the process may run on (`taskset` counts), at
     /// least 1 and at most [`AUTO_MAX`]: the kernel's share of each packet (UDP, the NIC or
-    /// veth, the TUN, the inner TCP) needs cores too. On 2 cores a helper thread cost a third
-    /// of the throughput over one veth link (BENCHMARKS.md §3, "Worker threads").
+    /// veth, the TUN, the inner TCP) needs cores too. On 2 cores a helper thread cost about a
+    /// quarter of the throughput over one veth link, 4.21 -> 3.25 Gbit/s (BENCHMARKS.md §3).
+    /// A concentrator (`[[client]]`) runs on one thread: its endpoints seal as they go.
     pub fn new(threads: usize) -> anyhow::Result<Workers> {
         let n = match threads {
             0 => {
