@@ -47,8 +47,8 @@
 //!     the capacity by more than that factor (BBR's start-up, in spirit); start-up also ends,
 //!     with `rate = delivery_rate`, once the delivery rate has stopped growing (by
 //!     [`PLATEAU_GROWTH`]) over [`PLATEAU_ROUNDS`] adjustments in a row in which the link was
-//!     kept busy and showed a *standing queue*: at least [`PLATEAU_QDELAY`] and
-//!     [`PLATEAU_PACKETS`] packets' time at its delivery rate (BBR's full-pipe test; a fast link
+//!     kept busy and showed a *standing queue*: at least [`STANDING_QDELAY`] and
+//!     [`STANDING_PACKETS`] packets' time at its delivery rate (BBR's full-pipe test; a fast link
 //!     with a shallow buffer never shows [`QDELAY_HIGH`]);
 //!   - **hold**: a link kept busy with such a standing queue that delivers less than the
 //!     assumed rate gets `rate = delivery_rate` (at most [`MAX_DECREASE`] lower per adjustment);
@@ -398,7 +398,7 @@ pub const STARTUP_GAIN: f64 = 1.5;
 /// Start-up also ends without a congestion signal once the link's delivery rate has stopped
 /// growing (by [`PLATEAU_GROWTH`] over [`PLATEAU_ROUNDS`] adjustments in a row in which we kept
 /// it busy; others neither count nor reset the run) while the peer
-/// measures a queue of at least [`PLATEAU_QDELAY`]: the link is full, and what it delivers is its
+/// measures a queue of at least [`STANDING_QDELAY`]: the link is full, and what it delivers is its
 /// capacity (BBR's "full pipe" test). Without it a fast link whose buffer the traffic never
 /// filled to [`QDELAY_HIGH`] kept start-up's 1.5 x its delivery rate for good: two veth links
 /// shaped to 1 Gbit/s (tbf, 20 ms of buffer) were assumed to carry 1.4-1.5 Gbit/s each, the
@@ -409,7 +409,7 @@ pub const PLATEAU_GROWTH: f64 = 1.25;
 pub const PLATEAU_ROUNDS: u8 = 3;
 /// See [`PLATEAU_GROWTH`]: a queue this deep is the link's, not a timing artefact (a delivery
 /// rate that stops growing without a queue is the traffic's limit, not the link's) ...
-pub const PLATEAU_QDELAY: Duration = Duration::from_millis(1);
+pub const STANDING_QDELAY: Duration = Duration::from_millis(1);
 /// ... nor a few packets' serialisation: at least this many full-size (1500-byte) packets at the
 /// delivery rate (at 3 Mbit/s one packet alone is 4 ms of "queue": a link carrying 60% of its
 /// capacity ended its start-up at that 60% in the simulator). With 64, links slower than about
@@ -417,7 +417,7 @@ pub const PLATEAU_QDELAY: Duration = Duration::from_millis(1);
 /// 50 Mbit/s link of 50/20/7 Mbit/s, which delay equalisation queues on purpose, was held at
 /// its delivery rate and BBR's download stalled 445 ms in the simulator. The test is for fast
 /// links with shallow buffers.
-pub const PLATEAU_PACKETS: f64 = 64.0;
+pub const STANDING_PACKETS: f64 = 64.0;
 /// On congestion the rate drops to this fraction of the measured delivery rate. While the
 /// bottleneck queue is non-empty the delivery rate is the link's capacity, so 1.0 is exact.
 pub const DECREASE_TO: f64 = 1.0;
@@ -515,13 +515,13 @@ struct Plateau {
 }
 
 /// Whether the peer's queueing delay shows a queue standing at the bottleneck of a link that
-/// delivers `delivered` bit/s: at least [`PLATEAU_QDELAY`] and [`PLATEAU_PACKETS`] packets'
+/// delivers `delivered` bit/s: at least [`STANDING_QDELAY`] and [`STANDING_PACKETS`] packets'
 /// time on the wire. Thresholds in time alone ([`QDELAY_LOW`], [`QDELAY_HIGH`]) are a WAN's: at
 /// 1 Gbit/s 2.6 ms of queue is 325 kB, yet "no queue" for them.
 fn standing_queue(delivered: f64, qdelay: Duration) -> bool {
     delivered > 0.0
-        && qdelay >= PLATEAU_QDELAY
-        && qdelay.as_secs_f64() >= PLATEAU_PACKETS * 1500.0 * 8.0 / delivered
+        && qdelay >= STANDING_QDELAY
+        && qdelay.as_secs_f64() >= STANDING_PACKETS * 1500.0 * 8.0 / delivered
 }
 
 impl Plateau {
@@ -1022,6 +1022,25 @@ mod tests {
             bytes[i] += len as u64;
         }
         bytes
+    }
+
+    /// Offers `offered` bit/s to the one link `v` for `steps` steps of 105 ms, 110 ms apart from
+    /// `t0` (one adjustment each), and returns the rate assumed after each.
+    fn rates_per_adjustment(
+        s: &mut Adaptive,
+        t0: Instant,
+        v: &LinkView,
+        offered: f64,
+        steps: u32,
+    ) -> Vec<f64> {
+        let n = (0.105 * offered / 8.0 / 1250.0) as usize;
+        (0..steps)
+            .map(|k| {
+                let at = t0 + ms(110) * k;
+                offer(s, at, std::slice::from_ref(v), n, 1250, offered);
+                s.rate_bps(v.id).unwrap()
+            })
+            .collect()
     }
 
     fn shares(bytes: &[u64]) -> Vec<f64> {
@@ -1541,22 +1560,7 @@ mod tests {
                 qdelay,
                 ..view(1, None, 1)
             };
-            let mut s = Adaptive::default();
-            let mut rates = Vec::new();
-            for k in 0..6u32 {
-                // 105 ms of traffic per step: one adjustment each.
-                let n = (0.105 * offered / 8.0 / 1250.0) as usize;
-                offer(
-                    &mut s,
-                    t0 + ms(110) * k,
-                    std::slice::from_ref(&v),
-                    n,
-                    1250,
-                    offered,
-                );
-                rates.push(s.rate_bps(1).unwrap());
-            }
-            rates
+            rates_per_adjustment(&mut Adaptive::default(), t0, &v, offered, 6)
         };
         let fast = run(0.99e9, Duration::from_micros(2600), 1.5e9);
         assert_eq!(fast[0], STARTUP_GAIN * 0.99e9, "{fast:?}");
@@ -1587,34 +1591,15 @@ mod tests {
         };
         let mut s = Adaptive::default();
         let offered = 1.2e9;
-        let n = (0.105 * offered / 8.0 / 1250.0) as usize;
-        let mut rates = Vec::new();
-        for k in 0..4u32 {
-            offer(
-                &mut s,
-                t0 + ms(110) * k,
-                std::slice::from_ref(&v),
-                n,
-                1250,
-                offered,
-            );
-            rates.push(s.rate_bps(1).unwrap());
-        }
+        let rates = rates_per_adjustment(&mut s, t0, &v, offered, 4);
         assert!(rates[1..].iter().all(|&r| r == 0.99e9), "{rates:?}");
         // Without the queue the same link is probed up again.
         let v = LinkView {
             qdelay: Duration::ZERO,
             ..v
         };
-        offer(
-            &mut s,
-            t0 + ms(440),
-            std::slice::from_ref(&v),
-            n,
-            1250,
-            offered,
-        );
-        assert!(s.rate_bps(1).unwrap() > 0.99e9);
+        let after = rates_per_adjustment(&mut s, t0 + ms(440), &v, offered, 1);
+        assert!(after[0] > 0.99e9, "{after:?}");
     }
 
     #[test]

@@ -338,6 +338,14 @@ fn a_download_hint_lasts_one_session() {
     assert_eq!(hint(&p), None);
 }
 
+/// Packets 0..50 reached the server and 100..150 the client, each in order.
+fn assert_fifty_each_way_in_order(p: &Pair) {
+    let ids: Vec<u8> = p.delivered_to_server.iter().map(|b| b[20]).collect();
+    assert_eq!(ids, (0..50).collect::<Vec<u8>>());
+    let ids: Vec<u8> = p.delivered_to_client.iter().map(|b| b[20]).collect();
+    assert_eq!(ids, (100..150).collect::<Vec<u8>>());
+}
+
 #[test]
 fn data_flows_both_ways_in_order() {
     let mut p = Pair::new(2);
@@ -348,10 +356,7 @@ fn data_flows_both_ways_in_order() {
     }
     p.exchange();
     p.run_for(Duration::from_millis(100));
-    let ids: Vec<u8> = p.delivered_to_server.iter().map(|b| b[20]).collect();
-    assert_eq!(ids, (0..50).collect::<Vec<u8>>());
-    let ids: Vec<u8> = p.delivered_to_client.iter().map(|b| b[20]).collect();
-    assert_eq!(ids, (100..150).collect::<Vec<u8>>());
+    assert_fifty_each_way_in_order(&p);
 }
 
 /// Deferred sealing (the data plane seals on worker threads): datagrams come out laid out but
@@ -387,10 +392,7 @@ fn deferred_sealing_carries_the_same_traffic() {
     }
     p.exchange();
     p.run_for(Duration::from_millis(100));
-    let ids: Vec<u8> = p.delivered_to_server.iter().map(|b| b[20]).collect();
-    assert_eq!(ids, (0..50).collect::<Vec<u8>>());
-    let ids: Vec<u8> = p.delivered_to_client.iter().map(|b| b[20]).collect();
-    assert_eq!(ids, (100..150).collect::<Vec<u8>>());
+    assert_fifty_each_way_in_order(&p);
 }
 
 /// The tunnel carries IP packets of either version: IPv4 and IPv6 interleaved arrive unchanged

@@ -728,23 +728,14 @@ impl Runner {
                 group_by_destination(&mut s.pending.make_contiguous()[old..]);
             }
         }
-        // Seal and send, on the helper threads too: one queue (the server's socket, a one-link
-        // client) is sealed in parts and then sent; several are sealed and sent one per thread.
-        let mut busy: Vec<&mut Sock> = self
-            .socks
-            .values_mut()
-            .filter(|s| !s.pending.is_empty())
-            .collect();
-        let workers = &self.workers;
-        if busy.len() == 1 {
-            let s = &mut busy[0];
-            seal_all(workers, s.pending.make_contiguous());
-            s.outcome = s.send_pending();
-        } else {
-            workers.for_each(busy, |s| {
-                s.pending.iter_mut().for_each(|(t, _)| t.finish());
+        // Seal (if deferred) and send, on the helper threads too when there are any.
+        if self.workers.threads() == 1 {
+            // One thread (the default on 2 cores): no deferred sealing, nothing to share.
+            for s in self.socks.values_mut().filter(|s| !s.pending.is_empty()) {
                 s.outcome = s.send_pending();
-            });
+            }
+        } else {
+            self.seal_and_send_shared();
         }
         // Back on this thread alone: buffers return to the core, send errors are acted on.
         let mut dead_socks = Vec::new();
@@ -792,6 +783,27 @@ impl Runner {
                     ep.handle_link_error(now, id);
                 }
             }
+        }
+    }
+
+    /// The flush's sealing and sending with helper threads: one busy queue (the server's socket,
+    /// a one-link client) is sealed in parts and then sent; several are sealed and sent one per
+    /// thread.
+    fn seal_and_send_shared(&mut self) {
+        let workers = &self.workers;
+        let mut busy: Vec<&mut Sock> = self
+            .socks
+            .values_mut()
+            .filter(|s| !s.pending.is_empty())
+            .collect();
+        if let [s] = busy.as_mut_slice() {
+            seal_all(workers, s.pending.make_contiguous());
+            s.outcome = s.send_pending();
+        } else {
+            workers.for_each(busy, |s| {
+                s.pending.iter_mut().for_each(|(t, _)| t.finish());
+                s.outcome = s.send_pending();
+            });
         }
     }
 
