@@ -14,6 +14,7 @@
 #   EXTRA='batch_wait_us = 50' scripts/bench-datapath.sh   (more [bundle] keys for both ends)
 #   PART=2 DIRS=down REPEAT=5 scripts/bench-datapath.sh    (only the 2-link bundle, download,
 #                                                       braid run 5 times: run-to-run spread)
+#   SECONDS_TOO=1 scripts/bench-datapath.sh            (each run's Gbit/s second by second too)
 #   OMIT=2 scripts/bench-datapath.sh                   (every iperf3 run leaves out its first 2 s:
 #                                                       steady state, start-up excluded alike;
 #                                                       the CPU column counts the CPU of those
@@ -72,6 +73,8 @@ iperf() { # DST [-R] -> "Gbit/s bytes"
   ip netns exec "$C" "${PIN[@]}" iperf3 -c "$1" -p 5301 -t "$DUR" -O "${OMIT:-0}" ${2:-} -J >"$W/ip.json" || true
   wait "$sp" 2>/dev/null || true
   python3 -c "import json; e=json.load(open('$W/ip.json'))['end']['sum_received']; print(round(e['bits_per_second']/1e9, 3), e['bytes'])"
+  # SECONDS_TOO=1: each second's Gbit/s as well (on stderr), to see the start-up.
+  [ -z "${SECONDS_TOO:-}" ] || python3 -c "import json; print('  per second:', ' '.join(str(round(i['sum']['bits_per_second']/1e9, 2)) for i in json.load(open('$W/ip.json'))['intervals']))" >&2
 }
 
 measure() { # LABEL DST [-R] [PIDS...] -> prints a row; sets GBPS
