@@ -693,9 +693,10 @@ fn dual_stack_pings_ipv4_and_ipv6() {
 #[test]
 fn link_down_mid_transfer_keeps_tcp_and_recovers() {
     let mut net = Net::new("b", 2);
-    // Both ends seal and send on two threads (`workers = 2`; the other tests run the default,
-    // one on a 2-core machine): the client's two link sockets each on its own, the server's one
-    // socket sealed in parts; a link's send errors are read back on the data-plane thread.
+    // Both ends seal, send and open on two threads (`workers = 2`; the other tests run the
+    // default, one on a 2-core machine): the client's two link sockets each on its own, the
+    // server's one socket sealed in parts; a link's send errors are read back on the data-plane
+    // thread; the server's receive batches of the upload are opened in parts.
     let s = net.server_config("workers = 2");
     let c = net.client_config(2, &net.key.clone(), "workers = 2");
     net.start_pair_with(2, &s, &c);
@@ -750,8 +751,13 @@ fn link_down_mid_transfer_keeps_tcp_and_recovers() {
         "TCP stalled {stall:.1} s: {intervals:?}; {}",
         net.why()
     );
+    // The upload reached the server in batches big enough to open on both threads.
+    let st = net.status("s.sock").unwrap();
+    let opened = st["udp_opened_in_parallel"].as_u64().unwrap_or(0);
+    assert!(opened > 0, "no datagram opened in parallel: {st}");
     eprintln!(
-        "failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved"
+        "failover: DOWN shown after {detect:?}, longest stall {stall:.1} s, {total} bytes moved, \
+         {opened} datagrams opened in parallel at the server"
     );
 }
 

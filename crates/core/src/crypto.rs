@@ -87,10 +87,12 @@ impl Aead {
 }
 
 /// Both directions' keys of one session, from this endpoint's point of view. The sending key is
-/// shared with the [`Seal`] jobs of datagrams laid out but not yet sealed.
+/// shared with the [`Seal`] jobs of datagrams laid out but not yet sealed, the receiving key with
+/// the [`crate::endpoint::OpenJob`]s of datagrams checked but not yet opened (and its identity,
+/// `Arc::ptr_eq`, tells a job whether its session is still the one it was checked against).
 pub struct SessionKeys {
     pub send: Arc<Aead>,
-    pub recv: Aead,
+    pub recv: Arc<Aead>,
 }
 
 /// HKDF output length marker: 32 bytes.
@@ -180,7 +182,7 @@ pub fn session_keys(
     let (send, recv) = if is_client { (c2s, s2c) } else { (s2c, c2s) };
     SessionKeys {
         send: Arc::new(Aead::new(cipher, &send)),
-        recv: Aead::new(cipher, &recv),
+        recv: Arc::new(Aead::new(cipher, &recv)),
     }
 }
 

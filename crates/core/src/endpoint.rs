@@ -2,7 +2,9 @@
 //!
 //! Grammar (as quinn-proto): `handle_*` feeds events in, `poll_*` takes work out, every call carries
 //! `now`. The caller owns sockets, the TUN device and the clock:
-//! - a datagram arrived on a link socket: [`Endpoint::handle_datagram`];
+//! - a datagram arrived on a link socket: [`Endpoint::handle_datagram`] (or, to open a batch of
+//!   them on other threads, [`Endpoint::open_job`], [`OpenJob::open`] and
+//!   [`Endpoint::handle_opened`]: check in order, open anywhere, commit in order);
 //! - an IP packet was read from the TUN device: [`Endpoint::send_packet`];
 //! - then drain [`Endpoint::poll_transmit`] (datagrams to send), [`Endpoint::poll_deliver`]
 //!   (IP packets for the TUN device) and [`Endpoint::poll_event`];
@@ -37,6 +39,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::arq::{RingConfig, SentRing};
@@ -292,10 +295,11 @@ pub enum Event {
     },
 }
 
-/// What [`Endpoint::handle_datagram`] made of a datagram, for the I/O layer: which link, if any,
-/// it authenticated as. Only such datagrams may teach the I/O layer anything about the peer
-/// (e.g. which local address a wildcard listener answers that link from): anyone can send a
-/// datagram from any address, only the peer can make one authenticate.
+/// What [`Endpoint::handle_datagram`] (or [`Endpoint::handle_opened`]) made of a datagram, for
+/// the I/O layer: which link, if any, it authenticated as. Only such datagrams may teach the
+/// I/O layer anything about the peer (e.g. which local address a wildcard listener answers that
+/// link from): anyone can send a datagram from any address, only the peer can make one
+/// authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Received {
     /// Dropped (malformed, not authenticated, replayed, unknown session...): learn nothing.
@@ -305,6 +309,92 @@ pub enum Received {
     Hello(LinkId),
     /// A fresh, authenticated packet of a session on this link: the link's peer is at its source.
     Link(LinkId),
+}
+
+/// What [`Endpoint::open_job`] made of a received datagram.
+#[derive(Debug)]
+pub enum Opening {
+    /// A session datagram that passed the checks: open it ([`OpenJob::open`], on any thread),
+    /// then give it back with [`Endpoint::handle_opened`], in arrival order.
+    Job(OpenJob),
+    /// A HELLO or HELLO-ACK, left alone: it may set up or replace a session, so the jobs of
+    /// the datagrams before it are committed first, then it goes to
+    /// [`Endpoint::handle_datagram`].
+    Handshake,
+    /// Dropped and counted (malformed header, wrong link socket, unknown session, replayed):
+    /// nothing more to do ([`Received::Ignored`]).
+    Dropped,
+}
+
+/// A received session datagram that [`Endpoint::open_job`] checked, waiting to be opened: its
+/// header with the full counter (the nonce), and the receiving key of the session it is for. It
+/// borrows nothing from the endpoint, so any thread may open it; the endpoint takes it back with
+/// [`Endpoint::handle_opened`] (and, by the key's identity, sees whether its session is still
+/// the one it was checked against).
+pub struct OpenJob {
+    header: Header,
+    key: Arc<crypto::Aead>,
+    /// After [`OpenJob::open`]: the plaintext's length (it follows the header), or why the
+    /// datagram did not open.
+    opened: Option<Result<usize, crypto::CryptoError>>,
+}
+
+// Jobs cross to the helper threads.
+const _: fn() = || {
+    fn is_send<T: Send>() {}
+    is_send::<OpenJob>();
+};
+
+impl std::fmt::Debug for OpenJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenJob")
+            .field("header", &self.header)
+            .field("opened", &self.opened)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenJob {
+    /// Opens `datagram`, the bytes the job was checked on, in place (the plaintext replaces the
+    /// ciphertext), and records the outcome for [`Endpoint::handle_opened`]. A second call does
+    /// nothing: opening the plaintext again would only fail.
+    pub fn open(&mut self, datagram: &mut [u8]) {
+        if self.opened.is_none() {
+            let opened = crypto::open(&self.key, &self.header, datagram);
+            self.opened = Some(opened.map(|plaintext| plaintext.len()));
+        }
+    }
+
+    /// The plaintext in the opened `datagram`.
+    fn plaintext<'a>(&self, datagram: &'a [u8]) -> Result<&'a [u8], crypto::CryptoError> {
+        match self.opened {
+            Some(Ok(len)) => datagram
+                .get(wire::HEADER_LEN..wire::HEADER_LEN + len)
+                .ok_or(wire::WireError::Truncated.into()),
+            Some(Err(e)) => Err(e),
+            // Not opened: nothing authenticated it.
+            None => Err(crypto::CryptoError::Auth),
+        }
+    }
+}
+
+/// What the checks before any cryptography made of a datagram.
+enum Checked {
+    Sealed(OpenJob),
+    Handshake(Header),
+    Dropped,
+}
+
+/// When a packet on the receive path was sent and arrived, in the wire's clock (microseconds).
+#[derive(Debug, Clone, Copy)]
+struct RxTiming {
+    /// Our clock at its arrival.
+    local_ts: u32,
+    /// DATA: its full send `ts`, `None` before the session's first full `ts` arrived.
+    data_ts: Option<u32>,
+    /// Whether its send time is known: DATA with a `data_ts`, and every other type (they carry
+    /// a full `ts`).
+    timed: bool,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -328,7 +418,8 @@ pub struct DropStats {
     pub auth: u64,
     /// Replayed, or too old for the anti-replay window.
     pub replay: u64,
-    /// Addressed to a session this endpoint does not have.
+    /// Addressed to a session this endpoint does not have (or, opened on another thread, no
+    /// longer had when it was taken back).
     pub unknown_session: u64,
     /// Client: arrived on a socket whose link does not match the header.
     pub wrong_link: u64,
@@ -1155,6 +1246,10 @@ impl Endpoint {
     /// A datagram arrived. `via`: the client's link socket it came in on (`None` on the server's
     /// shared listening socket). `from`: its source address. Never panics, whatever the bytes.
     /// Returns which link, if any, the datagram authenticated as (see [`Received`]).
+    ///
+    /// A session datagram takes the three steps of the deferred path ([`Endpoint::open_job`],
+    /// [`OpenJob::open`], [`Endpoint::handle_opened`]) one after the other: both paths are the
+    /// same code.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -1162,7 +1257,66 @@ impl Endpoint {
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {
+        match self.check_datagram(via, datagram) {
+            Checked::Sealed(mut job) => {
+                job.open(datagram);
+                self.handle_opened(now, from, job, datagram)
+            }
+            Checked::Handshake(header) => self.handle_handshake(now, &header, from, datagram),
+            Checked::Dropped => Received::Ignored,
+        }
+    }
+
+    /// Receive with the opening done elsewhere, step 1: checks a datagram's header, session and
+    /// replay window without any cryptography. A session datagram that passes becomes an
+    /// [`OpenJob`], which any thread may open ([`OpenJob::open`]); the endpoint takes it back
+    /// with [`Endpoint::handle_opened`]. A receive batch goes:
+    ///
+    /// 1. `open_job` on each datagram in arrival order, keeping the jobs;
+    /// 2. at [`Opening::Handshake`]: steps 3 and 4 for the jobs kept so far, then
+    ///    [`Endpoint::handle_datagram`] on the handshake datagram;
+    /// 3. [`OpenJob::open`] on every job, on any threads, in any order;
+    /// 4. [`Endpoint::handle_opened`] on every job in arrival order.
+    ///
+    /// That gives what [`Endpoint::handle_datagram`] on each datagram in turn gives, although
+    /// jobs are checked against a state up to one batch old: the commit makes good what the
+    /// check could not see. Two copies of a datagram in one batch both pass the check, and the
+    /// second is dropped as a replay at its commit (the window's `update`). A DATA counter's 32
+    /// wire bits are extended against the link's next counter as of the check, at most a batch
+    /// (a few thousand datagrams) behind, where only an error of 2^31 would matter. A job
+    /// checked against the pending session is committed after an earlier one made that session
+    /// current: the commit looks the session up by key, not by slot. A job whose session ended
+    /// before its commit (a CLOSE earlier in the batch) is dropped as `unknown_session`, what
+    /// the inline path counts it as.
+    pub fn open_job(&mut self, via: Option<LinkId>, datagram: &[u8]) -> Opening {
+        match self.check_datagram(via, datagram) {
+            Checked::Sealed(job) => Opening::Job(job),
+            Checked::Handshake(_) => Opening::Handshake,
+            Checked::Dropped => Opening::Dropped,
+        }
+    }
+
+    /// Receive with the opening done elsewhere, last step (see [`Endpoint::open_job`]): takes
+    /// back a job, opened or not (then it is opened here), with its datagram, and does with it
+    /// what [`Endpoint::handle_datagram`] does. Call it in the order the datagrams arrived.
+    /// `datagram` must be the bytes the job was checked and opened on (other bytes are a bug of
+    /// the caller: dropped or parsed as they are, never a panic).
+    pub fn handle_opened(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        mut job: OpenJob,
+        datagram: &mut [u8],
+    ) -> Received {
         self.received = Received::Ignored;
+        job.open(datagram);
+        let _ = self.commit_sealed(now, from, &job, datagram);
+        self.received
+    }
+
+    /// The checks before any cryptography: the header, the link socket, and for a session
+    /// datagram its session and replay window. Counts what it drops.
+    fn check_datagram(&mut self, via: Option<LinkId>, datagram: &[u8]) -> Checked {
         let header = match Header::parse(datagram) {
             Ok(h) => h,
             Err(e) => {
@@ -1170,15 +1324,58 @@ impl Endpoint {
                 if let wire::WireError::Version(theirs) = e {
                     self.version_mismatch(theirs);
                 }
-                return Received::Ignored;
+                return Checked::Dropped;
             }
         };
-        if let Some(v) = via {
-            if v != header.link {
-                self.drops.wrong_link += 1;
-                return Received::Ignored;
-            }
+        if via.is_some_and(|v| v != header.link) {
+            self.drops.wrong_link += 1;
+            return Checked::Dropped;
         }
+        if header.ptype.is_handshake() {
+            return Checked::Handshake(header);
+        }
+        match self.check_sealed(header) {
+            Some(job) => Checked::Sealed(job),
+            None => Checked::Dropped,
+        }
+    }
+
+    /// A session datagram's checks: the session it is for (the current one, or (server) the
+    /// one a HELLO just set up), its full counter (DATA carries the low 32 bits, extended
+    /// against the link's window), and whether that counter is fresh.
+    fn check_sealed(&mut self, mut header: Header) -> Option<OpenJob> {
+        let session = [&self.session, &self.pending]
+            .into_iter()
+            .flatten()
+            .find(|s| s.local_id == header.session);
+        let Some(session) = session else {
+            self.drops.unknown_session += 1;
+            return None;
+        };
+        if header.ptype == PacketType::Data {
+            let expected = session.replay.expected(header.link);
+            header.counter = wire::extend(expected, header.counter, wire::DATA_COUNTER_BITS);
+        }
+        if !session.replay.check(header.link, header.counter) {
+            self.drops.replay += 1;
+            return None;
+        }
+        Some(OpenJob {
+            header,
+            key: Arc::clone(&session.keys.recv),
+            opened: None,
+        })
+    }
+
+    /// A HELLO or HELLO-ACK: opened under its own handshake key by the handler of its type.
+    fn handle_handshake(
+        &mut self,
+        now: Instant,
+        header: &Header,
+        from: SocketAddr,
+        datagram: &mut [u8],
+    ) -> Received {
+        self.received = Received::Ignored;
         match header.ptype {
             PacketType::Hello | PacketType::HelloAck if self.cfg.identity.is_some() => {
                 // A PSK handshake to an end that has per-client keys: not our key.
@@ -1187,11 +1384,12 @@ impl Endpoint {
             PacketType::IdHello | PacketType::IdHelloAck if self.cfg.identity.is_none() => {
                 self.drops.auth += 1;
             }
-            PacketType::Hello => self.handle_hello(now, &header, from, datagram),
-            PacketType::HelloAck => self.handle_hello_ack(now, &header, datagram),
-            PacketType::IdHello => self.handle_id_hello(now, &header, from, datagram),
-            PacketType::IdHelloAck => self.handle_id_hello_ack(now, &header, datagram),
-            _ => self.handle_sealed(now, &header, from, datagram),
+            PacketType::Hello => self.handle_hello(now, header, from, datagram),
+            PacketType::HelloAck => self.handle_hello_ack(now, header, datagram),
+            PacketType::IdHello => self.handle_id_hello(now, header, from, datagram),
+            PacketType::IdHelloAck => self.handle_id_hello_ack(now, header, datagram),
+            // `check_datagram` hands over the four handshake types only.
+            _ => self.drops.malformed += 1,
         }
         self.received
     }
@@ -1634,121 +1832,161 @@ impl Endpoint {
         self.events.push_back(Event::SessionUp { session: id });
     }
 
-    fn handle_sealed(
+    /// The commit of an opened session datagram: its session must still hold the job's key;
+    /// then the body is parsed, the replay window updated, and the packet goes where its type
+    /// says. `None`: dropped (and counted).
+    fn commit_sealed(
         &mut self,
         now: Instant,
-        header: &Header,
         from: SocketAddr,
-        datagram: &mut [u8],
-    ) {
-        let local_ts = self.wire_ts(now);
-        // Which session is it for? The current one, or (server) the one a HELLO just set up.
-        let is_pending = match (&self.session, &self.pending) {
-            (Some(s), _) if s.local_id == header.session => false,
-            (_, Some(p)) if p.local_id == header.session => true,
-            _ => {
-                self.drops.unknown_session += 1;
-                return;
+        job: &OpenJob,
+        datagram: &[u8],
+    ) -> Option<()> {
+        let Some(pending) = self.key_holder(&job.key) else {
+            // Its session ended since the check (a CLOSE, a new session): the inline path
+            // would have found no session for it either.
+            self.drops.unknown_session += 1;
+            return None;
+        };
+        let mut body = self.opened_body(job, datagram)?;
+        let timing = self.accept(now, pending, &job.header, &mut body)?;
+        let li = self.rx_link(now, job.header.link, from)?;
+        self.note_rx(now, li, &body, datagram.len(), timing);
+        self.dispatch(now, li, body, timing);
+        Some(())
+    }
+
+    /// Whether `key` is the receiving key of the pending session (`Some(true)`), of the current
+    /// one (`Some(false)`), or of neither any more. By key, not by slot: a job checked against
+    /// the pending session may be committed after an earlier one made that session current.
+    fn key_holder(&self, key: &Arc<crypto::Aead>) -> Option<bool> {
+        let holds =
+            |s: &Option<Session>| s.as_ref().is_some_and(|s| Arc::ptr_eq(&s.keys.recv, key));
+        if holds(&self.session) {
+            Some(false)
+        } else if holds(&self.pending) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// The opened job's plaintext, parsed; counts why it was dropped if it was: not authentic
+    /// (`auth`), too short or not a body of its type (`malformed`).
+    fn opened_body<'a>(&mut self, job: &OpenJob, datagram: &'a [u8]) -> Option<Body<'a>> {
+        let plaintext = match job.plaintext(datagram) {
+            Ok(p) => p,
+            Err(crypto::CryptoError::Auth) => {
+                self.drops.auth += 1;
+                return None;
+            }
+            Err(_) => {
+                self.drops.malformed += 1;
+                return None;
             }
         };
-        let Some(session) = (if is_pending {
+        let parsed = match job.header.ptype {
+            // DATA's seq, ts and flags ride in its header (authenticated as the AAD).
+            PacketType::Data => {
+                let header = datagram.get(..wire::HEADER_LEN).unwrap_or_default();
+                DataRepr::parse_sent(header, plaintext).map(Body::Data)
+            }
+            t => Body::parse(t, plaintext),
+        };
+        if parsed.is_err() {
+            self.drops.malformed += 1;
+        }
+        parsed.ok()
+    }
+
+    /// Marks the packet's counter as seen (a replay is dropped here: two copies in one batch
+    /// both pass the check), extends DATA's short fields against the session, and switches to
+    /// the pending session on its first packet (the client has the new keys).
+    fn accept(
+        &mut self,
+        now: Instant,
+        pending: bool,
+        header: &Header,
+        body: &mut Body<'_>,
+    ) -> Option<RxTiming> {
+        let local_ts = self.wire_ts(now);
+        let session = if pending {
             self.pending.as_mut()
         } else {
             self.session.as_mut()
-        }) else {
-            return;
-        };
-        // DATA's header carries the counter's low 32 bits: extended against the link's window.
-        let mut header = *header;
-        let mut data_header = [0u8; wire::HEADER_LEN];
-        if header.ptype == PacketType::Data {
-            let expected = session.replay.expected(header.link);
-            header.counter = wire::extend(expected, header.counter, wire::DATA_COUNTER_BITS);
-            data_header.copy_from_slice(&datagram[..wire::HEADER_LEN]);
-        }
-        let header = &header;
-        if !session.replay.check(header.link, header.counter) {
-            self.drops.replay += 1;
-            return;
-        }
-        let len = datagram.len();
-        let plaintext = match crypto::open(&session.keys.recv, header, datagram) {
-            Ok(pt) => pt,
-            Err(crypto::CryptoError::Auth) => {
-                self.drops.auth += 1;
-                return;
-            }
-            Err(_) => {
-                self.drops.malformed += 1;
-                return;
-            }
-        };
-        let parsed = match header.ptype {
-            PacketType::Data => DataRepr::parse_sent(&data_header, plaintext).map(Body::Data),
-            t => Body::parse(t, plaintext),
-        };
-        let mut body = match parsed {
-            Ok(b) => b,
-            Err(_) => {
-                self.drops.malformed += 1;
-                return;
-            }
-        };
+        }?;
         if !session.replay.update(header.link, header.counter) {
             self.drops.replay += 1;
-            return;
+            return None;
         }
-        // DATA: the full link seq, bundle seq and `ts` (None before the session's first full
-        // `ts`: such a packet is not timed). Others: their `ts` sets the peer's clock.
-        let mut data_ts = None;
-        match &mut body {
+        let timing = match body {
             Body::Data(d) => {
                 d.common.link_seq = header.counter as u32;
                 d.seq = wire::extend(session.rx_seq_next, d.seq, wire::DATA_SEQ_BITS);
                 session.rx_seq_next = session.rx_seq_next.max(d.seq.saturating_add(1));
-                data_ts = session.data_ts(local_ts, d.common.ts);
+                let data_ts = session.data_ts(local_ts, d.common.ts);
                 d.common.ts = data_ts.unwrap_or(0);
+                RxTiming {
+                    local_ts,
+                    data_ts,
+                    timed: data_ts.is_some(),
+                }
             }
-            other => session.peer_clock = Some((other.common().ts, local_ts)),
-        }
-        if is_pending {
-            // The client has the new keys: switch to the new session.
+            other => {
+                // Every type but DATA carries a full `ts`: it sets the peer's clock.
+                session.peer_clock = Some((other.common().ts, local_ts));
+                RxTiming {
+                    local_ts,
+                    data_ts: None,
+                    timed: true,
+                }
+            }
+        };
+        if pending {
             if let Some(p) = self.pending.take() {
                 self.install_session(now, p);
             }
         }
+        Some(timing)
+    }
 
-        // The link: known, or (server) learned now from an authenticated, fresh packet.
-        let li = match self.link_index(header.link) {
+    /// The index of the link an authenticated, fresh packet came on: known, or (server) learned
+    /// now; a server follows the client's address on it (NAT rebinding). `None`: a client has
+    /// no such link (counted).
+    fn rx_link(&mut self, now: Instant, link: LinkId, from: SocketAddr) -> Option<usize> {
+        let li = match self.link_index(link) {
             Some(i) => i,
+            None if self.cfg.role == Role::Client => {
+                self.drops.wrong_link += 1;
+                return None;
+            }
             None => {
-                if self.cfg.role == Role::Client {
-                    self.drops.wrong_link += 1;
-                    return;
-                }
                 let cfg = LinkConfig {
-                    name: format!("link{}", header.link),
+                    name: format!("link{link}"),
                     ..Default::default()
                 };
-                if self.add_link(now, header.link, cfg).is_err() {
-                    return;
-                }
+                self.add_link(now, link, cfg).ok()?;
                 self.links.len() - 1
             }
         };
-        self.received = Received::Link(header.link);
+        self.received = Received::Link(link);
         if self.cfg.role == Role::Server && self.links[li].addr != Some(from) {
             self.links[li].addr = Some(from);
-            self.events.push_back(Event::LinkLearned {
-                link: header.link,
-                addr: from,
-            });
+            self.events
+                .push_back(Event::LinkLearned { link, addr: from });
         }
-        let data_seq = match &body {
+        Some(li)
+    }
+
+    /// What a packet tells about its link: loss in its sequence numbers, counters, the gap
+    /// since the one before (silence), health, and when it was sent (reorder rule (b)).
+    fn note_rx(&mut self, now: Instant, li: usize, body: &Body<'_>, len: usize, t: RxTiming) {
+        let data_seq = match body {
             Body::Data(d) if d.flags & FLAG_UNORDERED == 0 => Some(d.seq),
             _ => None,
         };
-        self.note_link_loss(now, li, body.common().link_seq, data_seq);
+        let common = body.common();
+        self.note_link_loss(now, li, common.link_seq, data_seq);
         let link = &mut self.links[li];
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
@@ -1757,64 +1995,23 @@ impl Endpoint {
                 .update(now, now.saturating_duration_since(last), SILENCE_GAP_WINDOW);
         }
         link.last_rx = Some(now);
-        let common = body.common();
-        let timed = data_ts.is_some() || !matches!(body, Body::Data(_));
-        if timed {
+        if t.timed {
             link.health
-                .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, local_ts);
+                .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, t.local_ts);
         } else {
             link.health
                 .on_untimed_packet_received(now, common.link_seq, len + IP_UDP_OVERHEAD);
         }
-        // What arrived on this link, sent when (reorder rule (b)); ordered DATA tells the
-        // reorder buffer itself when it is pushed.
-        let ordered_data = matches!(&body, Body::Data(d) if d.flags & FLAG_UNORDERED == 0);
-        if !ordered_data && timed {
-            self.reorder.link_progress(now, header.link, common.ts);
+        // Ordered DATA tells the reorder buffer itself when it is pushed.
+        if data_seq.is_none() && t.timed {
+            self.reorder.link_progress(now, link.id, common.ts);
         }
+    }
 
+    /// Acts on an accepted packet by its type.
+    fn dispatch(&mut self, now: Instant, li: usize, body: Body<'_>, t: RxTiming) {
         match body {
-            Body::Data(d) => {
-                link.last_data_rx = Some(now);
-                let mut buf = self.take_buf();
-                buf.extend_from_slice(d.payload);
-                let retransmit = d.flags & FLAG_RETRANSMIT != 0;
-                if retransmit {
-                    self.repair.retransmits_received += 1;
-                }
-                let piece = Piece::from_flags(d.flags);
-                if d.flags & FLAG_UNORDERED != 0 && piece == Piece::Whole {
-                    self.direct.push_back(buf);
-                } else {
-                    // The piece mark rides at the end of the buffer through the reorder buffer
-                    // (read back in `poll_deliver`).
-                    buf.push(piece.flags());
-                    let equalized = piece != Piece::Whole || equalized(d.payload);
-                    // Equalised delivery: hold until `send_ts + target` in our clock. A copy
-                    // sent again is late already: delivered as soon as its turn comes.
-                    let release = match (self.equalize_rel, data_ts) {
-                        (Some(target), Some(ts)) if equalized && !retransmit => {
-                            let rel = local_ts.wrapping_sub(ts);
-                            let early = target.wrapping_sub(rel) as i32;
-                            let early = Duration::from_micros(early.max(0) as u64);
-                            now + early.min(self.cfg.equalize_max)
-                        }
-                        _ => now,
-                    };
-                    let arrival = Arrival {
-                        seq: d.seq,
-                        link: header.link,
-                        ts: data_ts,
-                        release,
-                    };
-                    match self.reorder.push_arrival(now, arrival, buf) {
-                        Pushed::Queued if retransmit => self.repair.holes_repaired += 1,
-                        Pushed::Duplicate => self.repair.duplicates_suppressed += 1,
-                        _ => {}
-                    }
-                    self.send_nacks(now);
-                }
-            }
+            Body::Data(d) => self.receive_data(now, li, &d, t),
             Body::Nack(n) => self.handle_nack(now, &n),
             Body::Feedback(f) => {
                 if let (Some(session), Some(entries)) =
@@ -1834,22 +2031,7 @@ impl Endpoint {
                 }
             }
             Body::Probe(p) => self.send_probe_ack(now, li, &p),
-            Body::ProbeAck(a) => {
-                self.last_answer_rx = Some(now);
-                let link = &mut self.links[li];
-                if let Some((_, size)) = link.pmtu_probe.filter(|&(id, _)| id == a.probe_id) {
-                    link.pmtu_probe = None;
-                    if let Some(p) = link.pmtu.as_mut() {
-                        p.on_probe_acked(now, size);
-                    }
-                }
-                if let Some(state) = self.links[li].health.on_probe_ack(now, &a) {
-                    self.events.push_back(Event::LinkState {
-                        link: header.link,
-                        state,
-                    });
-                }
-            }
+            Body::ProbeAck(a) => self.receive_probe_ack(now, li, &a),
             Body::Close(_) => {
                 self.end_session();
                 self.pending = None;
@@ -1858,6 +2040,74 @@ impl Endpoint {
                     self.start_handshake(now);
                 }
             }
+        }
+    }
+
+    /// DATA: the payload into the reorder buffer (unordered and whole: straight out), held for
+    /// delay equalisation when [`equalized`] names it.
+    fn receive_data(&mut self, now: Instant, li: usize, d: &DataRepr<'_>, t: RxTiming) {
+        self.links[li].last_data_rx = Some(now);
+        let mut buf = self.take_buf();
+        buf.extend_from_slice(d.payload);
+        let retransmit = d.flags & FLAG_RETRANSMIT != 0;
+        if retransmit {
+            self.repair.retransmits_received += 1;
+        }
+        let piece = Piece::from_flags(d.flags);
+        if d.flags & FLAG_UNORDERED != 0 && piece == Piece::Whole {
+            self.direct.push_back(buf);
+            return;
+        }
+        // The piece mark rides at the end of the buffer through the reorder buffer (read back
+        // in `poll_deliver`).
+        buf.push(piece.flags());
+        // A copy sent again is late already: delivered as soon as its turn comes.
+        let held = (piece != Piece::Whole || equalized(d.payload)) && !retransmit;
+        let arrival = Arrival {
+            seq: d.seq,
+            link: self.links[li].id,
+            ts: t.data_ts,
+            release: if held { self.release_at(now, t) } else { now },
+        };
+        match self.reorder.push_arrival(now, arrival, buf) {
+            Pushed::Queued if retransmit => self.repair.holes_repaired += 1,
+            Pushed::Duplicate => self.repair.duplicates_suppressed += 1,
+            _ => {}
+        }
+        self.send_nacks(now);
+    }
+
+    /// Equalised delivery: a packet sent at `t.data_ts` is held until `send_ts + target` in our
+    /// clock, at most `equalize_max` from now (`now` when equalisation is off or measures
+    /// nothing yet, or the packet is not timed).
+    fn release_at(&self, now: Instant, t: RxTiming) -> Instant {
+        match (self.equalize_rel, t.data_ts) {
+            (Some(target), Some(ts)) => {
+                let rel = t.local_ts.wrapping_sub(ts);
+                let early = target.wrapping_sub(rel) as i32;
+                let early = Duration::from_micros(early.max(0) as u64);
+                now + early.min(self.cfg.equalize_max)
+            }
+            _ => now,
+        }
+    }
+
+    /// PROBE-ACK: the peer hears us; a path MTU probe may be answered; the link's health
+    /// takes the round trip.
+    fn receive_probe_ack(&mut self, now: Instant, li: usize, a: &ProbeAckRepr) {
+        self.last_answer_rx = Some(now);
+        let link = &mut self.links[li];
+        if let Some((_, size)) = link.pmtu_probe.filter(|&(id, _)| id == a.probe_id) {
+            link.pmtu_probe = None;
+            if let Some(p) = link.pmtu.as_mut() {
+                p.on_probe_acked(now, size);
+            }
+        }
+        if let Some(state) = link.health.on_probe_ack(now, a) {
+            self.events.push_back(Event::LinkState {
+                link: link.id,
+                state,
+            });
         }
     }
 

@@ -9,7 +9,11 @@
 //!   the real session keys* around arbitrary plaintext (so the fuzzer reaches everything behind
 //!   authentication), replays and bit flips of captured traffic, time steps, tunnelled packets and
 //!   link changes. The harness learns the session keys as an observer that holds the PSK: it opens
-//!   the HELLO / HELLO-ACK it carries and derives the keys as the endpoints do.
+//!   the HELLO / HELLO-ACK it carries and derives the keys as the endpoints do. Each program runs
+//!   three times: as first written (one datagram at a time), then with what each side sends
+//!   carried as one receive batch, handled inline and through the deferred opening
+//!   ([`Endpoint::open_job`]: checked in order, opened back to front, committed in order); those
+//!   two must end with the same statistics.
 //!
 //! - [`decompress_stream`]: the inner header decompressor over a stream of encoded packets.
 //! - [`reassemble_stream`]: the fragment reassembler over arbitrary pieces, sequence numbers and
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant};
 use rand_core::SeedableRng;
 
 use crate::crypto::{self, Aead, HandshakeKey};
-use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
+use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, OpenJob, Opening, Role};
 use crate::wire::{
     Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, Packet, PacketType,
     HEADER_LEN, MIN_DATAGRAM_LEN,
@@ -187,7 +191,77 @@ struct Observed {
     s2c: [u8; 32],
 }
 
+/// How the [`receive_path`] harness takes datagrams to the endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carry {
+    /// One datagram at a time, the directions alternating, each handled inline (the harness's
+    /// first form: the committed corpus grew with it).
+    Alternating,
+    /// What each side sent as one receive batch to the other, handled inline. The endpoints'
+    /// datagrams are carried when time advances (not after every operation), so that what the
+    /// operations in between made arrives together.
+    Batches,
+    /// The same batches through the deferred opening, as the tunnel's data plane runs it with
+    /// helper threads: checked in order, opened back to front, committed in order (the jobs
+    /// before a handshake datagram first). The fuzzer's own datagrams go as batches of one.
+    DeferredBatches,
+}
+
+/// Hands `batch` (each datagram with its link) to `ep` as one receive batch, as `carry` says;
+/// `server`: to the server's listening socket (else to the client's link sockets). Returns how
+/// many datagrams were opened as jobs.
+fn receive(
+    ep: &mut Endpoint,
+    now: Instant,
+    server: bool,
+    carry: Carry,
+    batch: &mut [(LinkId, &mut [u8])],
+) -> u64 {
+    let via = |link: LinkId| (!server).then_some(link);
+    if carry != Carry::DeferredBatches {
+        for (link, d) in batch.iter_mut() {
+            ep.handle_datagram(now, via(*link), link_addr(*link), d);
+        }
+        return 0;
+    }
+    let mut jobs: Vec<(usize, OpenJob)> = Vec::new();
+    let mut opened = 0;
+    for i in 0..batch.len() {
+        let link = batch[i].0;
+        match ep.open_job(via(link), batch[i].1) {
+            Opening::Job(job) => jobs.push((i, job)),
+            Opening::Handshake => {
+                opened += open_and_commit(ep, now, &mut jobs, batch);
+                ep.handle_datagram(now, via(link), link_addr(link), batch[i].1);
+            }
+            Opening::Dropped => {}
+        }
+    }
+    opened + open_and_commit(ep, now, &mut jobs, batch)
+}
+
+/// Opens the jobs (datagram `i` of `batch` each) back to front, then commits them in order.
+fn open_and_commit(
+    ep: &mut Endpoint,
+    now: Instant,
+    jobs: &mut Vec<(usize, OpenJob)>,
+    batch: &mut [(LinkId, &mut [u8])],
+) -> u64 {
+    for (i, job) in jobs.iter_mut().rev() {
+        job.open(batch[*i].1);
+    }
+    let n = jobs.len() as u64;
+    for (i, job) in jobs.drain(..) {
+        let (link, d) = &mut batch[i];
+        ep.handle_opened(now, link_addr(*link), job, d);
+    }
+    n
+}
+
 struct Harness {
+    carry: Carry,
+    /// Datagrams opened as jobs ([`Carry::DeferredBatches`]).
+    jobs: u64,
     now: Instant,
     client: Endpoint,
     server: Endpoint,
@@ -212,7 +286,7 @@ fn link_addr(link: LinkId) -> SocketAddr {
 }
 
 impl Harness {
-    fn new() -> Harness {
+    fn new(carry: Carry) -> Harness {
         let now = Instant::now();
         let rng = |seed| Box::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed));
         let mut client = Endpoint::new(config(Role::Client), now, rng(1))
@@ -225,6 +299,8 @@ impl Harness {
                 .expect("fresh link ids");
         }
         let mut h = Harness {
+            carry,
+            jobs: 0,
             now,
             client,
             server,
@@ -288,17 +364,84 @@ impl Harness {
     }
 
     fn deliver_to_server(&mut self, link: LinkId, d: &mut [u8]) {
-        self.server
-            .handle_datagram(self.now, None, link_addr(link), d);
+        self.jobs += receive(
+            &mut self.server,
+            self.now,
+            true,
+            self.carry,
+            &mut [(link, d)],
+        );
     }
 
     fn deliver_to_client(&mut self, link: LinkId, d: &mut [u8]) {
-        self.client
-            .handle_datagram(self.now, Some(link), link_addr(link), d);
+        self.jobs += receive(
+            &mut self.client,
+            self.now,
+            false,
+            self.carry,
+            &mut [(link, d)],
+        );
     }
 
     /// Carries queued datagrams both ways (bounded), drains deliveries and events.
     fn carry(&mut self) {
+        if self.carry == Carry::Alternating {
+            self.carry_alternating();
+        } else {
+            self.carry_batches();
+        }
+        // Whatever is left after the bound is dropped (a lossy network, which is allowed).
+        while self.client.poll_transmit().is_some() {}
+        while self.server.poll_transmit().is_some() {}
+        self.drain();
+    }
+
+    /// Carries what each side sent to the other as one receive batch, until both are quiet
+    /// or [`CARRY_MAX`] datagrams went.
+    fn carry_batches(&mut self) {
+        let mut n = 0;
+        loop {
+            let mut moved = false;
+            for to_server in [true, false] {
+                let mut batch = Vec::new();
+                while n < CARRY_MAX {
+                    let sender = if to_server {
+                        &mut self.client
+                    } else {
+                        &mut self.server
+                    };
+                    let Some(t) = sender.poll_transmit() else {
+                        break;
+                    };
+                    self.observe(&t.payload);
+                    self.capture(to_server, t.link, &t.payload);
+                    batch.push((t.link, t.payload));
+                    n += 1;
+                }
+                moved |= !batch.is_empty();
+                let mut views: Vec<(LinkId, &mut [u8])> = batch
+                    .iter_mut()
+                    .map(|(l, d)| (*l, d.as_mut_slice()))
+                    .collect();
+                let (receiver, sender) = if to_server {
+                    (&mut self.server, &mut self.client)
+                } else {
+                    (&mut self.client, &mut self.server)
+                };
+                self.jobs += receive(receiver, self.now, to_server, self.carry, &mut views);
+                for (_, d) in batch {
+                    sender.recycle(d);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Carries one datagram each way in turn, until both sides are quiet or [`CARRY_MAX`]
+    /// datagrams went.
+    fn carry_alternating(&mut self) {
         let mut n = 0;
         while n < CARRY_MAX {
             let mut moved = false;
@@ -324,10 +467,6 @@ impl Harness {
                 break;
             }
         }
-        // Whatever is left after the bound is dropped (a lossy network, which is allowed).
-        while self.client.poll_transmit().is_some() {}
-        while self.server.poll_transmit().is_some() {}
-        self.drain();
     }
 
     fn drain(&mut self) {
@@ -424,17 +563,32 @@ pub struct ReceiveReport {
     pub keys_observed: bool,
     pub client: BundleStats,
     pub server: BundleStats,
+    /// Datagrams opened as jobs ([`Carry::DeferredBatches`]).
+    pub jobs: u64,
 }
 
-/// Drives a handshaken client/server pair with the program encoded in `data` (see [`op`]).
-/// Panics only if an endpoint does.
+/// Drives a handshaken client/server pair with the program encoded in `data` (see [`op`]), as
+/// each [`Carry`] says. Panics if an endpoint does, or if the deferred opening ends with other
+/// statistics than inline opening of the same batches.
 pub fn receive_path(data: &[u8]) {
     receive_path_report(data);
+    let inline = receive_path_carried(data, Carry::Batches);
+    let deferred = receive_path_carried(data, Carry::DeferredBatches);
+    assert_eq!(
+        format!("{:?}", (&inline.client, &inline.server)),
+        format!("{:?}", (&deferred.client, &deferred.server)),
+        "deferred opening disagrees with inline opening"
+    );
 }
 
-/// [`receive_path`], returning what happened.
+/// The first run of [`receive_path`] ([`Carry::Alternating`]), returning what happened.
 pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
-    let mut h = Harness::new();
+    receive_path_carried(data, Carry::Alternating)
+}
+
+/// One run of [`receive_path`], carried as `carry` says, returning what happened.
+pub fn receive_path_carried(data: &[u8], carry: Carry) -> ReceiveReport {
+    let mut h = Harness::new(carry);
     let keys_observed = h.keys.is_some();
     let mut input = Input { data };
     let mut steps = 0;
@@ -496,7 +650,11 @@ pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
                 }
             }
         }
-        h.carry();
+        // Batched: the endpoints' own datagrams wait for the next time step (`ADVANCE`), so
+        // that they arrive in batches.
+        if carry == Carry::Alternating {
+            h.carry();
+        }
     }
     // Let every timer run once more: reorder timeouts, link health, re-handshakes.
     h.advance(Duration::from_millis(600));
@@ -505,6 +663,7 @@ pub fn receive_path_report(data: &[u8]) -> ReceiveReport {
         keys_observed,
         client: h.client.stats(h.now),
         server: h.server.stats(h.now),
+        jobs: h.jobs,
     }
 }
 

@@ -201,7 +201,7 @@ impl AckSecrets {
         let (send, recv) = if is_client { (c2s, s2c) } else { (s2c, c2s) };
         SessionKeys {
             send: std::sync::Arc::new(Aead::new(cipher, &send)),
-            recv: Aead::new(cipher, &recv),
+            recv: std::sync::Arc::new(Aead::new(cipher, &recv)),
         }
     }
 }

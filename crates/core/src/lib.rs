@@ -51,5 +51,7 @@ pub mod wire;
 /// every packet's header; the server learns links by it.
 pub type LinkId = u16;
 
-pub use endpoint::{Config, Endpoint, Event, LinkConfig, Received, Role, Transmit};
+pub use endpoint::{
+    Config, Endpoint, Event, LinkConfig, OpenJob, Opening, Received, Role, Transmit,
+};
 pub use health::LinkState;

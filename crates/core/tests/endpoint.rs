@@ -4,11 +4,13 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use braid_core::endpoint::{Config, Endpoint, Event, Identity, LinkConfig, Nack, Role};
+use braid_core::endpoint::{
+    Config, Endpoint, Event, Identity, LinkConfig, Nack, OpenJob, Opening, Received, Role,
+};
 use braid_core::identity::KeyPair;
 use braid_core::wire::PacketType;
 use braid_core::LinkState;
-use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const KEY: [u8; 32] = [42; 32];
@@ -43,6 +45,91 @@ struct Pair {
     path_mtu: Vec<(u16, usize)>,
     /// Client DATA datagrams that are the first piece of a cut packet: this many are dropped.
     drop_first_pieces: usize,
+    /// How both endpoints take in what the other sent since it last received.
+    receive: Receive,
+    /// The network delivers every client datagram twice in a row.
+    duplicate: bool,
+}
+
+/// How an endpoint takes in a batch of datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    /// `handle_datagram` on each, in turn.
+    Inline,
+    /// The deferred opening, as the tunnel's data plane does it with helper threads: jobs made
+    /// in arrival order, opened on another thread in the order given, committed in arrival order
+    /// (the jobs before a handshake datagram first).
+    Deferred(OpenOrder),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenOrder {
+    BackToFront,
+    /// A shuffle seeded with this.
+    Shuffled(u64),
+}
+
+/// Datagrams that arrived together: each with the link socket it came in on and its source.
+type Batch = Vec<(Option<u16>, SocketAddr, Vec<u8>)>;
+
+/// Hands `batch` to `ep` as one receive batch.
+fn receive(ep: &mut Endpoint, now: Instant, batch: &mut Batch, how: Receive) {
+    let order = match how {
+        Receive::Inline => {
+            for (via, from, d) in batch.iter_mut() {
+                ep.handle_datagram(now, *via, *from, d);
+            }
+            return;
+        }
+        Receive::Deferred(order) => order,
+    };
+    let mut jobs = Vec::new();
+    for i in 0..batch.len() {
+        let (via, from) = (batch[i].0, batch[i].1);
+        match ep.open_job(via, &batch[i].2) {
+            Opening::Job(job) => jobs.push((i, job)),
+            Opening::Handshake => {
+                open_and_commit(ep, now, &mut jobs, batch, order);
+                ep.handle_datagram(now, via, from, &mut batch[i].2);
+            }
+            Opening::Dropped => {}
+        }
+    }
+    open_and_commit(ep, now, &mut jobs, batch, order);
+}
+
+/// Opens the jobs (datagram `i` of `batch` each) on another thread in `order`, then commits
+/// them in arrival order.
+fn open_and_commit(
+    ep: &mut Endpoint,
+    now: Instant,
+    jobs: &mut Vec<(usize, OpenJob)>,
+    batch: &mut Batch,
+    order: OpenOrder,
+) {
+    let mut work: Vec<(usize, OpenJob, Vec<u8>)> = jobs
+        .drain(..)
+        .map(|(i, job)| (i, job, std::mem::take(&mut batch[i].2)))
+        .collect();
+    let mut turn: Vec<usize> = (0..work.len()).rev().collect();
+    if let OpenOrder::Shuffled(seed) = order {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ work.len() as u64);
+        for k in (1..turn.len()).rev() {
+            turn.swap(k, rng.next_u32() as usize % (k + 1));
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for &k in &turn {
+                let (_, job, d) = &mut work[k];
+                job.open(d);
+            }
+        });
+    });
+    for (i, job, mut d) in work {
+        ep.handle_opened(now, batch[i].1, job, &mut d);
+        batch[i].2 = d;
+    }
 }
 
 fn attacker_addr() -> SocketAddr {
@@ -100,13 +187,18 @@ impl Pair {
             to_attacker: Vec::new(),
             path_mtu: Vec::new(),
             drop_first_pieces: 0,
+            receive: Receive::Inline,
+            duplicate: false,
         }
     }
 
-    /// Moves every queued datagram across, repeatedly, until both sides are quiet.
+    /// Moves every queued datagram across, repeatedly, until both sides are quiet. What one side
+    /// sent arrives at the other as one batch (receiving changes nothing the sender queued, so
+    /// this is the order of sending).
     fn exchange(&mut self) {
         loop {
             let mut moved = false;
+            let mut batch = Batch::new();
             while let Some(mut t) = self.client.poll_transmit() {
                 moved = true;
                 t.finish();
@@ -116,19 +208,17 @@ impl Pair {
                     continue;
                 }
                 if !self.dark.contains(&t.link) && self.fits(t.link, t.payload.len()) {
-                    self.server.handle_datagram(
-                        self.now,
-                        None,
-                        client_addr(t.link),
-                        &mut t.payload,
-                    );
+                    if self.duplicate {
+                        batch.push((None, client_addr(t.link), t.payload.clone()));
+                    }
+                    batch.push((None, client_addr(t.link), t.payload));
                 }
                 if let Some(r) = &self.replay {
-                    let mut d = r.clone();
-                    self.server
-                        .handle_datagram(self.now, None, attacker_addr(), &mut d);
+                    batch.push((None, attacker_addr(), r.clone()));
                 }
             }
+            receive(&mut self.server, self.now, &mut batch, self.receive);
+            let mut batch = Batch::new();
             while let Some(mut t) = self.server.poll_transmit() {
                 moved = true;
                 t.finish();
@@ -140,14 +230,10 @@ impl Pair {
                     .find(|&l| Some(client_addr(l)) == t.dst)
                     .expect("server replies to a client address");
                 if !self.dark.contains(&link) && self.fits(link, t.payload.len()) {
-                    self.client.handle_datagram(
-                        self.now,
-                        Some(link),
-                        server_addr(),
-                        &mut t.payload,
-                    );
+                    batch.push((Some(link), server_addr(), t.payload));
                 }
             }
+            receive(&mut self.client, self.now, &mut batch, self.receive);
             while let Some(p) = self.server.poll_deliver(self.now) {
                 self.delivered_to_server.push(p);
             }
@@ -393,6 +479,308 @@ fn deferred_sealing_carries_the_same_traffic() {
     p.exchange();
     p.run_for(Duration::from_millis(100));
     assert_fifty_each_way_in_order(&p);
+}
+
+/// What a run of the pair shows from outside: the packets each side delivered (by id), its
+/// events, its statistics (as JSON: every counter, rate and estimate).
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    to_server: Vec<u8>,
+    to_client: Vec<u8>,
+    client_events: Vec<Event>,
+    server_events: Vec<Event>,
+    client_stats: String,
+    server_stats: String,
+}
+
+/// Traffic both ways with a network that duplicates, a replaying attacker, a dark stretch on
+/// one link and a restarted client, taken in as `how` says.
+fn eventful_run(how: Receive) -> Outcome {
+    let mut p = Pair::new(2);
+    p.receive = how;
+    p.run_for(Duration::from_secs(1));
+    // Copies of fresh datagrams within each batch.
+    p.duplicate = true;
+    for i in 0..100 {
+        p.client.send_packet(p.now, &ip_packet(i));
+        p.server.send_packet(p.now, &ip_packet(100 + i));
+    }
+    p.exchange();
+    p.duplicate = false;
+    // An attacker replays one DATA datagram after every datagram the client sends: copies of
+    // it within each batch.
+    p.replay = p
+        .captured
+        .iter()
+        .rev()
+        .find(|(_, d)| d[1] & 0x0f == PacketType::Data as u8)
+        .map(|(_, d)| d.clone());
+    assert!(p.replay.is_some());
+    p.dark.push(1);
+    for i in 0..50 {
+        p.client.send_packet(p.now, &ip_packet(i));
+        p.server.send_packet(p.now, &ip_packet(100 + i));
+        p.run_for(Duration::from_millis(5));
+    }
+    p.dark.clear();
+    p.replay = None;
+    p.run_for(Duration::from_millis(500));
+    // A restarted client: the server's pending session becomes current at its first packet.
+    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
+    for id in 1..=2 {
+        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
+    }
+    p.client = fresh;
+    p.run_for(Duration::from_secs(1));
+    for i in 0..100 {
+        p.client.send_packet(p.now, &ip_packet(i));
+        p.server.send_packet(p.now, &ip_packet(100 + i));
+    }
+    p.run_for(Duration::from_millis(500));
+    let json = |ep: &Endpoint| serde_json::to_string(&ep.stats(p.now)).unwrap();
+    let ids = |packets: &[Vec<u8>]| packets.iter().map(|b| b[20]).collect();
+    Outcome {
+        to_server: ids(&p.delivered_to_server),
+        to_client: ids(&p.delivered_to_client),
+        client_events: p.client_events.clone(),
+        server_events: p.server_events.clone(),
+        client_stats: json(&p.client),
+        server_stats: json(&p.server),
+    }
+}
+
+/// Deferred opening (jobs checked in order, opened on another thread back to front or
+/// shuffled, committed in order) gives exactly what inline opening gives: the same packets
+/// delivered, the same events, the same counters, through copies of fresh datagrams and
+/// replays of old ones within a batch, loss and repair, and a server switching to a restarted
+/// client's session.
+#[test]
+fn deferred_opening_delivers_what_inline_opening_delivers() {
+    let inline = eventful_run(Receive::Inline);
+    // The run is what it claims: traffic (a few of the 250 each way are lost on the dark link
+    // before it is left), copies and replays dropped, a second session.
+    assert!(inline.to_server.len() >= 240 && inline.to_client.len() >= 240);
+    let stats: serde_json::Value = serde_json::from_str(&inline.server_stats).unwrap();
+    assert!(
+        stats["drops"]["replay"].as_u64().unwrap() >= 150,
+        "{}",
+        stats["drops"]
+    );
+    let sessions = inline
+        .server_events
+        .iter()
+        .filter(|e| matches!(e, Event::SessionUp { .. }))
+        .count();
+    assert_eq!(sessions, 2);
+    assert_eq!(
+        inline,
+        eventful_run(Receive::Inline),
+        "a run is deterministic"
+    );
+    for order in [OpenOrder::BackToFront, OpenOrder::Shuffled(7)] {
+        let deferred = eventful_run(Receive::Deferred(order));
+        assert_eq!(deferred.to_server, inline.to_server, "{order:?}");
+        assert_eq!(deferred.to_client, inline.to_client, "{order:?}");
+        assert_eq!(deferred.server_events, inline.server_events, "{order:?}");
+        assert_eq!(deferred.client_events, inline.client_events, "{order:?}");
+        assert_eq!(deferred.server_stats, inline.server_stats, "{order:?}");
+        assert_eq!(deferred.client_stats, inline.client_stats, "{order:?}");
+    }
+}
+
+/// A connected pair, and the client's next datagrams (sealed, not delivered).
+fn pair_and_client_datagrams(send: impl FnOnce(&mut Pair)) -> (Pair, Vec<(u16, Vec<u8>)>) {
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    send(&mut p);
+    let mut out = Vec::new();
+    while let Some(mut t) = p.client.poll_transmit() {
+        t.finish();
+        out.push((t.link, t.payload));
+    }
+    (p, out)
+}
+
+/// Checks every datagram of a batch, then opens all of them (back to front), then commits
+/// them in order, the way the tunnel's data plane does with helper threads.
+fn receive_deferred(
+    ep: &mut Endpoint,
+    now: Instant,
+    batch: &mut [(u16, Vec<u8>)],
+) -> Vec<Received> {
+    let mut jobs: Vec<OpenJob> = batch
+        .iter()
+        .map(|(_, d)| match ep.open_job(None, d) {
+            Opening::Job(job) => job,
+            other => panic!("not a job: {other:?}"),
+        })
+        .collect();
+    for (job, (_, d)) in jobs.iter_mut().zip(batch.iter_mut()).rev() {
+        job.open(d);
+    }
+    jobs.into_iter()
+        .zip(batch.iter_mut())
+        .map(|(job, (link, d))| ep.handle_opened(now, client_addr(*link), job, d))
+        .collect()
+}
+
+/// Two copies of a datagram in one batch both pass the check (neither is committed yet); the
+/// second is dropped at its commit and counted once as a replay.
+#[test]
+fn a_copy_in_the_same_batch_is_one_replay() {
+    let (mut p, sent) = pair_and_client_datagrams(|p| p.client.send_packet(p.now, &ip_packet(7)));
+    assert_eq!(sent.len(), 1);
+    let before = p.server.stats(p.now).drops;
+    let mut batch = vec![sent[0].clone(), sent[0].clone()];
+    let got = receive_deferred(&mut p.server, p.now, &mut batch);
+    assert_eq!(got, vec![Received::Link(sent[0].0), Received::Ignored]);
+    let drops = p.server.stats(p.now).drops;
+    assert_eq!(drops.replay, before.replay + 1);
+    assert_eq!(drops.auth, before.auth);
+    p.exchange();
+    let ids: Vec<u8> = p.delivered_to_server.iter().map(|b| b[20]).collect();
+    assert_eq!(ids, vec![7]);
+}
+
+/// A job whose session ended between its check and its commit is dropped and counted as the
+/// inline path counts a datagram for a session gone: `unknown_session`. Here the peer's CLOSE
+/// comes first in the same batch.
+#[test]
+fn a_job_whose_session_closed_before_its_commit_is_dropped_and_counted() {
+    let run = |deferred: bool| {
+        let (mut p, sent) = pair_and_client_datagrams(|p| {
+            p.client.send_packet(p.now, &ip_packet(7));
+            p.client.close(p.now);
+        });
+        let is = |d: &[u8], t: PacketType| d[1] & 0x0f == t as u8;
+        let data = sent.iter().find(|(_, d)| is(d, PacketType::Data)).unwrap();
+        let close = sent.iter().find(|(_, d)| is(d, PacketType::Close)).unwrap();
+        let mut batch = vec![close.clone(), data.clone()];
+        let before = p.server.stats(p.now).drops.unknown_session;
+        let got = if deferred {
+            receive_deferred(&mut p.server, p.now, &mut batch)
+        } else {
+            let now = p.now;
+            let server = &mut p.server;
+            batch
+                .iter_mut()
+                .map(|(l, d)| server.handle_datagram(now, None, client_addr(*l), d))
+                .collect()
+        };
+        assert!(!p.server.is_connected());
+        p.exchange();
+        assert!(p.delivered_to_server.is_empty(), "DATA of a closed session");
+        (got, p.server.stats(p.now).drops.unknown_session - before)
+    };
+    let deferred = run(true);
+    assert_eq!(deferred.0[1], Received::Ignored);
+    assert_eq!(deferred.1, 1);
+    assert_eq!(deferred, run(false), "as inline");
+}
+
+/// A job checked against the server's current session, committed after a restarted client's
+/// new session replaced it: the key it holds is no longer the session's, so it is dropped
+/// (`unknown_session`), not opened under old keys into the new session.
+#[test]
+fn a_job_whose_key_was_replaced_before_its_commit_is_dropped_and_counted() {
+    let (mut p, sent) = pair_and_client_datagrams(|p| p.client.send_packet(p.now, &ip_packet(7)));
+    let (link, mut old) = sent[0].clone();
+    let Opening::Job(mut job) = p.server.open_job(None, &old) else {
+        panic!("a fresh datagram of the current session");
+    };
+    job.open(&mut old);
+    // Meanwhile a restarted client makes a new session, and its first packet switches the
+    // server over.
+    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
+    for id in 1..=2 {
+        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
+    }
+    p.client = fresh;
+    let before = p.server.stats(p.now).session;
+    p.run_for(Duration::from_millis(100));
+    assert_ne!(p.server.stats(p.now).session, before);
+    let drops = p.server.stats(p.now).drops;
+    let got = p
+        .server
+        .handle_opened(p.now, client_addr(link), job, &mut old);
+    assert_eq!(got, Received::Ignored);
+    let after = p.server.stats(p.now).drops;
+    assert_eq!(after.unknown_session, drops.unknown_session + 1);
+    assert_eq!((after.auth, after.replay), (drops.auth, drops.replay));
+    assert!(p.delivered_to_server.is_empty());
+}
+
+/// The server's pending session becomes current at the commit of the first packet under its
+/// keys; the other jobs of that batch, checked against the pending session before that commit,
+/// are accepted all the same (the commit finds a session by its key, not its slot).
+#[test]
+fn jobs_checked_against_the_pending_session_are_accepted_after_the_switch() {
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    let old = p.server.stats(p.now).session;
+    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
+    for id in 1..=2 {
+        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
+    }
+    p.client = fresh;
+    // HELLOs to the server (a pending session), HELLO-ACKs back: the client is connected and
+    // confirms on every link.
+    p.client.handle_timeout(p.now);
+    while let Some(mut t) = p.client.poll_transmit() {
+        p.server
+            .handle_datagram(p.now, None, client_addr(t.link), &mut t.payload);
+    }
+    while let Some(mut t) = p.server.poll_transmit() {
+        let link = (1..=2).find(|&l| Some(client_addr(l)) == t.dst).unwrap();
+        p.client
+            .handle_datagram(p.now, Some(link), server_addr(), &mut t.payload);
+    }
+    assert!(p.client.is_connected());
+    let [current, pending] = p.server.session_ids();
+    assert!(pending.is_some() && current != pending);
+    p.client.send_packet(p.now, &ip_packet(9));
+    let mut batch = Vec::new();
+    while let Some(mut t) = p.client.poll_transmit() {
+        t.finish();
+        batch.push((t.link, t.payload));
+    }
+    assert!(batch.len() >= 3, "probes on both links and the DATA");
+    let drops = p.server.stats(p.now).drops;
+    let got = receive_deferred(&mut p.server, p.now, &mut batch);
+    assert!(
+        got.iter().all(|r| matches!(r, Received::Link(_))),
+        "{got:?}"
+    );
+    assert_eq!(p.server.session_ids(), [pending, None]);
+    assert_ne!(p.server.stats(p.now).session, old);
+    let after = p.server.stats(p.now).drops;
+    assert_eq!(
+        (after.unknown_session, after.replay),
+        (drops.unknown_session, drops.replay)
+    );
+    p.exchange();
+    assert_eq!(p.delivered_to_server.last().map(|b| b[20]), Some(9));
+}
+
+/// A datagram changed in flight fails on the job path as inline: counted as `auth` at its
+/// commit, and it leaves no trace in the replay window (the genuine one still gets in).
+#[test]
+fn a_tampered_datagram_opened_as_a_job_counts_as_auth() {
+    let (mut p, sent) = pair_and_client_datagrams(|p| p.client.send_packet(p.now, &ip_packet(7)));
+    let (link, genuine) = sent[0].clone();
+    let mut tampered = genuine.clone();
+    *tampered.last_mut().unwrap() ^= 1;
+    let drops = p.server.stats(p.now).drops;
+    let got = receive_deferred(&mut p.server, p.now, &mut [(link, tampered)]);
+    assert_eq!(got, vec![Received::Ignored]);
+    let after = p.server.stats(p.now).drops;
+    assert_eq!(after.auth, drops.auth + 1);
+    assert_eq!(
+        (after.replay, after.malformed),
+        (drops.replay, drops.malformed)
+    );
+    let got = receive_deferred(&mut p.server, p.now, &mut [(link, genuine)]);
+    assert_eq!(got, vec![Received::Link(link)]);
 }
 
 /// The tunnel carries IP packets of either version: IPv4 and IPv6 interleaved arrive unchanged

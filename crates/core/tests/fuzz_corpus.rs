@@ -5,9 +5,11 @@
 //!
 //! To (re)write the generated seeds: `cargo test -p braid-core --test fuzz_corpus -- --ignored`.
 
+use braid_core::fuzzing::op;
 use braid_core::fuzzing::{
     decompress_seeds, decompress_stream, learn_addresses, learn_addresses_report, learn_src,
-    parse_any, reassemble_seeds, reassemble_stream, receive_path, receive_path_report, seed_corpus,
+    parse_any, reassemble_seeds, reassemble_stream, receive_path, receive_path_carried,
+    receive_path_report, seed_corpus, Carry,
 };
 use proptest::prelude::*;
 
@@ -115,6 +117,30 @@ fn receive_harness_reaches_the_endpoint() {
     assert!(
         d.replay + d.auth + s.replay + s.auth + d.malformed + s.malformed >= 2,
         "replays not dropped: {d:?} {s:?}"
+    );
+}
+
+/// The deferred opening in the harness is more than batches of one: 40 packets into the
+/// tunnel at each end arrive at the other in one batch, opened as jobs back to front, and end
+/// as they do inline (the check `receive_path` makes on every input).
+#[test]
+fn receive_harness_opens_batches_as_jobs() {
+    let mut program = Vec::new();
+    for i in 0..80u8 {
+        let mut packet = [0u8; 60];
+        (packet[0], packet[9], packet[20]) = (0x45, 17, i);
+        program.extend_from_slice(&[op::SEND, i % 2, 0, 60]);
+        program.extend_from_slice(&packet);
+    }
+    program.extend_from_slice(&[op::ADVANCE, 1]);
+    let inline = receive_path_carried(&program, Carry::Batches);
+    let deferred = receive_path_carried(&program, Carry::DeferredBatches);
+    assert_eq!(inline.jobs, 0);
+    assert!(deferred.jobs >= 80, "{} jobs", deferred.jobs);
+    assert!(deferred.server.tun_tx_packets >= 40 && deferred.client.tun_tx_packets >= 40);
+    assert_eq!(
+        format!("{:?}", (&inline.client, &inline.server)),
+        format!("{:?}", (&deferred.client, &deferred.server))
     );
 }
 

@@ -11,14 +11,14 @@
 //!   without `UDP_GRO` (before 5.0) refuses the option and delivers one datagram per message.
 //!
 //! Why hand-written rather than `quinn-udp` (which does recvmmsg, GSO, GRO and pktinfo too):
-//! quinn-udp sends one `sendmsg` per transmit, where braid packs several GSO runs (one per
-//! link peer, or cut by a short datagram) into one `sendmmsg`; it wants the caller's
-//! `IoSliceMut`s and `RecvMeta`s per call, where [`RecvBatch`] keeps its buffers, headers and
-//! datagram table across calls (no allocation per batch) and hands datagrams out by index for
-//! in-place decryption; and braid needs its error policy (skip queued ICMP errors on connected
-//! link sockets, report the rest per batch) and `SO_BINDTODEVICE`/forced buffer sizes, which
-//! quinn-udp leaves to the caller anyway. What is left here is two system calls and their
-//! control messages, tested on loopback below.
+//! quinn-udp sends one `sendmsg` per transmit, where braid packs several GSO runs (one per link
+//! peer, or cut by a short datagram) into one `sendmmsg`; it wants the caller's `IoSliceMut`s and
+//! `RecvMeta`s per call, where [`RecvBatch`] keeps its buffers, headers and datagram table across
+//! calls (no allocation per batch) and hands datagrams out by index, or all at once as disjoint
+//! slices (to be opened on several threads), for in-place decryption; and braid needs its error
+//! policy (skip queued ICMP errors on connected link sockets, report the rest per batch) and
+//! `SO_BINDTODEVICE`/forced buffer sizes, which quinn-udp leaves to the caller anyway. What is left
+//! here is two system calls and their control messages, tested on loopback below.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -221,6 +221,74 @@ impl RecvBatch {
         let &(m, start, len) = self.datagrams.get(i)?;
         let addr = self.addrs[m]?;
         Some((addr, &mut self.bufs[m][start..start + len]))
+    }
+    /// Every datagram of the last receive in order, as disjoint mutable slices that may all be
+    /// held at once (parts of the batch can then be opened on different threads), each with
+    /// its source and local address.
+    pub fn datagrams_mut(&mut self) -> DatagramsMut<'_> {
+        DatagramsMut {
+            table: self.datagrams.iter(),
+            bufs: self.bufs.iter_mut().enumerate(),
+            addrs: &self.addrs,
+            locals: &self.locals,
+            rest: None,
+        }
+    }
+}
+
+/// One datagram of a receive, borrowed from the [`RecvBatch`] alongside all the others (see
+/// [`RecvBatch::datagrams_mut`]).
+#[derive(Debug)]
+pub struct RecvDatagram<'a> {
+    /// Its source address.
+    pub from: SocketAddr,
+    /// The local address it was sent to (only with [`BindOptions::pktinfo`]).
+    pub local: Option<IpAddr>,
+    /// Its bytes, mutable for in-place decryption.
+    pub bytes: &'a mut [u8],
+}
+
+/// The iterator of [`RecvBatch::datagrams_mut`]. The batch's table lists each message's
+/// datagrams in order, front to back, so each one is cut off the front of what is left of its
+/// message's buffer (`split_at_mut`): the slices are disjoint by construction, with no unsafe
+/// code.
+pub struct DatagramsMut<'a> {
+    table: std::slice::Iter<'a, (usize, usize, usize)>,
+    bufs: std::iter::Enumerate<std::slice::IterMut<'a, Vec<u8>>>,
+    addrs: &'a [Option<SocketAddr>],
+    locals: &'a [Option<IpAddr>],
+    /// The message being cut: its index, the offset where its uncut rest starts, that rest.
+    rest: Option<(usize, usize, &'a mut [u8])>,
+}
+
+impl<'a> Iterator for DatagramsMut<'a> {
+    type Item = RecvDatagram<'a>;
+
+    fn next(&mut self) -> Option<RecvDatagram<'a>> {
+        loop {
+            let &(m, start, len) = self.table.next()?;
+            if !matches!(&self.rest, Some((i, ..)) if *i == m) {
+                let (_, buf) = self.bufs.by_ref().find(|(i, _)| *i == m)?;
+                self.rest = Some((m, 0, buf.as_mut_slice()));
+            }
+            let (_, at, rest) = self.rest.as_mut()?;
+            // The table is made by `recv_batch` in order and within the buffers; were it not,
+            // the iteration would end here rather than panic.
+            let skip = start.checked_sub(*at)?;
+            let whole = std::mem::take(rest);
+            if whole.len() < skip + len {
+                return None;
+            }
+            let (bytes, tail) = whole[skip..].split_at_mut(len);
+            *rest = tail;
+            *at = start + len;
+            // A datagram without a source address is left out, as `get_mut` leaves it out.
+            let Some(from) = self.addrs.get(m).copied().flatten() else {
+                continue;
+            };
+            let local = self.locals.get(m).copied().flatten();
+            return Some(RecvDatagram { from, local, bytes });
+        }
     }
 }
 
@@ -1075,10 +1143,23 @@ mod tests {
             for _ in 0..200 {
                 let n = rx.recv_batch(&mut batch).unwrap();
                 assert_eq!(n, batch.len());
+                // All of the batch's datagrams at once, each flipped through its own slice.
+                let mut all: Vec<RecvDatagram<'_>> = batch.datagrams_mut().collect();
+                assert_eq!(all.len(), n);
+                for d in &mut all {
+                    assert_eq!(d.from, tx.local_addr().unwrap());
+                    got.push(d.bytes.to_vec());
+                    d.bytes.iter_mut().for_each(|b| *b = !*b);
+                }
+                // Each slice was one datagram's own bytes: flipped once, none twice or missed.
                 for i in 0..n {
-                    let (from, bytes) = batch.get_mut(i).unwrap();
-                    assert_eq!(from, tx.local_addr().unwrap());
-                    got.push(bytes.to_vec());
+                    let (_, bytes) = batch.get_mut(i).unwrap();
+                    let sent = &got[got.len() - n + i];
+                    assert_eq!(bytes.len(), sent.len());
+                    assert!(
+                        bytes.iter().zip(sent).all(|(b, s)| *b == !*s),
+                        "datagram {i}"
+                    );
                 }
                 if got.len() >= payloads.len() {
                     break;

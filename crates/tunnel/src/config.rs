@@ -54,7 +54,7 @@ pub const DEFAULT_TXQUEUELEN: u32 = 2000;
 pub const DEFAULT_BATCH_WAIT_US: u64 = 50;
 /// Longest `batch_wait_us` accepted: beyond a millisecond the wait is latency, not batching.
 pub const MAX_BATCH_WAIT_US: u64 = 1000;
-/// Most threads `workers` accepts (the data plane's sealing and sending; docs/guide.md).
+/// Most threads `workers` accepts (the data plane's sealing, sending and opening; docs/guide.md).
 pub const MAX_WORKERS: usize = 64;
 /// Default time the client waits for a first session before it gives up.
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
@@ -127,7 +127,7 @@ struct BundleRepr {
     /// Data plane: wait up to this many microseconds after a wake-up to fill a batch (NAPI's
     /// trade: latency for CPU at high packet rates); 0: process at once.
     batch_wait_us: Option<Spanned<u64>>,
-    /// Threads that seal and send, the data-plane thread included (0: one per two cores the
+    /// Threads that seal, send and open, the data-plane thread included (0: one per two cores the
     /// process may run on, 1 to 4; 1: all on the data-plane thread).
     workers: Option<Spanned<usize>>,
     /// Client: give up (exit non-zero) when no session comes up within this many seconds of
@@ -179,7 +179,7 @@ pub struct Config {
     pub txqueuelen: u32,
     /// How long the data plane waits after a wake-up to fill a batch (docs/guide.md).
     pub batch_wait: Duration,
-    /// Threads that seal and send (0: automatic; see [`crate::workers::Workers::new`]).
+    /// Threads that seal, send and open (0: automatic; see [`crate::workers::Workers::new`]).
     pub workers: usize,
     pub links: Vec<LinkSpec>,
     /// Per-client keys (`private_key`): this end's key pair, and the peer it accepts.

@@ -285,6 +285,11 @@ pub fn status_json(cfg: &Config, snap: &Snapshot) -> Value {
     o.insert("links_up".into(), json!(up));
     o.insert("total_bandwidth_bps".into(), json!(total_bw));
     o.insert("uptime_s".into(), json!(snap.uptime.as_secs_f64()));
+    // Whether the helper threads take part in receiving (`workers`, docs/guide.md).
+    o.insert(
+        "udp_opened_in_parallel".into(),
+        json!(extra.udp_opened_in_parallel),
+    );
     if let Some(Value::Array(links)) = o.get_mut("links") {
         for l in links.iter_mut() {
             let id = l.get("id").and_then(|i| i.as_u64()).unwrap_or(0);
@@ -414,6 +419,7 @@ remote = "198.18.1.2:5050"
             extra: Extra {
                 udp_send_drops: 3,
                 tun_full_drops: 5,
+                udp_opened_in_parallel: 64,
                 ..Extra::default()
             },
             connected: false,
@@ -438,6 +444,7 @@ remote = "198.18.1.2:5050"
         assert_eq!(v["uptime_s"], 2.5);
         assert_eq!(v["drops"]["udp_send"], 3);
         assert_eq!(v["drops"]["tun_full"], 5);
+        assert_eq!(v["udp_opened_in_parallel"], 64);
         // The link starts DOWN: no bandwidth counted as up.
         assert_eq!(
             (v["links_up"].as_u64(), v["total_bandwidth_bps"].as_u64()),

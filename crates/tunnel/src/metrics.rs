@@ -45,6 +45,8 @@ pub struct Extra {
     pub tun: braid_linux::tun::TunStats,
     /// The link sockets' receive path (UDP GRO).
     pub udp_rx: braid_linux::udp::RecvStats,
+    /// Datagrams from the link sockets opened on the helper threads, in parallel parts.
+    pub udp_opened_in_parallel: u64,
 }
 
 struct Reg<'a> {
@@ -360,6 +362,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "Datagrams cut from UDP GRO messages",
         &[(b.clone(), extra.udp_rx.gro_datagrams)],
     );
+    r.counter(
+        "udp_opened_in_parallel",
+        "Datagrams from the link sockets opened (decrypted) in parallel parts on the data plane's helper threads",
+        &[(b.clone(), extra.udp_opened_in_parallel)],
+    );
     let c = &s.compression;
     let labelled = |pairs: &[(&str, &str)], v: u64| {
         let mut l = bundle(n);
@@ -636,6 +643,7 @@ mod tests {
                 tun_full_drops: 0,
                 tun: Default::default(),
                 udp_rx: Default::default(),
+                udp_opened_in_parallel: 7,
             },
         );
         for want in [
@@ -644,6 +652,7 @@ mod tests {
             "braid_link_state{bundle=\"b0\",link=\"isp1\",state=\"down\"}",
             "braid_drops_total{bundle=\"b0\",reason=\"no_session\"} 1",
             "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
+            "braid_udp_opened_in_parallel_total{bundle=\"b0\"} 7",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",
             "# TYPE braid_link_rtt_seconds gauge",

@@ -3,7 +3,9 @@
 //! poll timeout. Everything moves in batches:
 //!
 //! 1. TUN readable: read up to [`BATCH`] packets -> `Endpoint::send_packet` each;
-//! 2. socket readable: one `recvmmsg` of up to [`BATCH`] datagrams -> `handle_datagram` each;
+//! 2. socket readable: one `recvmmsg` of up to [`BATCH`] messages -> `handle_datagram` each
+//!    (with helper threads and a batch of [`crate::workers::PARALLEL_MIN`] datagrams or more:
+//!    checked in order, opened in parallel parts, committed in order; see `receive_shared`);
 //! 3. `poll_transmit` drained into per-socket queues -> one `sendmmsg` per socket;
 //! 4. `poll_deliver` drained -> TUN writes; `poll_event` -> log lines.
 //!
@@ -29,11 +31,13 @@ use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
-use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, Received, Transmit};
+use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, OpenJob, Opening, Received, Transmit};
 
 use crate::engine::Engine;
 use braid_linux::tun::Tun;
-use braid_linux::udp::{BindOptions, Datagram, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER};
+use braid_linux::udp::{
+    BindOptions, Datagram, DatagramsMut, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER,
+};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
@@ -150,8 +154,13 @@ pub struct Runner {
     /// Scratch list kept across turns (no allocation per batch): the readable sockets of this
     /// turn.
     ready_tokens: Vec<Token>,
-    /// Helper threads that seal and send alongside this one (see [`crate::workers`]).
+    /// Helper threads that seal, send and open alongside this one (see [`crate::workers`]).
     workers: Workers,
+    /// Scratch list kept across turns: a receive batch's datagrams waiting to be opened and
+    /// committed (empty between uses).
+    opening: Vec<RxJob<'static>>,
+    /// Datagrams opened in parallel parts on the helper threads (metrics).
+    opened_in_parallel: u64,
     /// Per link: the datagram room the kernel last reported for its route (route MTU less the
     /// outer headers), told to the endpoint's path MTU discovery.
     path_mtus: HashMap<LinkId, usize>,
@@ -260,7 +269,10 @@ impl Runner {
                 ep.set_deferred_sealing(true);
             }
         }
-        tracing::debug!("data plane: {} thread(s) seal and send", workers.threads());
+        tracing::debug!(
+            "data plane: {} thread(s) seal, send and open",
+            workers.threads()
+        );
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let (handle, cmd_rx) = Handle::new(Arc::new(cfg.clone()), waker);
@@ -374,6 +386,8 @@ impl Runner {
             relink_at: None,
             ready_tokens: Vec::with_capacity(16),
             workers,
+            opening: Vec::with_capacity(BATCH),
+            opened_in_parallel: 0,
             path_mtus: HashMap::new(),
             mtu_check_due: true,
         };
@@ -648,21 +662,25 @@ impl Runner {
                         s.readable = false;
                     }
                     let via = s.link;
-                    for i in 0..n {
-                        let local = self.recv.local(i);
-                        let Some((from, bytes)) = self.recv.get_mut(i) else {
-                            continue;
-                        };
-                        let got = self.ep.handle_datagram(now, via, from, bytes);
-                        let Some(local) = local else { continue };
-                        match got {
-                            Received::Link(link) => {
-                                s.reply_from.insert(link, (from, local));
+                    // A concentrator has no endpoint of its own here: it stays inline.
+                    match self.ep.endpoint_mut() {
+                        Some(ep) if self.workers.parts(n) > 1 => {
+                            let mut opening = reuse(std::mem::take(&mut self.opening));
+                            let batch = self.recv.datagrams_mut();
+                            let shared =
+                                receive_shared(now, ep, &self.workers, &mut opening, s, batch);
+                            self.opened_in_parallel += shared;
+                            self.opening = reuse(opening);
+                        }
+                        _ => {
+                            for i in 0..n {
+                                let local = self.recv.local(i);
+                                let Some((from, bytes)) = self.recv.get_mut(i) else {
+                                    continue;
+                                };
+                                let got = self.ep.handle_datagram(now, via, from, bytes);
+                                s.note_received(got, from, local);
                             }
-                            Received::Hello(_) => {
-                                s.hello_from.insert(from, local);
-                            }
-                            Received::Ignored => {}
                         }
                     }
                 }
@@ -1079,6 +1097,7 @@ impl Runner {
             tun_full_drops: self.tun_full_drops + kernel,
             tun: self.tun.stats(),
             udp_rx: self.recv.stats(),
+            udp_opened_in_parallel: self.opened_in_parallel,
         }
     }
 
@@ -1406,6 +1425,21 @@ impl Sock {
         }
     }
 
+    /// What a datagram that authenticated teaches this socket (with IP_PKTINFO): the local
+    /// address its link's replies go from, or (a HELLO) the one its HELLO-ACK goes from.
+    fn note_received(&mut self, got: Received, from: SocketAddr, local: Option<IpAddr>) {
+        let Some(local) = local else { return };
+        match got {
+            Received::Link(link) => {
+                self.reply_from.insert(link, (from, local));
+            }
+            Received::Hello(_) => {
+                self.hello_from.insert(from, local);
+            }
+            Received::Ignored => {}
+        }
+    }
+
     fn new(sock: UdpSocket, link: Option<LinkId>) -> Sock {
         Sock {
             sock,
@@ -1487,15 +1521,72 @@ impl Sock {
 /// when there are enough of them; datagrams sealed already (queued at an earlier flush) cost
 /// nothing.
 fn seal_all(workers: &Workers, items: &mut [(Transmit, Option<IpAddr>)]) {
-    let parts = workers.parts(items.len());
-    if parts <= 1 {
-        items.iter_mut().for_each(|(t, _)| t.finish());
-        return;
+    workers.for_each_in_parts(items, |(t, _)| t.finish());
+}
+
+/// A received datagram between its check and its commit (see [`receive_shared`]).
+struct RxJob<'a> {
+    job: OpenJob,
+    from: SocketAddr,
+    local: Option<IpAddr>,
+    bytes: &'a mut [u8],
+}
+
+/// Receives one socket's batch with the opening shared by the helper threads (the endpoint's
+/// deferred opening, `Endpoint::open_job`): each datagram is checked in arrival order and its
+/// job kept in `jobs`; the jobs are opened in parallel parts, then committed in order on this
+/// thread. A handshake datagram may set up or replace a session, so the jobs before it are
+/// opened and committed first and it is handled inline. Returns how many datagrams were opened
+/// in parallel. `jobs` is empty before and after (kept for its allocation).
+fn receive_shared<'a>(
+    now: Instant,
+    ep: &mut Endpoint,
+    workers: &Workers,
+    jobs: &mut Vec<RxJob<'a>>,
+    s: &mut Sock,
+    batch: DatagramsMut<'a>,
+) -> u64 {
+    let mut opened = 0;
+    for d in batch {
+        match ep.open_job(s.link, d.bytes) {
+            Opening::Job(job) => jobs.push(RxJob {
+                job,
+                from: d.from,
+                local: d.local,
+                bytes: d.bytes,
+            }),
+            Opening::Handshake => {
+                opened += open_and_commit(now, ep, workers, jobs, s);
+                let got = ep.handle_datagram(now, s.link, d.from, d.bytes);
+                s.note_received(got, d.from, d.local);
+            }
+            Opening::Dropped => {}
+        }
     }
-    let chunk = items.len().div_ceil(parts);
-    workers.for_each(items.chunks_mut(chunk).collect(), |c| {
-        c.iter_mut().for_each(|(t, _)| t.finish())
-    });
+    opened + open_and_commit(now, ep, workers, jobs, s)
+}
+
+/// Opens `jobs` in parts on the helper threads (each part in place, in any order), then
+/// commits them in arrival order, emptying `jobs`. Returns how many were opened in parallel
+/// (none when they were too few to share).
+fn open_and_commit(
+    now: Instant,
+    ep: &mut Endpoint,
+    workers: &Workers,
+    jobs: &mut Vec<RxJob<'_>>,
+    s: &mut Sock,
+) -> u64 {
+    let shared = if workers.parts(jobs.len()) > 1 {
+        jobs.len() as u64
+    } else {
+        0
+    };
+    workers.for_each_in_parts(jobs, |j| j.job.open(j.bytes));
+    for j in jobs.drain(..) {
+        let got = ep.handle_opened(now, j.from, j.job, j.bytes);
+        s.note_received(got, j.from, j.local);
+    }
+    shared
 }
 
 /// Puts one flush's new datagrams for a socket in runs by destination (and source address). The
@@ -1520,10 +1611,10 @@ fn link_config(spec: &LinkSpec) -> LinkConfig {
     }
 }
 
-/// An emptied list of datagrams with another lifetime, in the same allocation (the standard
-/// library collects a `vec::IntoIter` into a `Vec` of a same-sized type in place): lets one
-/// list of borrowed datagrams be reused across turns.
-fn reuse<'a, 'b>(mut v: Vec<Datagram<'a>>) -> Vec<Datagram<'b>> {
+/// An emptied list of borrowed items with another lifetime (`T` and `U` differ by lifetimes
+/// only), in the same allocation (the standard library collects a `vec::IntoIter` into a `Vec`
+/// of a same-sized type in place): lets one list of borrowed datagrams be reused across turns.
+fn reuse<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
     v.into_iter().map(|_| unreachable!("emptied")).collect()
 }
