@@ -8,6 +8,7 @@
 //! - `--cc cubic|bbr`, `--dir upload|download`
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
 //! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation bound)
+//! - `--backpressure`: both ends push back as `braid up` with `backpressure = true`
 //! - `--no-single`: skip the single-link baseline runs (faster)
 //! - `--failover`: the failover scenarios (`sim::failover_scenarios`, a link going dark) instead
 //! - `--list`: the scenarios and their links
@@ -32,6 +33,7 @@ struct Opts {
     json: bool,
     failover: bool,
     equalize_max: Option<Duration>,
+    backpressure: bool,
 }
 
 fn secs(v: &str) -> Result<Duration, String> {
@@ -89,6 +91,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--no-single" => o.single = false,
             "--list" => o.list = true,
             "--failover" => o.failover = true,
+            "--backpressure" => o.backpressure = true,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a:?}")),
@@ -142,7 +145,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -179,6 +182,7 @@ fn main() -> ExitCode {
             if let Some(w) = o.warmup {
                 sc = sc.warmup(w);
             }
+            sc = sc.backpressure(o.backpressure);
             if let Some(d) = o.equalize_max {
                 sc = sc.equalize_max(d);
             }

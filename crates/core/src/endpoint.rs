@@ -2688,19 +2688,8 @@ impl Endpoint {
         }
         self.tun_rx_packets += 1;
         self.tun_rx_bytes += packet.len() as u64;
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let mut views = std::mem::take(&mut self.views);
-        views.clear();
-        for l in &self.links {
-            if l.health.state() != LinkState::Down && !l.silent {
-                views.push(self.link_view(l, min_rtt_all));
-            }
-        }
-        if views.is_empty() {
-            for l in &self.links {
-                views.push(self.link_view(l, min_rtt_all));
-            }
-        }
+        self.usable_views(&mut views);
         let mut picks = std::mem::take(&mut self.picks);
         let flow = Self::flow_hash(packet);
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
@@ -2745,6 +2734,39 @@ impl Endpoint {
         }
         self.views = views;
         self.picks = picks;
+    }
+
+    /// The scheduler's views of the links a packet may take: the usable ones (neither DOWN nor
+    /// silent), or every link when none is.
+    fn usable_views(&self, views: &mut Vec<LinkView>) {
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
+        views.clear();
+        for l in &self.links {
+            if l.health.state() != LinkState::Down && !l.silent {
+                views.push(self.link_view(l, min_rtt_all));
+            }
+        }
+        if views.is_empty() {
+            for l in &self.links {
+                views.push(self.link_view(l, min_rtt_all));
+            }
+        }
+    }
+
+    /// Back-pressure: `Some(d)` when every link is full enough that the next packet from the
+    /// TUN device would arrive late (see [`crate::sched::Scheduler::ready_in`]): the runtime
+    /// should leave the device's packets waiting for `d` (the kernel queues them, and a local
+    /// sender is slowed down without a loss) rather than read them. `None`: read now.
+    pub fn backpressure(&mut self, now: Instant) -> Option<Duration> {
+        if self.session.is_none() || self.links.is_empty() {
+            return None;
+        }
+        let mut views = std::mem::take(&mut self.views);
+        self.usable_views(&mut views);
+        // A full-size packet: what the device most likely holds next while the links are full.
+        let d = self.sched.ready_in(now, 1500, &views);
+        self.views = views;
+        d
     }
 
     /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next

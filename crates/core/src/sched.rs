@@ -145,6 +145,15 @@ pub trait Scheduler: Send {
     fn link_rate_bps(&self, _link: LinkId) -> Option<f64> {
         None
     }
+    /// Back-pressure: how long until a packet of `len` bytes could be placed on some link
+    /// without being later than [`BACKPRESSURE_LATE`] behind the links' queues (`None`: now).
+    /// The runtime leaves the traffic waiting where it is (the TUN device's queue, which the
+    /// kernel bounds and which slows a local sender down without a loss) instead of handing it
+    /// on to overfill the links' own buffers. Schedulers without a model of the links' queues
+    /// never push back.
+    fn ready_in(&mut self, _now: Instant, _len: usize, _links: &[LinkView]) -> Option<Duration> {
+        None
+    }
     /// The peer holds every received packet of at least `min_len` bytes (as `pick` counts them)
     /// until the slowest link within `max` of the fastest would have brought it: such packets
     /// reach the peer's TUN no sooner on a faster link. Zero `max` turns this off.
@@ -474,6 +483,10 @@ pub const MAX_VIRTUAL_QUEUE: Duration = Duration::from_millis(250);
 /// drops in 20 s on the 50 Mbit/s link of 50/20/7 Mbit/s with BBR), while the slow link, which
 /// takes traffic only once the fast ones are that full, carried almost nothing.
 pub const PLANNED_QUEUE_MAX: Duration = Duration::from_millis(50);
+/// Back-pressure ([`Scheduler::ready_in`]): traffic is left waiting before the bundle once even
+/// the best link would deliver a packet this late (beyond the equalisation floor and the
+/// planned queue).
+pub const BACKPRESSURE_LATE: Duration = Duration::from_millis(20);
 
 #[derive(Debug)]
 struct AdaptiveLink {
@@ -684,6 +697,23 @@ impl AdaptiveLink {
         self.vq_prev = self.backlog * 8.0 / self.rate;
     }
 
+    /// Predicted delivery of a packet of `len` bytes placed here now, seconds from now: when
+    /// the peer equalises, no sooner than `floor` whichever link brings it; the wait behind the
+    /// link's queue matters only beyond that (up to [`PLANNED_QUEUE_MAX`] of it), and among the
+    /// links that make it, the one that puts the packet on the wire soonest wins.
+    fn delivery(&self, len: usize, v: &LinkView, floor: f64) -> f64 {
+        let queue = self.queue_time(len, v);
+        let wait = self.queue_time(0, v);
+        let tx = queue - wait;
+        let cap = PLANNED_QUEUE_MAX.as_secs_f64();
+        let over = (wait - cap).max(0.0);
+        let mut arrival = (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx;
+        if v.state == LinkState::Degraded {
+            arrival += DEGRADED_PENALTY.as_secs_f64();
+        }
+        arrival
+    }
+
     /// Predicted queueing time of a packet of `len` bytes placed here now.
     fn queue_time(&self, len: usize, v: &LinkView) -> f64 {
         let keep = (1.0 - sane(v.loss)).clamp(0.05, 1.0);
@@ -825,14 +855,7 @@ impl Scheduler for Adaptive {
             // (least queued relative to its rate) wins. The bundle then fills its links in
             // proportion to their rates, as one link of their summed rate would, instead of
             // queueing on the fastest ones first.
-            let wait = st.queue_time(0, v);
-            let tx = queue - wait;
-            let cap = PLANNED_QUEUE_MAX.as_secs_f64();
-            let over = (wait - cap).max(0.0);
-            let mut arrival = (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx;
-            if v.state == LinkState::Degraded {
-                arrival += DEGRADED_PENALTY.as_secs_f64();
-            }
+            let arrival = st.delivery(len, v, floor);
             if best.is_none_or(|(_, a, _)| arrival < a) {
                 best = Some((i, arrival, queue));
             }
@@ -873,6 +896,39 @@ impl Scheduler for Adaptive {
     }
     fn set_equalization(&mut self, max: Duration, min_len: usize) {
         self.equalize = (!max.is_zero()).then_some((max, min_len));
+    }
+    fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
+        let floor = self.delivery_floor(len, links);
+        let table = &self.table;
+        let clean = links
+            .iter()
+            .any(|v| table.get(v.id).is_some_and(|st| !st.pulled_back));
+        let mut best = f64::INFINITY;
+        for v in links {
+            let i = self
+                .table
+                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+            let st = &mut self.table.entries[i].2;
+            if clean && st.pulled_back {
+                continue;
+            }
+            if st.startup {
+                if v.owd.as_secs_f64() - floor >= BACKPRESSURE_LATE.as_secs_f64() {
+                    // Too slow to deliver on time even empty (a link beyond the equalisation
+                    // bound): it takes nothing from the others, whatever its rate.
+                    continue;
+                }
+                // A guessed rate must not hold back the traffic that would reveal the real one.
+                return None;
+            }
+            st.drain(now);
+            best = best.min(st.delivery(len, v, floor) - floor);
+        }
+        let excess = best - BACKPRESSURE_LATE.as_secs_f64();
+        // At least a microsecond: a wait that rounds to nothing would have the caller ask again
+        // at the same instant, forever (the simulator's clock does not move by itself).
+        (excess.is_finite() && excess > 0.0)
+            .then(|| Duration::from_secs_f64(excess).max(Duration::from_micros(1)))
     }
 }
 
@@ -1346,6 +1402,88 @@ mod tests {
             "fast link planned {:.0} ms of queue",
             q * 1e3
         );
+    }
+
+    /// 50 Mbit/s at 10 ms and 20 Mbit/s at 60 ms, rates configured (no start-up).
+    fn fast_and_slow() -> Vec<LinkView> {
+        [(1, 50_000_000u64, 10), (2, 20_000_000, 60)]
+            .iter()
+            .map(|&(id, bw, owd)| LinkView {
+                delivery_rate_bps: bw as f64,
+                srtt: Some(ms(2 * owd)),
+                ..view(id, Some(bw), owd)
+            })
+            .collect()
+    }
+
+    fn queue_ms(s: &Adaptive, link: LinkId) -> f64 {
+        s.backlog_bytes(link).unwrap() * 8.0 / s.rate_bps(link).unwrap() * 1e3
+    }
+
+    #[test]
+    fn adaptive_pushes_back_once_even_the_best_link_would_deliver_late() {
+        // Equalised, the fast link's queue up to the planned 50 ms costs no lateness: the push
+        // back starts once even the best link would deliver BACKPRESSURE_LATE beyond the floor
+        // (the fast one behind ~70 ms, the slow one behind ~20), and lifts once they drained.
+        let t0 = Instant::now();
+        let links = fast_and_slow();
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(100), 300);
+        assert_eq!(s.ready_in(t0, 1500, &links), None, "empty links");
+        let mut out = Vec::new();
+        let mut placed = 0;
+        while s.ready_in(t0, 1500, &links).is_none() {
+            out.clear();
+            s.pick(t0, 1250, 0, &links, &mut out);
+            assert_eq!(out.len(), 1, "nothing is dropped before the push back");
+            placed += 1;
+            assert!(placed < 10_000, "no push back after {placed} packets");
+        }
+        let late = BACKPRESSURE_LATE.as_secs_f64() * 1e3;
+        let (q1, q2) = (queue_ms(&s, 1), queue_ms(&s, 2));
+        assert!((q2 - late).abs() < 1.5, "slow link queued {q2:.1} ms");
+        assert!(
+            (q1 - 50.0 - late).abs() < 1.5,
+            "fast link queued {q1:.1} ms"
+        );
+        let d = s.ready_in(t0, 1500, &links).unwrap();
+        assert!(
+            d < ms(1),
+            "{d:?}: the push back lasts until the next packet fits"
+        );
+        assert_eq!(
+            s.ready_in(t0 + d + Duration::from_micros(20), 1500, &links),
+            None
+        );
+    }
+
+    #[test]
+    fn adaptive_never_pushes_back_on_a_guessed_rate() {
+        // Unconfigured links in start-up: a rate still being learned must not hold back the
+        // traffic that would reveal the real one.
+        let t0 = Instant::now();
+        let links: Vec<LinkView> = fast_and_slow()
+            .into_iter()
+            .map(|v| LinkView {
+                bandwidth_bps: None,
+                delivery_rate_bps: 0.0,
+                ..v
+            })
+            .collect();
+        let mut s = Adaptive::default();
+        let mut out = Vec::new();
+        for _ in 0..1000 {
+            out.clear();
+            s.pick(t0, 1250, 0, &links, &mut out);
+        }
+        assert!(
+            queue_ms(&s, 1) > 1000.0,
+            "the guessed 1 Mbit/s is far behind"
+        );
+        assert_eq!(s.ready_in(t0, 1500, &links), None);
+        // Other schedulers have no model of the queues: never.
+        let mut rr = RoundRobin::default();
+        assert_eq!(rr.ready_in(t0, 1500, &links), None);
     }
 
     #[test]

@@ -183,6 +183,10 @@ pub struct LabArgs {
     /// off; default braid's, 100).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub equalize_max: Option<u64>,
+    /// Turn the endpoints' back-pressure on (`backpressure = true`): while every link is full,
+    /// packets wait in the TUN device's queue instead of overflowing the links' buffers.
+    #[arg(long)]
+    pub backpressure: bool,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -462,6 +466,8 @@ pub struct Lab {
     client_control: Option<PathBuf>,
     /// `equalize_max_ms` for both endpoints (`None`: braid's default).
     pub equalize_max_ms: Option<u64>,
+    /// `backpressure` for both endpoints.
+    pub backpressure: bool,
 }
 
 impl Lab {
@@ -532,6 +538,7 @@ impl Lab {
             emu_started,
             client_control: None,
             equalize_max_ms: None,
+            backpressure: false,
         })
     }
 
@@ -791,6 +798,9 @@ impl Lab {
             .unwrap_or_default();
         if let Some(e) = self.equalize_max_ms {
             sched += &format!("equalize_max_ms = {e}\n");
+        }
+        if self.backpressure {
+            sched += "backpressure = true\n";
         }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
@@ -1374,6 +1384,7 @@ fn run_bundle(
 ) -> anyhow::Result<BundleReport> {
     let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
     lab.equalize_max_ms = args.equalize_max;
+    lab.backpressure = args.backpressure;
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| {

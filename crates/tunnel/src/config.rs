@@ -122,6 +122,8 @@ struct BundleRepr {
     equalize_max_ms: Option<Spanned<u64>>,
     /// Inner header compression of the DATA this end sends (default on).
     compression: Option<bool>,
+    /// Leave the TUN device's packets waiting while every link is full (default off).
+    backpressure: Option<bool>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
     /// Data plane: wait up to this many microseconds after a wake-up to fill a batch (NAPI's
@@ -173,6 +175,9 @@ pub struct Config {
     pub equalize_max: Option<Duration>,
     /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
     pub compression: bool,
+    /// Back-pressure: while every link is full, leave the TUN device's packets in its queue
+    /// instead of overfilling the links' buffers (`braid_core::Endpoint::backpressure`).
+    pub backpressure: bool,
     pub connect_timeout: Option<Duration>,
     /// Client: the route id a balancer steers this bundle's links by (`None`: random).
     pub route_id: Option<u16>,
@@ -478,6 +483,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
+        backpressure: b.backpressure.unwrap_or(false),
         connect_timeout,
         route_id: src
             .optional(&b.route_id, "bundle.route_id", |&r| in_range(r, 0, 65_535))?
@@ -1031,6 +1037,17 @@ mod tests {
                 .compression
         );
         assert!(parse(&client("compression = \"no\"", LINKS)).is_err());
+        assert!(
+            !parse(&client("", LINKS)).unwrap().backpressure,
+            "off by default"
+        );
+        assert!(
+            parse(&client("backpressure = true", LINKS))
+                .unwrap()
+                .backpressure
+        );
+        let e = parse(&client("backpressure = 1", LINKS)).unwrap_err();
+        assert!(e.contains("bundle.backpressure"), "{e}");
         assert_eq!(parse(&client("", LINKS)).unwrap().route_id, None, "random");
         assert_eq!(
             parse(&client("route_id = 4660", LINKS)).unwrap().route_id,

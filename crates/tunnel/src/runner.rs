@@ -42,6 +42,10 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::config::{Config, LinkSpec};
+
+/// Under back-pressure the TUN device is read this many packets at a time between two looks at
+/// whether the links have room: at most this many packets' overshoot.
+const BACKPRESSURE_STEP: usize = 8;
 use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
 use crate::workers::Workers;
 
@@ -139,6 +143,8 @@ pub struct Runner {
     handle: Handle,
     signal_rx: UnixStream,
     tun_ready: bool,
+    /// Back-pressure: the TUN device is left unread until then (see `Endpoint::backpressure`).
+    tun_paused_until: Option<Instant>,
     recv: RecvBatch,
     started: Instant,
     session_seen: bool,
@@ -375,6 +381,7 @@ impl Runner {
             cmd_rx,
             signal_rx,
             tun_ready: true,
+            tun_paused_until: None,
             recv: RecvBatch::new(BATCH),
             started: now,
             session_seen: false,
@@ -422,7 +429,8 @@ impl Runner {
         let mut now = Instant::now();
         let mut next_check = now + Duration::from_secs(1);
         loop {
-            let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
+            let tun_busy = self.tun_ready && self.tun_paused_until.is_none_or(|t| t <= now);
+            let busy = tun_busy || self.socks.values().any(|s| s.readable);
             let timeout = self.poll_timeout(now, next_check, busy);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -507,6 +515,9 @@ impl Runner {
             .unwrap_or(now + Duration::from_secs(1))
             .min(next_check);
         if let Some(t) = self.next_relink() {
+            until = until.min(t);
+        }
+        if let Some(t) = self.tun_paused_until.filter(|_| self.tun_ready) {
             until = until.min(t);
         }
         until.saturating_duration_since(now)
@@ -620,21 +631,36 @@ impl Runner {
     }
 
     fn read_tun(&mut self, now: Instant) {
-        if !self.tun_ready {
+        if !self.tun_ready || self.tun_paused_until.is_some_and(|t| t > now) {
             return;
         }
+        self.tun_paused_until = None;
         // Each packet goes from the device's read buffer straight into the endpoint, which
         // compresses it into the buffer it seals in place.
         let ep = &mut self.ep;
-        match self.tun.recv_each(BATCH, |p| ep.send_packet(now, p)) {
-            Ok(n) => {
-                if n < BATCH {
-                    self.tun_ready = false;
+        let bp = self.cfg.backpressure;
+        let mut done = 0;
+        while done < BATCH {
+            if bp {
+                if let Some(d) = ep.backpressure(now) {
+                    self.tun_paused_until = Some(now + d);
+                    return;
                 }
             }
-            Err(e) => {
-                tracing::warn!("TUN {}: read failed: {e}", self.cfg.name);
-                self.tun_ready = false;
+            let step = if bp { BACKPRESSURE_STEP } else { BATCH };
+            match self.tun.recv_each(step, |p| ep.send_packet(now, p)) {
+                Ok(n) => {
+                    done += n;
+                    if n < step {
+                        self.tun_ready = false;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("TUN {}: read failed: {e}", self.cfg.name);
+                    self.tun_ready = false;
+                    return;
+                }
             }
         }
     }

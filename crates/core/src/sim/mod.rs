@@ -183,6 +183,7 @@ impl Scenario {
             equalize_max: self.equalize_max,
             warmup: self.warmup,
             nack: None,
+            backpressure: false,
         }
     }
 }

@@ -704,6 +704,9 @@ pub struct TcpScenario {
     /// Which lost gaps receivers NACK (`endpoint::Config::nack`; `None`: its default,
     /// [`crate::endpoint::Nack::RandomLoss`]).
     pub nack: Option<crate::endpoint::Nack>,
+    /// Both ends push back as `braid up` does with `backpressure = true`
+    /// ([`super::net::BundleOptions::backpressure`]).
+    pub backpressure: bool,
 }
 
 impl TcpScenario {
@@ -721,7 +724,12 @@ impl TcpScenario {
             equalize_max: None,
             events: Vec::new(),
             nack: None,
+            backpressure: false,
         }
+    }
+    pub fn backpressure(mut self, on: bool) -> Self {
+        self.backpressure = on;
+        self
     }
     pub fn nack(mut self, mode: crate::endpoint::Nack) -> Self {
         self.nack = Some(mode);
@@ -895,6 +903,7 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
         equalize_max: sc.equalize_max,
         warmup: sc.warmup,
         nack: sc.nack,
+        backpressure: sc.backpressure,
     };
     let mut bundle = Bundle::new(&sc.links, &opts);
     for &(at, e) in &sc.events {
