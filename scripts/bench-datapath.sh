@@ -12,6 +12,7 @@
 #                                                       mid-run)
 #   TASKSET=0 scripts/bench-datapath.sh                (pin every process to CPU 0: the 1-core case)
 #   EXTRA='batch_wait_us = 50' scripts/bench-datapath.sh   (more [bundle] keys for both ends)
+#   PART=1 scripts/bench-datapath.sh                   (only the one veth link)
 #   PART=2 DIRS=down REPEAT=5 scripts/bench-datapath.sh    (only the 2-link bundle, download,
 #                                                       braid run 5 times: run-to-run spread)
 #   SECONDS_TOO=1 scripts/bench-datapath.sh            (each run's Gbit/s second by second too)
@@ -34,7 +35,7 @@ command -v wg >/dev/null || need+=(wireguard-tools)
 if ((${#need[@]})); then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-case ${PART:-all} in all|2) ;; *) echo "PART is all or 2, not $PART" >&2; exit 2 ;; esac
+case ${PART:-all} in all|1|2) ;; *) echo "PART is all, 1 or 2, not $PART" >&2; exit 2 ;; esac
 for d in ${DIRS:-up down}; do
   case $d in up|down) ;; *) echo "DIRS holds up and/or down, not $d" >&2; exit 2 ;; esac
 done
@@ -140,6 +141,7 @@ braid_down
 python3 -c "print(f'braid / wireguard-go: {$br/max($wgg,1e-9):.2f}x; braid / plain veth: {100*$br/max($plain,1e-9):.1f}%')"
 fi
 
+[ "${PART:-all}" = 1 ] && exit 0
 echo "## 2. two links shaped to $RATE each, one TCP flow"
 for i in 1 2; do
   ip netns exec "$C" tc qdisc replace dev "c$i" root tbf rate "$RATE" burst 1mb latency 20ms
