@@ -487,6 +487,9 @@ pub const PLANNED_QUEUE_MAX: Duration = Duration::from_millis(50);
 /// the best link would deliver a packet this late (beyond the equalisation floor and the
 /// planned queue).
 pub const BACKPRESSURE_LATE: Duration = Duration::from_millis(20);
+/// The longest pause [`Scheduler::ready_in`] asks for at once: links may have room sooner than
+/// predicted (a rate corrected, a link back), so the question is asked again after this.
+pub const BACKPRESSURE_MAX_PAUSE: Duration = Duration::from_millis(5);
 
 #[derive(Debug)]
 struct AdaptiveLink {
@@ -714,6 +717,15 @@ impl AdaptiveLink {
         arrival
     }
 
+    /// The delivery [`delivery`](Self::delivery) predicts behind an empty queue.
+    fn unloaded_delivery(&self, v: &LinkView, floor: f64) -> f64 {
+        let mut at = v.owd.as_secs_f64().max(floor);
+        if v.state == LinkState::Degraded {
+            at += DEGRADED_PENALTY.as_secs_f64();
+        }
+        at
+    }
+
     /// Predicted queueing time of a packet of `len` bytes placed here now.
     fn queue_time(&self, len: usize, v: &LinkView) -> f64 {
         let keep = (1.0 - sane(v.loss)).clamp(0.05, 1.0);
@@ -899,11 +911,19 @@ impl Scheduler for Adaptive {
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         let floor = self.delivery_floor(len, links);
+        if floor <= 0.0 {
+            // No equalisation (off, or one usable link): the placement spills onto a slower link
+            // only behind the faster ones' queues, which a push-back at 20 ms would never let
+            // build, leaving the slower links unused. One link's queue is its own business.
+            return None;
+        }
         let table = &self.table;
         let clean = links
             .iter()
             .any(|v| table.get(v.id).is_some_and(|st| !st.pulled_back));
-        let mut best = f64::INFINITY;
+        // The best delivery of a packet placed now, against the best the links give empty: the
+        // lateness that queues add (a single 60 ms link, or no equalisation, is no lateness).
+        let (mut best, mut unloaded) = (f64::INFINITY, f64::INFINITY);
         for v in links {
             let i = self
                 .table
@@ -912,8 +932,9 @@ impl Scheduler for Adaptive {
             if clean && st.pulled_back {
                 continue;
             }
+            let empty = st.unloaded_delivery(v, floor);
             if st.startup {
-                if v.owd.as_secs_f64() - floor >= BACKPRESSURE_LATE.as_secs_f64() {
+                if empty - floor >= BACKPRESSURE_LATE.as_secs_f64() {
                     // Too slow to deliver on time even empty (a link beyond the equalisation
                     // bound): it takes nothing from the others, whatever its rate.
                     continue;
@@ -922,13 +943,17 @@ impl Scheduler for Adaptive {
                 return None;
             }
             st.drain(now);
-            best = best.min(st.delivery(len, v, floor) - floor);
+            best = best.min(st.delivery(len, v, floor));
+            unloaded = unloaded.min(empty);
         }
-        let excess = best - BACKPRESSURE_LATE.as_secs_f64();
+        let excess = best - unloaded - BACKPRESSURE_LATE.as_secs_f64();
         // At least a microsecond: a wait that rounds to nothing would have the caller ask again
-        // at the same instant, forever (the simulator's clock does not move by itself).
-        (excess.is_finite() && excess > 0.0)
-            .then(|| Duration::from_secs_f64(excess).max(Duration::from_micros(1)))
+        // at the same instant, forever (the simulator's clock does not move by itself). At most
+        // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
+        (excess.is_finite() && excess > 0.0).then(|| {
+            Duration::from_secs_f64(excess.min(BACKPRESSURE_MAX_PAUSE.as_secs_f64()))
+                .max(Duration::from_micros(1))
+        })
     }
 }
 
@@ -1034,6 +1059,13 @@ impl Scheduler for Backup {
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.inner.rate_bps(link)
+    }
+    fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
+        let top = links.iter().map(|l| l.priority).max()?;
+        self.scratch.clear();
+        self.scratch
+            .extend(links.iter().filter(|l| l.priority == top).cloned());
+        self.inner.ready_in(now, len, &self.scratch)
     }
 }
 
@@ -1455,6 +1487,43 @@ mod tests {
             s.ready_in(t0 + d + Duration::from_micros(20), 1500, &links),
             None
         );
+        // A long way over: one pause of at most BACKPRESSURE_MAX_PAUSE, then asked again.
+        for _ in 0..2000 {
+            out.clear();
+            s.pick(t0, 1250, 0, &links, &mut out);
+        }
+        assert_eq!(s.ready_in(t0, 1500, &links), Some(BACKPRESSURE_MAX_PAUSE));
+    }
+
+    #[test]
+    fn adaptive_pushes_back_only_under_equalisation() {
+        // Without an equalisation floor (off, one usable link left, or no link UP) no push back
+        // at all: a slower link takes traffic only behind the faster one's queue, which a push
+        // back at 20 ms would never let build (and before this rule a single 60 ms link read as
+        // 40 ms late and paused the TUN for good).
+        let t0 = Instant::now();
+        let mut degraded = fast_and_slow();
+        for v in &mut degraded {
+            v.state = LinkState::Degraded;
+        }
+        let slow = fast_and_slow()[1].clone();
+        let mut out = Vec::new();
+        for (what, links, equalise) in [
+            ("one 60 ms link", vec![slow], true),
+            ("no equalisation", fast_and_slow(), false),
+            ("no link up", degraded, true),
+        ] {
+            let mut s = Adaptive::default();
+            if equalise {
+                s.set_equalization(ms(100), 300);
+            }
+            for _ in 0..5000 {
+                out.clear();
+                s.pick(t0, 1250, 0, &links, &mut out);
+            }
+            assert!(queue_ms(&s, links[0].id) > 100.0, "{what}");
+            assert_eq!(s.ready_in(t0, 1500, &links), None, "{what}");
+        }
     }
 
     #[test]
@@ -1481,9 +1550,6 @@ mod tests {
             "the guessed 1 Mbit/s is far behind"
         );
         assert_eq!(s.ready_in(t0, 1500, &links), None);
-        // Other schedulers have no model of the queues: never.
-        let mut rr = RoundRobin::default();
-        assert_eq!(rr.ready_in(t0, 1500, &links), None);
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct Extra {
     pub udp_rx: braid_linux::udp::RecvStats,
     /// Datagrams from the link sockets opened on the helper threads, in parallel parts.
     pub udp_opened_in_parallel: u64,
+    /// Times back-pressure left the TUN device unread while every link was full.
+    pub tun_backpressure_pauses: u64,
 }
 
 struct Reg<'a> {
@@ -367,6 +369,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "Datagrams from the link sockets opened (decrypted) in parallel parts on the data plane's helper threads",
         &[(b.clone(), extra.udp_opened_in_parallel)],
     );
+    r.counter(
+        "tun_backpressure_pauses",
+        "Times back-pressure left the TUN device unread because every link was full",
+        &[(b.clone(), extra.tun_backpressure_pauses)],
+    );
     let c = &s.compression;
     let labelled = |pairs: &[(&str, &str)], v: u64| {
         let mut l = bundle(n);
@@ -644,6 +651,7 @@ mod tests {
                 tun: Default::default(),
                 udp_rx: Default::default(),
                 udp_opened_in_parallel: 7,
+                tun_backpressure_pauses: 9,
             },
         );
         for want in [
@@ -653,6 +661,7 @@ mod tests {
             "braid_drops_total{bundle=\"b0\",reason=\"no_session\"} 1",
             "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
             "braid_udp_opened_in_parallel_total{bundle=\"b0\"} 7",
+            "braid_tun_backpressure_pauses_total{bundle=\"b0\"} 9",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",
             "# TYPE braid_link_rtt_seconds gauge",

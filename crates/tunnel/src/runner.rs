@@ -42,12 +42,12 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::config::{Config, LinkSpec};
+use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
+use crate::workers::Workers;
 
 /// Under back-pressure the TUN device is read this many packets at a time between two looks at
 /// whether the links have room: at most this many packets' overshoot.
 const BACKPRESSURE_STEP: usize = 8;
-use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
-use crate::workers::Workers;
 
 const TUN: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -167,6 +167,8 @@ pub struct Runner {
     opening: Vec<RxJob<'static>>,
     /// Datagrams opened in parallel parts on the helper threads (metrics).
     opened_in_parallel: u64,
+    /// Times back-pressure left the TUN device unread (metrics).
+    tun_pauses: u64,
     /// Per link: the datagram room the kernel last reported for its route (route MTU less the
     /// outer headers), told to the endpoint's path MTU discovery.
     path_mtus: HashMap<LinkId, usize>,
@@ -395,6 +397,7 @@ impl Runner {
             workers,
             opening: Vec::with_capacity(BATCH),
             opened_in_parallel: 0,
+            tun_pauses: 0,
             path_mtus: HashMap::new(),
             mtu_check_due: true,
         };
@@ -444,7 +447,8 @@ impl Runner {
                 match ev.token() {
                     TUN => {
                         self.tun_ready = true;
-                        woke_for_data = true;
+                        // Paused by back-pressure, new packets in the device are not work yet.
+                        woke_for_data |= self.tun_paused_until.is_none_or(|t| t <= now);
                     }
                     WAKER => {}
                     NETLINK => netlink = true,
@@ -644,6 +648,7 @@ impl Runner {
             if bp {
                 if let Some(d) = ep.backpressure(now) {
                     self.tun_paused_until = Some(now + d);
+                    self.tun_pauses += 1;
                     return;
                 }
             }
@@ -1124,6 +1129,7 @@ impl Runner {
             tun: self.tun.stats(),
             udp_rx: self.recv.stats(),
             udp_opened_in_parallel: self.opened_in_parallel,
+            tun_backpressure_pauses: self.tun_pauses,
         }
     }
 

@@ -214,21 +214,20 @@ pub struct BundleOptions {
     /// Which lost gaps receivers ask for again (`endpoint::Config::nack`; `None`: its default).
     pub nack: Option<crate::endpoint::Nack>,
     /// Back-pressure as `braid up` does it ([`Endpoint::backpressure`]): each end's TUN
-    /// packets wait in a queue of [`TUN_QUEUE_BYTES`] while the links are full. Off, each packet
+    /// packets wait in a ring of [`TUN_QUEUE_PACKETS`] while the links are full. Off, each packet
     /// goes to the endpoint as it comes (open-loop traffic, whose losses the tables count).
     pub backpressure: bool,
 }
 
-/// With back-pressure, the most bytes waiting before an endpoint: Linux's default
-/// `tcp_limit_output_bytes` (4 MiB), what a local TCP sender may have queued below it before it
-/// waits (TCP small queues). Beyond it a packet is dropped, as by a full device queue.
-pub const TUN_QUEUE_BYTES: usize = 4 << 20;
+/// With back-pressure, the most packets waiting before an endpoint: braid's TUN device ring
+/// (`txqueuelen`, 2000 by default). Linux's TUN driver orphans a packet as it queues it and drops
+/// when the ring is full; a local sender is not paused (TCP small queues do not see it).
+pub const TUN_QUEUE_PACKETS: usize = 2000;
 
 /// Packets from one end's TUN waiting for the links (back-pressure).
 #[derive(Debug, Default)]
 struct TunQueue {
     packets: std::collections::VecDeque<Vec<u8>>,
-    bytes: usize,
     /// When the endpoint expects room again.
     resume: Option<Duration>,
 }
@@ -365,7 +364,6 @@ impl Bundle {
             let Some(p) = q.packets.pop_front() else {
                 break;
             };
-            q.bytes -= p.len();
             ep.send_packet(inst, &p);
         }
     }
@@ -591,11 +589,10 @@ impl Path for Bundle {
         match self.tun_queues.as_mut() {
             Some(queues) => {
                 let q = &mut queues[from as usize];
-                if q.bytes + packet.len() > TUN_QUEUE_BYTES {
+                if q.packets.len() >= TUN_QUEUE_PACKETS {
                     self.tun_queue_drops += 1;
                     return;
                 }
-                q.bytes += packet.len();
                 q.packets.push_back(packet.to_vec());
                 self.pump(now, from);
             }
