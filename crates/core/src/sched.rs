@@ -710,20 +710,12 @@ impl AdaptiveLink {
         let tx = queue - wait;
         let cap = PLANNED_QUEUE_MAX.as_secs_f64();
         let over = (wait - cap).max(0.0);
-        let mut arrival = (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx;
-        if v.state == LinkState::Degraded {
-            arrival += DEGRADED_PENALTY.as_secs_f64();
-        }
-        arrival
+        (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx + degraded_penalty(v)
     }
 
     /// The delivery [`delivery`](Self::delivery) predicts behind an empty queue.
     fn unloaded_delivery(&self, v: &LinkView, floor: f64) -> f64 {
-        let mut at = v.owd.as_secs_f64().max(floor);
-        if v.state == LinkState::Degraded {
-            at += DEGRADED_PENALTY.as_secs_f64();
-        }
-        at
+        v.owd.as_secs_f64().max(floor) + degraded_penalty(v)
     }
 
     /// Predicted queueing time of a packet of `len` bytes placed here now.
@@ -758,6 +750,15 @@ pub fn equalize_wait(spread: Duration, bound: Duration) -> Duration {
     } else {
         // full < spread < none, so none > full.
         bound.mul_f64((none - spread).as_secs_f64() / (none - full).as_secs_f64())
+    }
+}
+
+/// What a DEGRADED link adds to a predicted delivery, seconds.
+fn degraded_penalty(v: &LinkView) -> f64 {
+    if v.state == LinkState::Degraded {
+        DEGRADED_PENALTY.as_secs_f64()
+    } else {
+        0.0
     }
 }
 
@@ -1037,6 +1038,19 @@ pub struct Backup {
     scratch: Vec<LinkView>,
 }
 
+impl Backup {
+    /// Keeps in `scratch` the links of the highest priority present; false when there are none.
+    fn keep_top(&mut self, links: &[LinkView]) -> bool {
+        let Some(top) = links.iter().map(|l| l.priority).max() else {
+            return false;
+        };
+        self.scratch.clear();
+        self.scratch
+            .extend(links.iter().filter(|l| l.priority == top).cloned());
+        true
+    }
+}
+
 impl Scheduler for Backup {
     fn name(&self) -> &'static str {
         "backup"
@@ -1049,22 +1063,17 @@ impl Scheduler for Backup {
         links: &[LinkView],
         out: &mut Vec<LinkId>,
     ) {
-        let Some(top) = links.iter().map(|l| l.priority).max() else {
-            return;
-        };
-        self.scratch.clear();
-        self.scratch
-            .extend(links.iter().filter(|l| l.priority == top).cloned());
-        self.inner.pick(now, len, flow, &self.scratch, out);
+        if self.keep_top(links) {
+            self.inner.pick(now, len, flow, &self.scratch, out);
+        }
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.inner.rate_bps(link)
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
-        let top = links.iter().map(|l| l.priority).max()?;
-        self.scratch.clear();
-        self.scratch
-            .extend(links.iter().filter(|l| l.priority == top).cloned());
+        if !self.keep_top(links) {
+            return None;
+        }
         self.inner.ready_in(now, len, &self.scratch)
     }
 }

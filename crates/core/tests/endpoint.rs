@@ -253,6 +253,15 @@ impl Pair {
     }
 
     /// Runs timers and exchanges until `d` has passed, in steps of at most 10 ms.
+    /// The client restarts: a new endpoint (fresh keys to come, seed 99) on links 1 and 2.
+    fn restart_client(&mut self) {
+        let mut fresh = endpoint(Role::Client, KEY, 99, self.now);
+        for id in 1..=2 {
+            fresh.add_link(self.now, id, LinkConfig::default()).unwrap();
+        }
+        self.client = fresh;
+    }
+
     fn run_for(&mut self, d: Duration) {
         let end = self.now + d;
         while self.now < end {
@@ -526,11 +535,7 @@ fn eventful_run(how: Receive) -> Outcome {
     p.replay = None;
     p.run_for(Duration::from_millis(500));
     // A restarted client: the server's pending session becomes current at its first packet.
-    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
-    for id in 1..=2 {
-        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
-    }
-    p.client = fresh;
+    p.restart_client();
     p.run_for(Duration::from_secs(1));
     for i in 0..100 {
         p.client.send_packet(p.now, &ip_packet(i));
@@ -691,11 +696,7 @@ fn a_job_whose_key_was_replaced_before_its_commit_is_dropped_and_counted() {
     job.open(&mut old);
     // Meanwhile a restarted client makes a new session, and its first packet switches the
     // server over.
-    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
-    for id in 1..=2 {
-        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
-    }
-    p.client = fresh;
+    p.restart_client();
     let before = p.server.stats(p.now).session;
     p.run_for(Duration::from_millis(100));
     assert_ne!(p.server.stats(p.now).session, before);
@@ -718,11 +719,7 @@ fn jobs_checked_against_the_pending_session_are_accepted_after_the_switch() {
     let mut p = Pair::new(2);
     p.run_for(Duration::from_secs(1));
     let old = p.server.stats(p.now).session;
-    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
-    for id in 1..=2 {
-        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
-    }
-    p.client = fresh;
+    p.restart_client();
     // HELLOs to the server (a pending session), HELLO-ACKs back: the client is connected and
     // confirms on every link.
     p.client.handle_timeout(p.now);
@@ -1026,11 +1023,7 @@ fn restarted_client_gets_a_new_session_without_restarting_the_server() {
     let mut p = Pair::new(2);
     p.run_for(Duration::from_secs(1));
     let old = p.server.stats(p.now).session;
-    let mut fresh = endpoint(Role::Client, KEY, 99, p.now);
-    for id in 1..=2 {
-        fresh.add_link(p.now, id, LinkConfig::default()).unwrap();
-    }
-    p.client = fresh;
+    p.restart_client();
     p.run_for(Duration::from_secs(1));
     assert!(p.client.is_connected());
     assert_ne!(p.server.stats(p.now).session, old);

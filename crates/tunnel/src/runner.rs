@@ -432,7 +432,7 @@ impl Runner {
         let mut now = Instant::now();
         let mut next_check = now + Duration::from_secs(1);
         loop {
-            let tun_busy = self.tun_ready && self.tun_paused_until.is_none_or(|t| t <= now);
+            let tun_busy = self.tun_ready && !self.tun_paused(now);
             let busy = tun_busy || self.socks.values().any(|s| s.readable);
             let timeout = self.poll_timeout(now, next_check, busy);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
@@ -448,7 +448,7 @@ impl Runner {
                     TUN => {
                         self.tun_ready = true;
                         // Paused by back-pressure, new packets in the device are not work yet.
-                        woke_for_data |= self.tun_paused_until.is_none_or(|t| t <= now);
+                        woke_for_data |= !self.tun_paused(now);
                     }
                     WAKER => {}
                     NETLINK => netlink = true,
@@ -634,8 +634,13 @@ impl Runner {
         }
     }
 
+    /// Back-pressure still leaves the TUN device unread at `now`.
+    fn tun_paused(&self, now: Instant) -> bool {
+        self.tun_paused_until.is_some_and(|t| t > now)
+    }
+
     fn read_tun(&mut self, now: Instant) {
-        if !self.tun_ready || self.tun_paused_until.is_some_and(|t| t > now) {
+        if !self.tun_ready || self.tun_paused(now) {
             return;
         }
         self.tun_paused_until = None;
