@@ -8,7 +8,8 @@
 //! - `--cc cubic|bbr`, `--dir upload|download`
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
 //! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation bound)
-//! - `--backpressure`: both ends push back as `braid up` with `backpressure = true`
+//! - `--backpressure` / `--no-backpressure`: both ends push back (or not) as `braid up` with
+//!   `backpressure = true` (or `false`); default braid's (off)
 //! - `--no-single`: skip the single-link baseline runs (faster)
 //! - `--failover`: the failover scenarios (`sim::failover_scenarios`, a link going dark) instead
 //! - `--list`: the scenarios and their links
@@ -33,7 +34,7 @@ struct Opts {
     json: bool,
     failover: bool,
     equalize_max: Option<Duration>,
-    backpressure: bool,
+    backpressure: Option<bool>,
 }
 
 fn secs(v: &str) -> Result<Duration, String> {
@@ -91,7 +92,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--no-single" => o.single = false,
             "--list" => o.list = true,
             "--failover" => o.failover = true,
-            "--backpressure" => o.backpressure = true,
+            "--backpressure" => o.backpressure = Some(true),
+            "--no-backpressure" => o.backpressure = Some(false),
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a:?}")),
@@ -145,7 +147,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -182,7 +184,9 @@ fn main() -> ExitCode {
             if let Some(w) = o.warmup {
                 sc = sc.warmup(w);
             }
-            sc = sc.backpressure(o.backpressure);
+            if let Some(on) = o.backpressure {
+                sc = sc.backpressure(on);
+            }
             if let Some(d) = o.equalize_max {
                 sc = sc.equalize_max(d);
             }

@@ -541,6 +541,8 @@ struct AdaptiveLink {
     /// [`Held`] says.
     held: bool,
     hold: Held,
+    /// Back-pressure held traffic back during this adjustment: every link was full.
+    held_back: bool,
 }
 
 /// How a link held by back-pressure learns its rate. Back-pressure offers a link no more than
@@ -550,8 +552,9 @@ struct AdaptiveLink {
 /// 10-20 ms of it at any load: its rate backed off once and stayed there (3 Mbit/s of 30 in the
 /// simulator, the bundle at 27-45% of the sum). So, once its start-up is over, a held link
 /// learns as BBR does, by delivery rate alone: its rate is the most it delivered over the last
-/// [`MAXF_ROUNDS`] adjustments in which it was kept busy, and every [`PROBE_EVERY`] adjustments
-/// it is given [`PROBE_GAIN`] x that for one adjustment. A probe the link delivers lifts the
+/// [`MAXF_ROUNDS`] adjustments in which back-pressure held traffic back (the bundle was full),
+/// and every [`PROBE_EVERY`] such adjustments it is given [`PROBE_GAIN`] x that for one
+/// adjustment (less when the adjustment, an srtt, is longer than [`ADJUST_INTERVAL`]). A probe the link delivers lifts the
 /// maximum and is repeated at once; one it does not is drained at [`DRAIN_GAIN`] for an
 /// adjustment. The queue stays bounded by back-pressure and by the virtual queue, which still
 /// follows the peer's readings.
@@ -562,19 +565,19 @@ struct Held {
     /// Samples taken so far.
     n: usize,
     probe: Probe,
-    /// The previous adjustment found the link busy: a delivery rate is a sample of the link's
-    /// capacity only after a whole busy adjustment (it is smoothed and lags: a link busy again
-    /// after a pause read a tenth of its rate, which as the only sample starved it).
-    was_pushed: bool,
+    /// The previous adjustment was full too: a delivery rate is a sample of the link's capacity
+    /// only after a whole full adjustment (it is smoothed and lags: a link busy again after a
+    /// pause read a tenth of its rate, which as the only sample starved it).
+    was_full: bool,
 }
 
 /// The probe cycle of a held link (see [`Held`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Probe {
-    /// Busy adjustments since the last probe ended.
+    /// Full adjustments since the last probe ended.
     Cruise(u8),
-    /// Given PROBE_GAIN x the rate this adjustment; the rate before.
-    Up { base: f64 },
+    /// Given `gain` x the rate this adjustment; the rate before.
+    Up { base: f64, gain: f64 },
     /// The probe's packets arrive during this adjustment: judged at its end.
     Check { base: f64 },
     /// Given DRAIN_GAIN x the rate this adjustment.
@@ -591,7 +594,7 @@ impl Held {
     /// The multiple of the rate the link is given now.
     fn gain(&self) -> f64 {
         match self.probe {
-            Probe::Up { .. } => PROBE_GAIN,
+            Probe::Up { gain, .. } => gain,
             Probe::Drain => DRAIN_GAIN,
             _ => 1.0,
         }
@@ -605,23 +608,44 @@ impl Held {
     }
 
     /// One adjustment of a held link past its start-up; the rate learned.
-    fn adjust(&mut self, rate: f64, pushed: bool, delivered: f64, qdelay: Duration) -> f64 {
+    /// `full`: back-pressure held traffic back during this adjustment (every link was full);
+    /// `interval`: the adjustment's length.
+    fn adjust(
+        &mut self,
+        rate: f64,
+        full: bool,
+        delivered: f64,
+        qdelay: Duration,
+        interval: Duration,
+    ) -> f64 {
         if self.n == 0 {
             // Held from now on: what start-up or the other rules learned is the first sample.
             self.push(rate);
         }
-        if pushed && self.was_pushed {
+        // A delivery rate measures the link's capacity only when the bundle was full; else it
+        // measures what the inner flow sent (BBR's "application-limited" samples), and counts
+        // only if it beats the maximum. (Sampling every busy adjustment let a CUBIC download's
+        // lull after a loss pull a 20 Mbit/s link's rate down to 12: lab 50/20/7 Mbit/s, 67%.)
+        if (full && self.was_full) || delivered > self.max() {
             self.push(delivered);
         }
-        self.was_pushed = pushed;
+        self.was_full = full;
+        // The probe's excess stays within a quarter of ADJUST_INTERVAL of queue: an adjustment
+        // lasts an srtt when that is longer, and a 20 Mbit/s link with a 190 ms srtt probed at
+        // 1.25x for all of it queued 47 ms more on top of the planned queue and overflowed its
+        // 100 ms buffer (lab 50/20/7 Mbit/s: 600-2800 drops in 20 s).
+        let gain = 1.0
+            + (PROBE_GAIN - 1.0)
+                * (ADJUST_INTERVAL.as_secs_f64() / interval.as_secs_f64()).min(1.0);
         self.probe = match self.probe {
-            Probe::Cruise(n) if !pushed || qdelay >= PROBE_MAX_QDELAY => Probe::Cruise(n),
+            Probe::Cruise(n) if !full || qdelay >= PROBE_MAX_QDELAY => Probe::Cruise(n),
             Probe::Cruise(n) if n + 1 < PROBE_EVERY => Probe::Cruise(n + 1),
-            Probe::Cruise(_) => Probe::Up { base: rate },
-            Probe::Up { base } => Probe::Check { base },
-            Probe::Check { base } if delivered >= PROBE_SUCCESS * base => {
-                Probe::Up { base: self.max() }
-            }
+            Probe::Cruise(_) => Probe::Up { base: rate, gain },
+            Probe::Up { base, .. } => Probe::Check { base },
+            Probe::Check { base } if delivered >= PROBE_SUCCESS * base => Probe::Up {
+                base: self.max(),
+                gain,
+            },
             Probe::Check { .. } => Probe::Drain,
             Probe::Drain => Probe::Cruise(0),
         };
@@ -684,6 +708,7 @@ impl AdaptiveLink {
             lossy_at: None,
             held: false,
             hold: Held::default(),
+            held_back: false,
         }
     }
 
@@ -765,7 +790,9 @@ impl AdaptiveLink {
         if self.held && !self.startup {
             // (Start-up works as without back-pressure, which does not push back on a link in
             // start-up.)
-            let rate = self.hold.adjust(self.rate, pushed, delivered, v.qdelay);
+            let rate = self
+                .hold
+                .adjust(self.rate, self.held_back, delivered, v.qdelay, interval);
             if rate > 0.0 {
                 self.rate = rate;
             }
@@ -776,6 +803,7 @@ impl AdaptiveLink {
         self.interval_start = now;
         self.busy = 0.0;
         self.demand = false;
+        self.held_back = false;
         self.vq_prev = self.backlog * 8.0 / self.rate;
     }
 
@@ -1084,6 +1112,13 @@ impl Scheduler for Adaptive {
         // At least a microsecond: a wait that rounds to nothing would have the caller ask again
         // at the same instant, forever (the simulator's clock does not move by itself). At most
         // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
+        if excess.is_finite() && excess > 0.0 {
+            for e in self.table.entries.iter_mut() {
+                if links.iter().any(|v| v.id == e.0) {
+                    e.2.held_back = true;
+                }
+            }
+        }
         (excess.is_finite() && excess > 0.0).then(|| {
             Duration::from_secs_f64(excess.min(BACKPRESSURE_MAX_PAUSE.as_secs_f64()))
                 .max(Duration::from_micros(1))
@@ -1703,7 +1738,7 @@ mod tests {
         let mut rates = Vec::new();
         for _ in 0..rounds {
             let delivered = given.min(capacity);
-            rate = h.adjust(rate, true, delivered, qdelay);
+            rate = h.adjust(rate, true, delivered, qdelay, ms(100));
             probed |= matches!(h.probe, Probe::Up { .. });
             given = rate * h.gain();
             rates.push(rate);

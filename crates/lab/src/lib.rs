@@ -185,8 +185,11 @@ pub struct LabArgs {
     pub equalize_max: Option<u64>,
     /// Turn the endpoints' back-pressure on (`backpressure = true`): while every link is full,
     /// packets wait in the TUN device's queue instead of overflowing the links' buffers.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_backpressure")]
     pub backpressure: bool,
+    /// Turn the endpoints' back-pressure off (`backpressure = false`, braid's default).
+    #[arg(long)]
+    pub no_backpressure: bool,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -466,8 +469,8 @@ pub struct Lab {
     client_control: Option<PathBuf>,
     /// `equalize_max_ms` for both endpoints (`None`: braid's default).
     pub equalize_max_ms: Option<u64>,
-    /// `backpressure` for both endpoints.
-    pub backpressure: bool,
+    /// `backpressure` for both endpoints (`None`: braid's default).
+    pub backpressure: Option<bool>,
 }
 
 impl Lab {
@@ -538,7 +541,7 @@ impl Lab {
             emu_started,
             client_control: None,
             equalize_max_ms: None,
-            backpressure: false,
+            backpressure: None,
         })
     }
 
@@ -799,8 +802,8 @@ impl Lab {
         if let Some(e) = self.equalize_max_ms {
             sched += &format!("equalize_max_ms = {e}\n");
         }
-        if self.backpressure {
-            sched += "backpressure = true\n";
+        if let Some(on) = self.backpressure {
+            sched += &format!("backpressure = {on}\n");
         }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
@@ -1384,7 +1387,11 @@ fn run_bundle(
 ) -> anyhow::Result<BundleReport> {
     let mtu = args.mtu.unwrap_or(MAX_TUNNEL_MTU);
     lab.equalize_max_ms = args.equalize_max;
-    lab.backpressure = args.backpressure;
+    lab.backpressure = match (args.backpressure, args.no_backpressure) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
+    };
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| {

@@ -122,7 +122,8 @@ struct BundleRepr {
     equalize_max_ms: Option<Spanned<u64>>,
     /// Inner header compression of the DATA this end sends (default on).
     compression: Option<bool>,
-    /// Leave the TUN device's packets waiting while every link is full (default off).
+    /// Leave the TUN device's packets waiting while every link is full (default the core's,
+    /// off).
     backpressure: Option<bool>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
@@ -483,7 +484,9 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
-        backpressure: b.backpressure.unwrap_or(false),
+        backpressure: b
+            .backpressure
+            .unwrap_or(braid_core::endpoint::DEFAULT_BACKPRESSURE),
         connect_timeout,
         route_id: src
             .optional(&b.route_id, "bundle.route_id", |&r| in_range(r, 0, 65_535))?

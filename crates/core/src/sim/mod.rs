@@ -183,6 +183,10 @@ impl Scenario {
             equalize_max: self.equalize_max,
             warmup: self.warmup,
             nack: None,
+            // A fixed offered load that never backs off (these scenarios measure placement,
+            // reordering and failover at a given load): back-pressure would only move the
+            // excess from the links' buffers into the TUN ring. The TCP scenarios
+            // (`TcpScenario`) run with braid's default.
             backpressure: false,
         }
     }

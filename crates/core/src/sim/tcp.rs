@@ -705,7 +705,8 @@ pub struct TcpScenario {
     /// [`crate::endpoint::Nack::RandomLoss`]).
     pub nack: Option<crate::endpoint::Nack>,
     /// Both ends push back as `braid up` does with `backpressure = true`
-    /// ([`super::net::BundleOptions::backpressure`]).
+    /// ([`super::net::BundleOptions::backpressure`]; default braid's,
+    /// [`crate::endpoint::DEFAULT_BACKPRESSURE`]).
     pub backpressure: bool,
 }
 
@@ -724,7 +725,7 @@ impl TcpScenario {
             equalize_max: None,
             events: Vec::new(),
             nack: None,
-            backpressure: false,
+            backpressure: crate::endpoint::DEFAULT_BACKPRESSURE,
         }
     }
     pub fn backpressure(mut self, on: bool) -> Self {
