@@ -494,8 +494,8 @@ pub const DRAIN_GAIN: f64 = 0.75;
 /// ... what counts as delivered: this multiple of the rate before it (the delivery rate is
 /// smoothed over about an adjustment, so a probe delivered whole shows as about 1.16 x) ...
 pub const PROBE_SUCCESS: f64 = 1.08;
-/// ... adjustments between probes (every 8: the LTE mix below reached 62-75% of the sum in
-/// the simulator, every 4: 79-80%) ...
+/// ... full adjustments between probes (every 8: the simulator's LTE mix reached 62-75% of the
+/// sum, every 4: 79-80%) ...
 pub const PROBE_EVERY: u8 = 4;
 /// ... no probe while the peer measures at least this much queue: the link is full, and a
 /// probe would only deepen a queue the placement already keeps there (50/20/7 Mbit/s, where
@@ -554,13 +554,13 @@ struct AdaptiveLink {
 /// learns as BBR does, by delivery rate alone: its rate is the most it delivered over the last
 /// [`MAXF_ROUNDS`] adjustments in which back-pressure held traffic back (the bundle was full),
 /// and every [`PROBE_EVERY`] such adjustments it is given [`PROBE_GAIN`] x that for one
-/// adjustment (less when the adjustment, an srtt, is longer than [`ADJUST_INTERVAL`]). A probe the link delivers lifts the
-/// maximum and is repeated at once; one it does not is drained at [`DRAIN_GAIN`] for an
-/// adjustment. The queue stays bounded by back-pressure and by the virtual queue, which still
+/// adjustment (less when the adjustment, an srtt, is longer than [`ADJUST_INTERVAL`]). A probe
+/// the link delivers lifts the maximum and is repeated at once; one it does not is drained at
+/// [`DRAIN_GAIN`] for an adjustment. The queue stays bounded by back-pressure and by the virtual queue, which still
 /// follows the peer's readings.
 #[derive(Debug, Default)]
 struct Held {
-    /// The delivery rates of the last busy adjustments (a ring).
+    /// The delivery rates of the last full adjustments (a ring).
     delivered: [f64; MAXF_ROUNDS],
     /// Samples taken so far.
     n: usize,
@@ -1109,17 +1109,19 @@ impl Scheduler for Adaptive {
             unloaded = unloaded.min(empty);
         }
         let excess = best - unloaded - BACKPRESSURE_LATE.as_secs_f64();
-        // At least a microsecond: a wait that rounds to nothing would have the caller ask again
-        // at the same instant, forever (the simulator's clock does not move by itself). At most
-        // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
-        if excess.is_finite() && excess > 0.0 {
+        let full = excess.is_finite() && excess > 0.0;
+        if full {
+            // What these links deliver now is their capacity (see `Held`).
             for e in self.table.entries.iter_mut() {
                 if links.iter().any(|v| v.id == e.0) {
                     e.2.held_back = true;
                 }
             }
         }
-        (excess.is_finite() && excess > 0.0).then(|| {
+        // At least a microsecond: a wait that rounds to nothing would have the caller ask again
+        // at the same instant, forever (the simulator's clock does not move by itself). At most
+        // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
+        full.then(|| {
             Duration::from_secs_f64(excess.min(BACKPRESSURE_MAX_PAUSE.as_secs_f64()))
                 .max(Duration::from_micros(1))
         })
@@ -1730,8 +1732,8 @@ mod tests {
     }
 
     /// Runs `rounds` adjustments of a held link that carries at most `capacity` and whose
-    /// peer reads `qdelay`, the delivery rate lagging one adjustment behind what it was given.
-    /// Returns the rates learned and whether a probe was seen.
+    /// peer reads `qdelay`, the bundle full, the delivery rate lagging one adjustment behind
+    /// what it was given. Returns the rates learned and whether a probe was seen.
     fn held_rounds(rate: f64, capacity: f64, qdelay: Duration, rounds: usize) -> (Vec<f64>, bool) {
         let mut h = Held::default();
         let (mut rate, mut given, mut probed) = (rate, rate, false);
@@ -1765,6 +1767,35 @@ mod tests {
         let (rates, probed) = held_rounds(10e6, 10e6, PROBE_MAX_QDELAY, 60);
         assert!(!probed);
         assert!(rates.iter().all(|&r| r == 10e6), "{rates:?}");
+    }
+
+    #[test]
+    fn held_link_keeps_its_rate_while_the_flow_sends_less() {
+        // The bundle not full (the inner flow in a lull): what the link delivers is the flow's
+        // rate, not the link's, and does not pull the rate down; nor is the link probed.
+        let mut h = Held::default();
+        for _ in 0..30 {
+            assert_eq!(h.adjust(20e6, false, 12e6, ms(5), ms(100)), 20e6);
+            assert_eq!(h.probe, Probe::Cruise(0));
+        }
+        // A flow's rate above the maximum still counts: the link carried that much.
+        assert_eq!(h.adjust(20e6, false, 22e6, ms(5), ms(100)), 22e6);
+    }
+
+    #[test]
+    fn held_link_probes_less_above_its_queue_when_its_srtt_is_long() {
+        let mut h = Held::default();
+        for _ in 0..PROBE_EVERY {
+            h.adjust(20e6, true, 20e6, ms(5), ms(200));
+        }
+        // Half the gain for twice the interval: the same 25 ms of excess queue.
+        assert_eq!(
+            h.probe,
+            Probe::Up {
+                base: 20e6,
+                gain: 1.125
+            }
+        );
     }
 
     #[test]
