@@ -628,10 +628,9 @@ pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
 /// Whether a bundle pushes back by default ([`Endpoint::backpressure`], `[bundle]
 /// backpressure`): off. With it on the bundle's excess waits in the TUN device's queue instead
 /// of the links' buffers (docs/scheduling.md, "Back-pressure"), but a link's failure stalls a
-/// CUBIC flow longer (lab, 1+2+3 Mbit/s: 177-226 -> 356-948 ms; likely its window grown into the
-/// TUN ring, which nothing drains by dropping), and the simulator, whose ACK model doubles the
-/// inner round trip under equalisation, cannot judge the 150 ms bound that back-pressure makes
-/// worth having.
+/// CUBIC flow longer (lab, 1+2+3 Mbit/s: 177-226 -> 356-948 ms; cause not yet known), and the
+/// simulator, whose ACK model doubles the inner round trip under equalisation, cannot judge the
+/// 150 ms bound that back-pressure makes worth having.
 pub const DEFAULT_BACKPRESSURE: bool = false;
 /// Default [`Config::max_packet`]: the largest IP packet plus a full compression header.
 pub const DEFAULT_MAX_PACKET: usize = 65_535 + 2;
