@@ -67,6 +67,10 @@
 //!     pinned to what the link delivers, which is its capacity as long as that queue exists;
 //!   - never below [`RATE_FLOOR_BPS`], so a usable link is never starved and keeps being measured.
 //!
+//!   With back-pressure on (`ready_in` asked), a link past its start-up learns by delivery rate
+//!   alone instead (`Held`): back-pressure offers it no more than its rate, so nothing else
+//!   would lift it.
+//!
 //! With offered load above the links' sum every virtual queue grows and the shares are
 //! proportional to `rate_i`; a link given more than it can carry shows `qdelay` and is cut to
 //! what it delivered, a link given less is busy without queueing and probes upwards. With light
@@ -494,8 +498,8 @@ pub const DRAIN_GAIN: f64 = 0.75;
 /// ... what counts as delivered: this multiple of the rate before it (the delivery rate is
 /// smoothed over about an adjustment, so a probe delivered whole shows as about 1.16 x) ...
 pub const PROBE_SUCCESS: f64 = 1.08;
-/// ... full adjustments between probes (every 8: the simulator's LTE mix reached 62-75% of the
-/// sum, every 4: 79-80%) ...
+/// ... full adjustments between probes (the simulator's LTE mix, seeds 1-3: every 8, 62-75% of
+/// the sum; every 4, 79-83%) ...
 pub const PROBE_EVERY: u8 = 4;
 /// ... no probe while the peer measures at least this much queue: the link is full, and a
 /// probe would only deepen a queue the placement already keeps there (50/20/7 Mbit/s, where
@@ -541,8 +545,6 @@ struct AdaptiveLink {
     /// [`Held`] says.
     held: bool,
     hold: Held,
-    /// Back-pressure held traffic back during this adjustment: every link was full.
-    held_back: bool,
 }
 
 /// How a link held by back-pressure learns its rate. Back-pressure offers a link no more than
@@ -640,7 +642,10 @@ impl Held {
         self.probe = match self.probe {
             Probe::Cruise(n) if !full || qdelay >= PROBE_MAX_QDELAY => Probe::Cruise(n),
             Probe::Cruise(n) if n + 1 < PROBE_EVERY => Probe::Cruise(n + 1),
-            Probe::Cruise(_) => Probe::Up { base: rate, gain },
+            Probe::Cruise(_) => Probe::Up {
+                base: self.max(),
+                gain,
+            },
             Probe::Up { base, .. } => Probe::Check { base },
             Probe::Check { base } if delivered >= PROBE_SUCCESS * base => Probe::Up {
                 base: self.max(),
@@ -708,7 +713,6 @@ impl AdaptiveLink {
             lossy_at: None,
             held: false,
             hold: Held::default(),
-            held_back: false,
         }
     }
 
@@ -762,13 +766,16 @@ impl AdaptiveLink {
     }
 
     /// Learns the rate from what the peer reports (see the module docs).
-    fn adjust(&mut self, now: Instant, v: &LinkView) {
+    /// `full_at`: the last time back-pressure found every link full (see [`Held`]).
+    fn adjust(&mut self, now: Instant, v: &LinkView, full_at: Option<Instant>) {
         if v.bandwidth_bps != self.configured {
             self.configured = v.bandwidth_bps;
             if let Some(b) = v.bandwidth_bps.filter(|&b| b > 0) {
-                // As in `new`: a configured rate is the start-up's answer.
+                // As in `new`: a configured rate is the start-up's answer (and a held link's
+                // first sample: what it delivered before is another capacity's).
                 self.rate = b as f64;
                 self.startup = false;
+                self.hold = Held::default();
             }
         }
         let interval = ADJUST_INTERVAL.max(v.srtt.unwrap_or(Duration::ZERO));
@@ -790,12 +797,10 @@ impl AdaptiveLink {
         if self.held && !self.startup {
             // (Start-up works as without back-pressure, which does not push back on a link in
             // start-up.)
-            let rate = self
+            let full = full_at.is_some_and(|t| t >= self.interval_start);
+            self.rate = self
                 .hold
-                .adjust(self.rate, self.held_back, delivered, v.qdelay, interval);
-            if rate > 0.0 {
-                self.rate = rate;
-            }
+                .adjust(self.rate, full, delivered, v.qdelay, interval);
         } else {
             self.adjust_rate(pushed, delivered, v);
         }
@@ -803,11 +808,11 @@ impl AdaptiveLink {
         self.interval_start = now;
         self.busy = 0.0;
         self.demand = false;
-        self.held_back = false;
         self.vq_prev = self.backlog * 8.0 / self.rate;
     }
 
-    /// The rules of [`adjust`](Self::adjust) for links not held by back-pressure.
+    /// The rules of [`adjust`](Self::adjust) for links not held by back-pressure, or still in
+    /// start-up.
     fn adjust_rate(&mut self, pushed: bool, delivered: f64, v: &LinkView) {
         if self.startup && pushed && self.plateau.full(delivered, v.qdelay) {
             // Full without a congestion signal: what it delivers is what it carries.
@@ -937,6 +942,8 @@ pub struct Adaptive {
     table: LinkTable<AdaptiveLink>,
     /// The peer's delay equalisation: bound, and the smallest packet it holds.
     equalize: Option<(Duration, usize)>,
+    /// The last time back-pressure found every link full (see `Held`).
+    full_at: Option<Instant>,
 }
 
 impl Adaptive {
@@ -1006,6 +1013,7 @@ impl Scheduler for Adaptive {
             st.update_pullback(now, v);
             clean |= !st.pulled_back;
         }
+        let full_at = self.full_at;
         let mut best: Option<(usize, f64, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
@@ -1019,7 +1027,7 @@ impl Scheduler for Adaptive {
                 continue;
             }
             st.drain(now);
-            st.adjust(now, v);
+            st.adjust(now, v, full_at);
             limit = limit.max(v.srtt.unwrap_or(Duration::ZERO));
             let queue = st.queue_time(len, v);
             // When the peer equalises, a packet is delivered no sooner than `floor` whichever
@@ -1075,7 +1083,12 @@ impl Scheduler for Adaptive {
         if floor <= 0.0 {
             // No equalisation (off, or one usable link): the placement spills onto a slower link
             // only behind the faster ones' queues, which a push-back at 20 ms would never let
-            // build, leaving the slower links unused. One link's queue is its own business.
+            // build, leaving the slower links unused. One link's queue is its own business. Its
+            // rate is learned by the rules that need no push-back again.
+            for e in self.table.entries.iter_mut() {
+                e.2.held = false;
+                e.2.hold = Held::default();
+            }
             return None;
         }
         let table = &self.table;
@@ -1111,12 +1124,8 @@ impl Scheduler for Adaptive {
         let excess = best - unloaded - BACKPRESSURE_LATE.as_secs_f64();
         let full = excess.is_finite() && excess > 0.0;
         if full {
-            // What these links deliver now is their capacity (see `Held`).
-            for e in self.table.entries.iter_mut() {
-                if links.iter().any(|v| v.id == e.0) {
-                    e.2.held_back = true;
-                }
-            }
+            // What the links deliver now is their capacity (see `Held`).
+            self.full_at = Some(now);
         }
         // At least a microsecond: a wait that rounds to nothing would have the caller ask again
         // at the same instant, forever (the simulator's clock does not move by itself). At most
@@ -1796,6 +1805,25 @@ mod tests {
                 gain: 1.125
             }
         );
+    }
+
+    #[test]
+    fn adaptive_holds_links_only_while_it_may_push_back() {
+        let t0 = Instant::now();
+        let links = fast_and_slow();
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(100), 256);
+        let mut out = Vec::new();
+        s.pick(t0, 1250, 0, &links, &mut out);
+        let _ = s.ready_in(t0, 1500, &links);
+        assert!(s.table.get(1).unwrap().held);
+        // Equalisation off (or one link left): no push-back, so the rate is learned by the
+        // rules that need none, from the rate held so far.
+        s.set_equalization(Duration::ZERO, 256);
+        assert_eq!(s.ready_in(t0, 1500, &links), None);
+        let st = s.table.get(1).unwrap();
+        assert!(!st.held);
+        assert_eq!(st.hold.n, 0);
     }
 
     #[test]
