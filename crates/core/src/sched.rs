@@ -1085,7 +1085,8 @@ impl Scheduler for Adaptive {
             // only behind the faster ones' queues, which a push-back at 20 ms would never let
             // build, leaving the slower links unused. One link's queue is its own business. Its
             // rate is learned by the rules that need no push-back again.
-            for e in self.table.entries.iter_mut() {
+            // (Asked every few packets: only a link still held is touched.)
+            for e in self.table.entries.iter_mut().filter(|e| e.2.held) {
                 e.2.held = false;
                 e.2.hold = Held::default();
             }
