@@ -845,6 +845,16 @@ impl PeakHold {
 }
 
 impl Link {
+    /// The receiver counts this link among those that may still bring data: something arrived
+    /// on it within the last second, and it has not fallen silent since
+    /// ([`Endpoint::is_silent`]: quiet while the others speak, most likely dead).
+    fn brings_data(&self, now: Instant) -> bool {
+        !self.silent
+            && self
+                .last_rx
+                .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+    }
+
     /// The largest DATA payload this link carries in one datagram now (`usize::MAX`: no limit
     /// known).
     fn payload_room(&self) -> usize {
@@ -2330,6 +2340,7 @@ impl Endpoint {
                     after,
                 });
                 self.reinject(now, li);
+                self.refresh_reorder_links(now);
             } else if quiet.is_none() && self.links[li].silent {
                 // Silent until it speaks again (not when the others fall quiet too).
                 self.links[li].silent = false;
@@ -2338,8 +2349,23 @@ impl Endpoint {
                     silent: false,
                     after: Duration::ZERO,
                 });
+                self.refresh_reorder_links(now);
             }
         }
+    }
+
+    /// The reorder buffer's links ([`ReorderBuffer::set_links`]) again, at once rather than
+    /// at the next tick: a link that fell silent no longer holds every gap for the hold time
+    /// (rule (b) waits for every listed link to pass a gap, and a dead one never does), and
+    /// one that spoke again is waited for again.
+    fn refresh_reorder_links(&mut self, now: Instant) {
+        let active: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|l| l.brings_data(now))
+            .map(|l| l.id)
+            .collect();
+        self.reorder.set_links(&active);
     }
 
     /// Sender: a NACK: send the named sequence numbers again from the ring.
@@ -3036,14 +3062,12 @@ impl Endpoint {
             l.rx_meter.tick(l.rx_bytes, dt);
         }
         // Hold time: the spread of the current one-way delays (queueing included) over every
-        // link that is alive towards us (anything arrived lately), plus their jitter. A link that
+        // link that is alive towards us (anything arrived lately, and not silent since), plus
+        // their jitter. A link that
         // carries data only now and then must be counted: leaving it out makes its packets late
         // (dropped), which the inner TCP takes for loss, so it never offers enough to use it.
         // The same links define "every link has passed this gap" (a link that carries no data
         // never passes one, so such gaps wait for the hold time).
-        let alive = |t: Option<Instant>| {
-            t.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
-        };
         let mut active: Vec<LinkId> = Vec::new();
         let mut owds: Vec<u32> = Vec::new();
         let mut bases: Vec<u32> = Vec::new();
@@ -3051,7 +3075,7 @@ impl Endpoint {
         for l in &self.links {
             // Counted by what arrives from it, whatever our own health check says: a link we
             // declare DOWN (our probes go unanswered) may still carry the peer's packets.
-            if alive(l.last_rx) {
+            if l.brings_data(now) {
                 active.push(l.id);
                 bases.extend(l.health.base_rel_owd());
                 // Current one-way delay (base + queueing), as this receiver measures it: packets
