@@ -311,6 +311,23 @@ pub enum Received {
     Link(LinkId),
 }
 
+/// One datagram of a receive batch handed to [`Endpoint::receive_batch`], between its check and
+/// its commit: its job, where it came from, its bytes (opened in place), and what the caller
+/// keeps with it (`tag`: the runner's local address, nothing in the tests).
+pub struct BatchJob<'a, T> {
+    pub job: OpenJob,
+    pub from: SocketAddr,
+    pub bytes: &'a mut [u8],
+    pub tag: T,
+}
+
+impl<T> BatchJob<'_, T> {
+    /// Opens the datagram in place ([`OpenJob::open`]); any thread, any order.
+    pub fn open(&mut self) {
+        self.job.open(self.bytes);
+    }
+}
+
 /// What [`Endpoint::open_job`] made of a received datagram.
 #[derive(Debug)]
 pub enum Opening {
@@ -1295,6 +1312,9 @@ impl Endpoint {
     /// 3. [`OpenJob::open`] on every job, on any threads, in any order;
     /// 4. [`Endpoint::handle_opened`] on every job in arrival order.
     ///
+    /// [`Endpoint::receive_batch`] runs these steps with the opening the caller gives it (the
+    /// tunnel's helper threads, the fuzz harness, the tests).
+    ///
     /// That gives what [`Endpoint::handle_datagram`] on each datagram in turn gives, although
     /// jobs are checked against a state up to one batch old: the commit makes good what the
     /// check could not see. Two copies of a datagram in one batch both pass the check, and the
@@ -1310,6 +1330,61 @@ impl Endpoint {
             Checked::Sealed(job) => Opening::Job(job),
             Checked::Handshake(_) => Opening::Handshake,
             Checked::Dropped => Opening::Dropped,
+        }
+    }
+
+    /// Receives a batch of datagrams `(via, from, bytes, tag)` with the opening done by
+    /// `open_all` (on helper threads, in any order: it must call [`BatchJob::open`] on every job
+    /// it is given, or the commit opens the rest here), following the protocol of
+    /// [`Endpoint::open_job`]: each datagram checked in arrival order, the jobs opened, then
+    /// committed in arrival order; a handshake datagram commits the jobs before it and is then
+    /// handled inline. `received` hears the outcome of every datagram that got that far, in
+    /// arrival order. `jobs` is empty before and after (the caller keeps it for its allocation).
+    /// Gives what [`Endpoint::handle_datagram`] on each datagram in turn gives.
+    pub fn receive_batch<'a, T>(
+        &mut self,
+        now: Instant,
+        datagrams: impl IntoIterator<Item = (Option<LinkId>, SocketAddr, &'a mut [u8], T)>,
+        jobs: &mut Vec<BatchJob<'a, T>>,
+        mut open_all: impl FnMut(&mut [BatchJob<'a, T>]),
+        mut received: impl FnMut(Received, SocketAddr, &T),
+    ) {
+        jobs.clear();
+        for (via, from, bytes, tag) in datagrams {
+            match self.open_job(via, bytes) {
+                Opening::Job(job) => jobs.push(BatchJob {
+                    job,
+                    from,
+                    bytes,
+                    tag,
+                }),
+                Opening::Handshake => {
+                    self.commit_batch(now, jobs, &mut open_all, &mut received);
+                    let got = self.handle_datagram(now, via, from, bytes);
+                    received(got, from, &tag);
+                }
+                Opening::Dropped => {}
+            }
+        }
+        self.commit_batch(now, jobs, &mut open_all, &mut received);
+    }
+
+    /// [`receive_batch`](Self::receive_batch): opens the jobs kept so far and commits them in
+    /// order, emptying `jobs`.
+    fn commit_batch<'a, T>(
+        &mut self,
+        now: Instant,
+        jobs: &mut Vec<BatchJob<'a, T>>,
+        open_all: &mut impl FnMut(&mut [BatchJob<'a, T>]),
+        received: &mut impl FnMut(Received, SocketAddr, &T),
+    ) {
+        if jobs.is_empty() {
+            return;
+        }
+        open_all(jobs);
+        for j in jobs.drain(..) {
+            let got = self.handle_opened(now, j.from, j.job, j.bytes);
+            received(got, j.from, &j.tag);
         }
     }
 

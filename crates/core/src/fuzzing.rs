@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use rand_core::SeedableRng;
 
 use crate::crypto::{self, Aead, HandshakeKey};
-use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, OpenJob, Opening, Role};
+use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
 use crate::wire::{
     Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, Packet, PacketType,
     HEADER_LEN, MIN_DATAGRAM_LEN,
@@ -224,38 +224,22 @@ fn receive(
         }
         return 0;
     }
-    let mut jobs: Vec<(usize, OpenJob)> = Vec::new();
     let mut opened = 0;
-    for i in 0..batch.len() {
-        let link = batch[i].0;
-        match ep.open_job(via(link), batch[i].1) {
-            Opening::Job(job) => jobs.push((i, job)),
-            Opening::Handshake => {
-                opened += open_and_commit(ep, now, &mut jobs, batch);
-                ep.handle_datagram(now, via(link), link_addr(link), batch[i].1);
+    ep.receive_batch(
+        now,
+        batch
+            .iter_mut()
+            .map(|(link, d)| (via(*link), link_addr(*link), &mut **d, ())),
+        &mut Vec::new(),
+        |jobs| {
+            opened += jobs.len() as u64;
+            for j in jobs.iter_mut().rev() {
+                j.open();
             }
-            Opening::Dropped => {}
-        }
-    }
-    opened + open_and_commit(ep, now, &mut jobs, batch)
-}
-
-/// Opens the jobs (datagram `i` of `batch` each) back to front, then commits them in order.
-fn open_and_commit(
-    ep: &mut Endpoint,
-    now: Instant,
-    jobs: &mut Vec<(usize, OpenJob)>,
-    batch: &mut [(LinkId, &mut [u8])],
-) -> u64 {
-    for (i, job) in jobs.iter_mut().rev() {
-        job.open(batch[*i].1);
-    }
-    let n = jobs.len() as u64;
-    for (i, job) in jobs.drain(..) {
-        let (link, d) = &mut batch[i];
-        ep.handle_opened(now, link_addr(*link), job, d);
-    }
-    n
+        },
+        |_, _, _| {},
+    );
+    opened
 }
 
 struct Harness {

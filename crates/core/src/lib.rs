@@ -52,6 +52,6 @@ pub mod wire;
 pub type LinkId = u16;
 
 pub use endpoint::{
-    Config, Endpoint, Event, LinkConfig, OpenJob, Opening, Received, Role, Transmit,
+    BatchJob, Config, Endpoint, Event, LinkConfig, OpenJob, Opening, Received, Role, Transmit,
 };
 pub use health::LinkState;

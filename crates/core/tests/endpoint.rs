@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{
-    Config, Endpoint, Event, Identity, LinkConfig, Nack, OpenJob, Opening, Received, Role,
+    BatchJob, Config, Endpoint, Event, Identity, LinkConfig, Nack, OpenJob, Opening, Received, Role,
 };
 use braid_core::identity::KeyPair;
 use braid_core::wire::PacketType;
@@ -83,37 +83,22 @@ fn receive(ep: &mut Endpoint, now: Instant, batch: &mut Batch, how: Receive) {
         }
         Receive::Deferred(order) => order,
     };
-    let mut jobs = Vec::new();
-    for i in 0..batch.len() {
-        let (via, from) = (batch[i].0, batch[i].1);
-        match ep.open_job(via, &batch[i].2) {
-            Opening::Job(job) => jobs.push((i, job)),
-            Opening::Handshake => {
-                open_and_commit(ep, now, &mut jobs, batch, order);
-                ep.handle_datagram(now, via, from, &mut batch[i].2);
-            }
-            Opening::Dropped => {}
-        }
-    }
-    open_and_commit(ep, now, &mut jobs, batch, order);
+    ep.receive_batch(
+        now,
+        batch
+            .iter_mut()
+            .map(|(via, from, d)| (*via, *from, d.as_mut_slice(), ())),
+        &mut Vec::new(),
+        |jobs| open_elsewhere(jobs, order),
+        |_, _, _| {},
+    );
 }
 
-/// Opens the jobs (datagram `i` of `batch` each) on another thread in `order`, then commits
-/// them in arrival order.
-fn open_and_commit(
-    ep: &mut Endpoint,
-    now: Instant,
-    jobs: &mut Vec<(usize, OpenJob)>,
-    batch: &mut Batch,
-    order: OpenOrder,
-) {
-    let mut work: Vec<(usize, OpenJob, Vec<u8>)> = jobs
-        .drain(..)
-        .map(|(i, job)| (i, job, std::mem::take(&mut batch[i].2)))
-        .collect();
-    let mut turn: Vec<usize> = (0..work.len()).rev().collect();
+/// Opens the jobs on another thread in `order`.
+fn open_elsewhere(jobs: &mut [BatchJob<'_, ()>], order: OpenOrder) {
+    let mut turn: Vec<usize> = (0..jobs.len()).rev().collect();
     if let OpenOrder::Shuffled(seed) = order {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ work.len() as u64);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ jobs.len() as u64);
         for k in (1..turn.len()).rev() {
             turn.swap(k, rng.next_u32() as usize % (k + 1));
         }
@@ -121,15 +106,10 @@ fn open_and_commit(
     std::thread::scope(|s| {
         s.spawn(|| {
             for &k in &turn {
-                let (_, job, d) = &mut work[k];
-                job.open(d);
+                jobs[k].open();
             }
         });
     });
-    for (i, job, mut d) in work {
-        ep.handle_opened(now, batch[i].1, job, &mut d);
-        batch[i].2 = d;
-    }
 }
 
 fn attacker_addr() -> SocketAddr {

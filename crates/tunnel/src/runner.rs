@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
-use braid_core::{Endpoint, LinkConfig, LinkId, LinkState, OpenJob, Opening, Received, Transmit};
+use braid_core::{BatchJob, Endpoint, LinkConfig, LinkId, LinkState, Received, Transmit};
 
 use crate::engine::Engine;
 use braid_linux::tun::Tun;
@@ -1561,20 +1561,15 @@ fn seal_all(workers: &Workers, items: &mut [(Transmit, Option<IpAddr>)]) {
     workers.for_each_in_parts(items, |(t, _)| t.finish());
 }
 
-/// A received datagram between its check and its commit (see [`receive_shared`]).
-struct RxJob<'a> {
-    job: OpenJob,
-    from: SocketAddr,
-    local: Option<IpAddr>,
-    bytes: &'a mut [u8],
-}
+/// A received datagram between its check and its commit, with the local address it came to
+/// (see [`receive_shared`]).
+type RxJob<'a> = BatchJob<'a, Option<IpAddr>>;
 
-/// Receives one socket's batch with the opening shared by the helper threads (the endpoint's
-/// deferred opening, `Endpoint::open_job`): each datagram is checked in arrival order and its
-/// job kept in `jobs`; the jobs are opened in parallel parts, then committed in order on this
-/// thread. A handshake datagram may set up or replace a session, so the jobs before it are
-/// opened and committed first and it is handled inline. Returns how many datagrams were opened
-/// in parallel. `jobs` is empty before and after (kept for its allocation).
+/// Receives one socket's batch with the opening shared by the helper threads
+/// ([`Endpoint::receive_batch`]: each datagram checked in arrival order, the jobs opened in
+/// parallel parts, then committed in order on this thread; a handshake datagram commits what
+/// is before it and is handled inline). Returns how many datagrams were opened in parallel.
+/// `jobs` is empty before and after (kept for its allocation).
 fn receive_shared<'a>(
     now: Instant,
     ep: &mut Endpoint,
@@ -1583,46 +1578,20 @@ fn receive_shared<'a>(
     s: &mut Sock,
     batch: DatagramsMut<'a>,
 ) -> u64 {
-    let mut opened = 0;
-    for d in batch {
-        match ep.open_job(s.link, d.bytes) {
-            Opening::Job(job) => jobs.push(RxJob {
-                job,
-                from: d.from,
-                local: d.local,
-                bytes: d.bytes,
-            }),
-            Opening::Handshake => {
-                opened += open_and_commit(now, ep, workers, jobs, s);
-                let got = ep.handle_datagram(now, s.link, d.from, d.bytes);
-                s.note_received(got, d.from, d.local);
+    let mut shared = 0;
+    let via = s.link;
+    ep.receive_batch(
+        now,
+        batch.map(|d| (via, d.from, d.bytes, d.local)),
+        jobs,
+        |jobs| {
+            if workers.parts(jobs.len()) > 1 {
+                shared += jobs.len() as u64;
             }
-            Opening::Dropped => {}
-        }
-    }
-    opened + open_and_commit(now, ep, workers, jobs, s)
-}
-
-/// Opens `jobs` in parts on the helper threads (each part in place, in any order), then
-/// commits them in arrival order, emptying `jobs`. Returns how many were opened in parallel
-/// (none when they were too few to share).
-fn open_and_commit(
-    now: Instant,
-    ep: &mut Endpoint,
-    workers: &Workers,
-    jobs: &mut Vec<RxJob<'_>>,
-    s: &mut Sock,
-) -> u64 {
-    let shared = if workers.parts(jobs.len()) > 1 {
-        jobs.len() as u64
-    } else {
-        0
-    };
-    workers.for_each_in_parts(jobs, |j| j.job.open(j.bytes));
-    for j in jobs.drain(..) {
-        let got = ep.handle_opened(now, j.from, j.job, j.bytes);
-        s.note_received(got, j.from, j.local);
-    }
+            workers.for_each_in_parts(jobs, |j| j.open());
+        },
+        |got, from, local| s.note_received(got, from, *local),
+    );
     shared
 }
 
