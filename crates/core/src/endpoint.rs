@@ -268,9 +268,10 @@ pub enum Event {
         state: LinkState,
     },
     /// A link fell silent (nothing from it for `after` while another link delivers: it is
-    /// avoided and what it carried lately was sent again), or spoke again (`after` is zero).
-    /// Not always a failure: a busy link whose traffic ends is silent until its next probe
-    /// (a few duplicates sent, nothing lost).
+    /// avoided, what it carried lately was sent again, and the receiver stops waiting for it),
+    /// or spoke again (`after` is zero; from its first packet on). Not always a failure: a busy
+    /// link whose traffic ends is silent until its next probe (a few duplicates sent; a packet
+    /// of it still in flight then may arrive after its gap was given up, and is dropped).
     LinkSilent {
         link: LinkId,
         silent: bool,
@@ -1334,8 +1335,8 @@ impl Endpoint {
     }
 
     /// Receives a batch of datagrams `(via, from, bytes, tag)` with the opening done by
-    /// `open_all` (on helper threads, in any order: it must call [`BatchJob::open`] on every job
-    /// it is given, or the commit opens the rest here), following the protocol of
+    /// `open_all` (on helper threads, in any order: it should call [`BatchJob::open`] on every
+    /// job it is given; any it leaves are opened at the commit, here), following the protocol of
     /// [`Endpoint::open_job`]: each datagram checked in arrival order, the jobs opened, then
     /// committed in arrival order; a handshake datagram commits the jobs before it and is then
     /// handled inline. `received` hears the outcome of every datagram that got that far, in
@@ -2087,6 +2088,7 @@ impl Endpoint {
                 .update(now, now.saturating_duration_since(last), SILENCE_GAP_WINDOW);
         }
         link.last_rx = Some(now);
+        let was_silent = link.silent;
         if t.timed {
             link.health
                 .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, t.local_ts);
@@ -2094,6 +2096,11 @@ impl Endpoint {
             link.health
                 .on_untimed_packet_received(now, common.link_seq, len + IP_UDP_OVERHEAD);
         }
+        if was_silent {
+            // Back in the reorder set before its packet is pushed (not at the next timer).
+            self.speaks_again(now, li);
+        }
+        let link = &self.links[li];
         // Ordered DATA tells the reorder buffer itself when it is pushed.
         if data_seq.is_none() && t.timed {
             self.reorder.link_progress(now, link.id, common.ts);
@@ -2417,16 +2424,21 @@ impl Endpoint {
                 self.reinject(now, li);
                 self.refresh_reorder_links(now);
             } else if quiet.is_none() && self.links[li].silent {
-                // Silent until it speaks again (not when the others fall quiet too).
-                self.links[li].silent = false;
-                self.events.push_back(Event::LinkSilent {
-                    link,
-                    silent: false,
-                    after: Duration::ZERO,
-                });
-                self.refresh_reorder_links(now);
+                self.speaks_again(now, li);
             }
         }
+    }
+
+    /// Link index `li`, silent, brought something: it is silent no more (only then, not when
+    /// the others fall quiet too), and the reorder buffer waits for it again.
+    fn speaks_again(&mut self, now: Instant, li: usize) {
+        self.links[li].silent = false;
+        self.events.push_back(Event::LinkSilent {
+            link: self.links[li].id,
+            silent: false,
+            after: Duration::ZERO,
+        });
+        self.refresh_reorder_links(now);
     }
 
     /// The reorder buffer's links ([`ReorderBuffer::set_links`]) again, at once rather than
