@@ -3150,9 +3150,9 @@ impl Endpoint {
         }
         // Hold time: the spread of the current one-way delays (queueing included) over every
         // link that is alive towards us (anything arrived lately, and not silent since), plus
-        // their jitter. A link that
-        // carries data only now and then must be counted: leaving it out makes its packets late
-        // (dropped), which the inner TCP takes for loss, so it never offers enough to use it.
+        // their jitter. A link that carries data only now and then must be counted: leaving it
+        // out makes its packets late (dropped), which the inner TCP takes for loss, so it never
+        // offers enough to use it.
         // The same links define "every link has passed this gap" (a link that carries no data
         // never passes one, so such gaps wait for the hold time).
         let mut active: Vec<LinkId> = Vec::new();
