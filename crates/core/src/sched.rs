@@ -797,7 +797,10 @@ impl AdaptiveLink {
         if self.held && !self.startup {
             // (Start-up works as without back-pressure, which does not push back on a link in
             // start-up.)
-            let full = full_at.is_some_and(|t| t >= self.interval_start);
+            // Full for this link too only if it was kept busy: one avoided meanwhile (DEGRADED,
+            // pulled back) delivers next to nothing, and as a sample of its capacity that
+            // nothing starved it for good.
+            let full = pushed && full_at.is_some_and(|t| t >= self.interval_start);
             self.rate = self
                 .hold
                 .adjust(self.rate, full, delivered, v.qdelay, interval);
@@ -1777,6 +1780,37 @@ mod tests {
         let (rates, probed) = held_rounds(10e6, 10e6, PROBE_MAX_QDELAY, 60);
         assert!(!probed);
         assert!(rates.iter().all(|&r| r == 10e6), "{rates:?}");
+    }
+
+    #[test]
+    fn held_link_left_idle_while_the_bundle_is_full_keeps_its_rate() {
+        // The placement avoids a link (DEGRADED after lost probes, or pulled back) while the
+        // others keep the bundle full: what it delivers then, next to nothing, is not its
+        // capacity. Taken as such, a 10 Mbit/s link of the simulator's 20/120 ms mix fell to
+        // 60 kbit/s within a second and was starved for good (the 10/20/50 BBR upload with
+        // back-pressure: 79-83% of the sum, 91% once fixed).
+        let t0 = Instant::now();
+        let v = LinkView {
+            delivery_rate_bps: 10_000.0,
+            srtt: Some(ms(40)),
+            ..view(1, None, 20)
+        };
+        let mut st = AdaptiveLink::new(t0, &v);
+        (st.startup, st.held, st.rate) = (false, true, 10e6);
+        for k in 1..=30 {
+            let now = t0 + ms(100 * k);
+            st.adjust(now, &v, Some(now));
+        }
+        assert_eq!(st.rate, 10e6);
+        // Kept busy, the same delivery is its capacity: the rate follows it down.
+        let mut st = AdaptiveLink::new(t0, &v);
+        (st.startup, st.held, st.rate) = (false, true, 10e6);
+        for k in 1..=30 {
+            let now = t0 + ms(100 * k);
+            st.busy = 0.1;
+            st.adjust(now, &v, Some(now));
+        }
+        assert!(st.rate < 1e6, "{}", st.rate);
     }
 
     #[test]
