@@ -1795,22 +1795,21 @@ mod tests {
             srtt: Some(ms(40)),
             ..view(1, None, 20)
         };
-        let mut st = AdaptiveLink::new(t0, &v);
-        (st.startup, st.held, st.rate) = (false, true, 10e6);
-        for k in 1..=30 {
-            let now = t0 + ms(100 * k);
-            st.adjust(now, &v, Some(now));
-        }
-        assert_eq!(st.rate, 10e6);
+        // 30 adjustments of 100 ms, each found full, the link busy `busy` seconds of each.
+        let rate_after = |busy: f64| {
+            let mut st = AdaptiveLink::new(t0, &v);
+            (st.startup, st.held, st.rate) = (false, true, 10e6);
+            for k in 1..=30 {
+                let now = t0 + ms(100 * k);
+                st.busy = busy;
+                st.adjust(now, &v, Some(now));
+            }
+            st.rate
+        };
+        assert_eq!(rate_after(0.0), 10e6);
         // Kept busy, the same delivery is its capacity: the rate follows it down.
-        let mut st = AdaptiveLink::new(t0, &v);
-        (st.startup, st.held, st.rate) = (false, true, 10e6);
-        for k in 1..=30 {
-            let now = t0 + ms(100 * k);
-            st.busy = 0.1;
-            st.adjust(now, &v, Some(now));
-        }
-        assert!(st.rate < 1e6, "{}", st.rate);
+        let busy = rate_after(0.1);
+        assert!(busy < 1e6, "{busy}");
     }
 
     #[test]

@@ -1051,15 +1051,20 @@ fn dead_link_goes_down_in_under_a_second_and_comes_back() {
     );
 }
 
-/// How long after link 2 goes dark the client reinjects what it sent there (it called the link
-/// silent), when the server sends a packet every 5 ms (`busy`: round-robin, so link 2 brings
-/// one every 10 ms) or only its probes. The client sends on both links throughout.
-fn silence_detected_after(busy: bool) -> Duration {
+/// Two links, both ends striping round-robin: each link carries every other packet.
+fn round_robin_pair() -> Pair {
     let mut server = Config::new(Role::Server, KEY);
     server.scheduler = "round-robin".into();
     let mut client = Config::new(Role::Client, KEY);
     client.scheduler = "round-robin".into();
-    let mut p = Pair::with_configs(2, client, server);
+    Pair::with_configs(2, client, server)
+}
+
+/// How long after link 2 goes dark the client reinjects what it sent there (it called the link
+/// silent), when the server sends a packet every 5 ms (`busy`: round-robin, so link 2 brings
+/// one every 10 ms) or only its probes. The client sends on both links throughout.
+fn silence_detected_after(busy: bool) -> Duration {
+    let mut p = round_robin_pair();
     let step = Duration::from_millis(5);
     let tick = |p: &mut Pair, i: u32| {
         p.client.send_packet(p.now, &ip_packet(i as u8));
@@ -1095,11 +1100,7 @@ fn silence_detected_after(busy: bool) -> Duration {
 /// waited for the next timer).
 #[test]
 fn a_silent_link_is_waited_for_again_from_its_first_packet() {
-    let mut server = Config::new(Role::Server, KEY);
-    server.scheduler = "round-robin".into();
-    let mut client = Config::new(Role::Client, KEY);
-    client.scheduler = "round-robin".into();
-    let mut p = Pair::with_configs(2, client, server);
+    let mut p = round_robin_pair();
     let step = Duration::from_millis(5);
     for i in 0..600u32 {
         p.server.send_packet(p.now, &ip_packet(i as u8));
