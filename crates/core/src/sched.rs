@@ -151,9 +151,8 @@ pub trait Scheduler: Send {
     }
     /// Back-pressure: how long until a packet of `len` bytes could be placed on some link
     /// without being later than [`BACKPRESSURE_LATE`] behind the links' queues (`None`: now).
-    /// The runtime leaves the traffic waiting where it is (the TUN device's queue, which the
-    /// kernel bounds and which slows a local sender down without a loss) instead of handing it
-    /// on to overfill the links' own buffers. Schedulers without a model of the links' queues
+    /// The endpoint keeps the traffic waiting in the bundle's queue ([`crate::bqueue`], bounded
+    /// in time and size) instead of handing it on to overfill the links' own buffers. Schedulers without a model of the links' queues
     /// never push back.
     fn ready_in(&mut self, _now: Instant, _len: usize, _links: &[LinkView]) -> Option<Duration> {
         None

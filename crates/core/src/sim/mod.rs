@@ -185,7 +185,7 @@ impl Scenario {
             nack: None,
             // A fixed offered load that never backs off (these scenarios measure placement,
             // reordering and failover at a given load): back-pressure would only move the
-            // excess from the links' buffers into the TUN ring. The TCP scenarios
+            // excess from the links' buffers into the bundle's queue. The TCP scenarios
             // (`TcpScenario`) run with braid's default.
             backpressure: false,
         }
