@@ -6,8 +6,18 @@
 //! links take them. The inner flows then see one bottleneck at the bundle's rate with one
 //! bounded buffer in front of it, as if the bundle were one link:
 //!
-//! - a packet that has waited longer than [`QUEUE_MIN_DELAY`] is dropped at the head (a
-//!   loss-based sender learns of it a queue sooner than from a tail drop);
+//! - a packet that has waited longer than the limit ([`QUEUE_ROUND_TRIPS`] inner round trips)
+//!   is dropped at the head (a loss-based sender learns of it a queue sooner than from a tail
+//!   drop), one per inner round trip: a CUBIC flow backs off once per round trip whatever it
+//!   loses, so more drops would only cost retransmissions (the simulator's 1+2+3 Mbit/s failover,
+//!   CUBIC download: 299 inner retransmissions dropping every stale packet, 151 one per round
+//!   trip). A packet that waited twice the limit is dropped in any case: traffic that never
+//!   backs off meets a hard bound;
+//! - while some link's capacity is still being learned (`Scheduler::learning`) nothing is
+//!   dropped for waiting: the bundle is full by the scheduler's ignorance, not the path's
+//!   limit, and a drop then would end the inner flow's slow start at the learned rates, after
+//!   which the bundle is rarely full and the links' held rates, which climb by probes in full
+//!   adjustments only, stay low (simulator, LTE mix, CUBIC upload: 37-65% against 79-89%);
 //! - at most [`BUNDLE_QUEUE_PACKETS`] packets wait: a packet beyond that pushes the oldest out,
 //!   so the memory is bounded whatever a local sender does.
 //!
@@ -15,8 +25,8 @@
 //! ring has no clock and drops only at its tail once full (`txqueuelen`, 2000 packets, each up
 //! to a 64 KB super-packet). A CUBIC flow that never lost a packet filled it: pings through a
 //! 6 Mbit/s bundle grew from 285 to 475 ms in four seconds, 878 ms after a link failed, and the
-//! flow's longest stall after the failure was 650-930 ms instead of about 200 (BENCHMARKS.md,
-//! "Back-pressure: the bundle's queue keeps time").
+//! flow's longest stall after the failure was 650-930 ms instead of about 200 (BENCHMARKS.md §4,
+//! "Back-pressure: the TUN ring filled").
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -29,8 +39,9 @@ use std::time::{Duration, Instant};
 pub const QUEUE_MIN_DELAY: Duration = Duration::from_millis(50);
 /// ... and at most ...
 pub const QUEUE_MAX_DELAY: Duration = Duration::from_secs(1);
-/// ... round trips; a CUBIC flow, which keeps the queue full until a packet is lost, sees this
-/// much delay added (1+2+3 Mbit/s at 10 ms: 50 ms).
+/// ... round trips (two: the lossy mix's BBR download lost 859 segments, three: 87; lab). A
+/// CUBIC flow, which keeps the queue full until a packet is lost, sees about this much delay
+/// added (1+2+3 Mbit/s at 10 ms: 60 ms).
 pub const QUEUE_ROUND_TRIPS: u32 = 3;
 /// The most packets the bundle's queue holds (about 100 ms at 1 Gbit/s of full-size packets;
 /// 16 MB of buffers at most).
@@ -42,6 +53,10 @@ pub struct BundleQueue {
     packets: VecDeque<(Instant, Vec<u8>)>,
     /// The longest a packet waits (see [`QUEUE_ROUND_TRIPS`]).
     max_delay: Duration,
+    /// The inner flows' round trip: one drop per round trip is signal enough.
+    rtt: Duration,
+    /// No drop for waiting before then.
+    next_drop: Option<Instant>,
     /// When the links are predicted to take the head packet (set while it waits).
     pub resume: Option<Instant>,
     /// Packets that waited here (not those sent on at once).
@@ -53,6 +68,8 @@ impl Default for BundleQueue {
         BundleQueue {
             packets: VecDeque::new(),
             max_delay: QUEUE_MIN_DELAY,
+            rtt: QUEUE_MIN_DELAY,
+            next_drop: None,
             resume: None,
             queued: 0,
         }
@@ -62,6 +79,7 @@ impl Default for BundleQueue {
 impl BundleQueue {
     /// The inner flows' round trip through the bundle (`None`: not measured).
     pub fn set_round_trip(&mut self, rtt: Option<Duration>) {
+        self.rtt = rtt.unwrap_or(QUEUE_MIN_DELAY);
         self.max_delay = rtt
             .map_or(QUEUE_MIN_DELAY, |r| r * QUEUE_ROUND_TRIPS)
             .clamp(QUEUE_MIN_DELAY, QUEUE_MAX_DELAY);
@@ -93,9 +111,16 @@ impl BundleQueue {
     /// The head packet if it has waited longer than [`Self::max_delay`] at `now` (to drop).
     pub fn pop_stale(&mut self, now: Instant) -> Option<Vec<u8>> {
         let &(came, _) = self.packets.front()?;
-        (now.saturating_duration_since(came) > self.max_delay)
-            .then(|| self.packets.pop_front().map(|(_, p)| p))
-            .flatten()
+        let waited = now.saturating_duration_since(came);
+        // One drop per round trip tells a loss-based sender (it backs off once per round trip
+        // anyway); traffic that does not back off meets the hard bound of twice the limit.
+        if waited <= self.max_delay
+            || (self.next_drop.is_some_and(|t| now < t) && waited <= self.max_delay + self.rtt)
+        {
+            return None;
+        }
+        self.next_drop = Some(now + self.rtt);
+        self.packets.pop_front().map(|(_, p)| p)
     }
 
     /// The head packet, to send.
@@ -121,6 +146,31 @@ mod tests {
         assert_eq!(q.pop(), Some(vec![2]));
         assert!(q.is_empty());
         assert_eq!(q.queued, 2);
+    }
+
+    #[test]
+    fn one_drop_per_round_trip_up_to_twice_the_limit() {
+        let t0 = Instant::now();
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(Duration::from_millis(20))); // limit 60 ms
+        assert_eq!(q.max_delay(), Duration::from_millis(60));
+        for i in 0..10 {
+            q.push(t0 + Duration::from_millis(i), vec![i as u8]);
+        }
+        let t = t0 + Duration::from_millis(70);
+        assert_eq!(q.pop_stale(t), Some(vec![0]));
+        assert!(q.pop_stale(t).is_none(), "one per round trip");
+        assert!(q.pop_stale(t + Duration::from_millis(19)).is_none());
+        assert_eq!(q.pop_stale(t + Duration::from_millis(20)), Some(vec![1]));
+        // Beyond twice the limit, whatever the pace.
+        let t = t0 + Duration::from_millis(125);
+        assert_eq!(q.pop_stale(t), Some(vec![2]));
+        assert_eq!(q.pop_stale(t), Some(vec![3]));
+        assert_eq!(q.pop_stale(t), Some(vec![4]));
+        assert!(
+            q.pop_stale(t).is_none(),
+            "packet 5 waited 120 ms: paced again"
+        );
     }
 
     #[test]

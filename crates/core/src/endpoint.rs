@@ -2869,9 +2869,14 @@ impl Endpoint {
     fn drain_queue(&mut self, now: Instant) {
         self.queue.resume = None;
         loop {
-            while let Some(p) = self.queue.pop_stale(now) {
-                self.drops.queue_delay += 1;
-                self.recycle(p);
+            // While a link's capacity is still being found, a full bundle is the scheduler's
+            // ignorance, not the path's limit: nothing is dropped for waiting (the size bound
+            // still holds).
+            if !self.sched.learning() {
+                while let Some(p) = self.queue.pop_stale(now) {
+                    self.drops.queue_delay += 1;
+                    self.recycle(p);
+                }
             }
             if self.queue.is_empty() {
                 return;
