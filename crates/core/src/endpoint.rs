@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::arq::{RingConfig, SentRing};
+use crate::bqueue::BundleQueue;
 use crate::compress::{Compressor, Decompressor, Feedback, Limits as CompressLimits};
 use crate::crypto::{self, HandshakeKey, SessionKeys};
 use crate::frag::{self, Piece, Reassembler};
@@ -446,6 +447,9 @@ pub struct DropStats {
     /// IP packets from the TUN device dropped because every link's queue was full (offered load
     /// above the bundle's capacity).
     pub queue_full: u64,
+    /// IP packets from the TUN device dropped from the bundle's queue under back-pressure:
+    /// waited longer than [`crate::bqueue::QUEUE_MIN_DELAY`], or pushed out of a full queue.
+    pub queue_delay: u64,
 }
 
 /// In-tunnel loss repair counters (see [`crate::arq`]).
@@ -519,6 +523,10 @@ pub struct BundleStats {
     pub reorder: crate::reorder::ReorderStats,
     pub reorder_depth: usize,
     pub reorder_timeout_us: u64,
+    /// Back-pressure: packets waiting in the bundle's queue now, and that waited there so far
+    /// ([`Endpoint::set_backpressure`]; drops in `drops.queue_delay`).
+    pub queue_depth: usize,
+    pub queued: u64,
     /// Delay equalisation: how long bulk-size packets from the fastest live link are held now
     /// (the spread of the live links' base one-way delays, within `equalize_max`); 0 when off.
     pub equalize_us: u64,
@@ -643,12 +651,12 @@ pub fn equalized(packet: &[u8]) -> bool {
 }
 /// Default bound of delay equalisation ([`Config::equalize_max`]).
 pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
-/// Whether a bundle pushes back by default ([`Endpoint::backpressure`], `[bundle]
-/// backpressure`): off. With it on the bundle's excess waits in the TUN device's queue instead
-/// of the links' buffers (docs/scheduling.md, "Back-pressure"), but a link's failure stalls a
-/// CUBIC flow longer (lab, 1+2+3 Mbit/s: 177-226 -> 356-948 ms; cause not yet known), and the
-/// simulator, whose ACK model doubles the inner round trip under equalisation, cannot judge the
-/// 150 ms bound that back-pressure makes worth having.
+/// Whether a bundle pushes back by default ([`Endpoint::set_backpressure`], `[bundle]
+/// backpressure`): off. With it on the bundle's excess waits in the bundle's queue instead of
+/// the links' buffers (docs/scheduling.md, "Back-pressure"), but with one usable link left it
+/// stops (the window it let grow then overflows that link), and the simulator, whose ACK model
+/// doubles the inner round trip under equalisation, cannot judge the 150 ms bound that
+/// back-pressure makes worth having.
 pub const DEFAULT_BACKPRESSURE: bool = false;
 /// Default [`Config::max_packet`]: the largest IP packet plus a full compression header.
 pub const DEFAULT_MAX_PACKET: usize = 65_535 + 2;
@@ -949,6 +957,10 @@ pub struct Endpoint {
     /// Session datagrams are laid out and handed out with their [`crypto::Seal`] job instead
     /// of sealed here (see [`Endpoint::set_deferred_sealing`]).
     defer_seal: bool,
+    /// Back-pressure: on, and the packets waiting for room on the links
+    /// ([`Endpoint::set_backpressure`]).
+    backpressure: bool,
+    queue: BundleQueue,
 }
 
 const POOL_MAX: usize = 4096;
@@ -1025,6 +1037,8 @@ impl Endpoint {
             nack_buf: Vec::new(),
             received: Received::Ignored,
             defer_seal: false,
+            backpressure: false,
+            queue: BundleQueue::default(),
             cfg: config,
         };
         if ep.cfg.role == Role::Client {
@@ -2800,7 +2814,8 @@ impl Endpoint {
         }
     }
 
-    /// An IP packet from the TUN device, to be carried to the peer.
+    /// An IP packet from the TUN device, to be carried to the peer. Under back-pressure it may
+    /// wait in the bundle's queue first ([`Self::set_backpressure`]).
     pub fn send_packet(&mut self, now: Instant, packet: &[u8]) {
         if self.session.is_none() || self.links.is_empty() {
             self.drops.no_session += 1;
@@ -2808,6 +2823,84 @@ impl Endpoint {
         }
         self.tun_rx_packets += 1;
         self.tun_rx_bytes += packet.len() as u64;
+        if self.backpressure {
+            if !self.queue.is_empty() {
+                self.drain_queue(now);
+            }
+            let full = if self.queue.is_empty() {
+                self.links_full(now)
+            } else {
+                self.queue.resume.map(|t| t.saturating_duration_since(now))
+            };
+            if let Some(d) = full {
+                let mut b = self.take_buf();
+                b.extend_from_slice(packet);
+                if let Some(old) = self.queue.push(now, b) {
+                    self.drops.queue_delay += 1;
+                    self.recycle(old);
+                }
+                self.queue.resume.get_or_insert(now + d);
+                return;
+            }
+        }
+        self.send_now(now, packet);
+    }
+
+    /// Back-pressure (docs/scheduling.md, "Back-pressure"): while every link is full enough
+    /// that a packet placed now would arrive late (see [`crate::sched::Scheduler::ready_in`]),
+    /// the packets given to [`Self::send_packet`] wait in one queue before the bundle
+    /// ([`crate::bqueue`]: bounded in time and size) rather than overfill the links' buffers.
+    /// Off by default ([`DEFAULT_BACKPRESSURE`]); turned off, what waits goes at the next
+    /// [`Self::handle_timeout`].
+    pub fn set_backpressure(&mut self, on: bool) {
+        self.backpressure = on;
+        if !on && !self.queue.is_empty() {
+            self.queue.resume = Some(self.last_tick);
+        }
+    }
+
+    /// Packets waiting in the bundle's queue (back-pressure).
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Hands the bundle's queue on to the links while they have room, oldest first, dropping
+    /// packets that waited too long; when they are full, notes when to try again.
+    fn drain_queue(&mut self, now: Instant) {
+        self.queue.resume = None;
+        loop {
+            // While a link's capacity is still being found, a full bundle is the scheduler's
+            // ignorance, not the path's limit: nothing is dropped for waiting (the size bound
+            // still holds).
+            if !self.sched.learning() {
+                while let Some(p) = self.queue.pop_stale(now) {
+                    self.drops.queue_delay += 1;
+                    self.recycle(p);
+                }
+            }
+            if self.queue.is_empty() {
+                return;
+            }
+            if self.session.is_none() || self.links.is_empty() {
+                while let Some(p) = self.queue.pop() {
+                    self.drops.no_session += 1;
+                    self.recycle(p);
+                }
+                return;
+            }
+            if let Some(d) = self.links_full(now).filter(|_| self.backpressure) {
+                self.queue.resume = Some(now + d);
+                return;
+            }
+            if let Some(p) = self.queue.pop() {
+                self.send_now(now, &p);
+                self.recycle(p);
+            }
+        }
+    }
+
+    /// Schedules `packet` on the links now.
+    fn send_now(&mut self, now: Instant, packet: &[u8]) {
         let mut views = std::mem::take(&mut self.views);
         self.usable_views(&mut views);
         let mut picks = std::mem::take(&mut self.picks);
@@ -2873,11 +2966,9 @@ impl Endpoint {
         }
     }
 
-    /// Back-pressure: `Some(d)` when every link is full enough that the next packet from the
-    /// TUN device would arrive late (see [`crate::sched::Scheduler::ready_in`]): the runtime
-    /// should leave the device's packets waiting for `d` (the kernel queues them, and a local
-    /// sender is slowed down without a loss) rather than read them. `None`: read now.
-    pub fn backpressure(&mut self, now: Instant) -> Option<Duration> {
+    /// `Some(d)` when every link is full enough that a packet placed now would arrive late (see
+    /// [`crate::sched::Scheduler::ready_in`]): room is expected in `d`.
+    fn links_full(&mut self, now: Instant) -> Option<Duration> {
         if self.session.is_none() || self.links.is_empty() {
             return None;
         }
@@ -3091,6 +3182,9 @@ impl Endpoint {
         if let Some(r) = self.reorder.poll_timeout() {
             t = t.min(r);
         }
+        if let Some(r) = self.queue.resume {
+            t = t.min(r);
+        }
         Some(t)
     }
 
@@ -3135,6 +3229,9 @@ impl Endpoint {
         }
         if self.session.is_some() {
             self.check_silence(now);
+        }
+        if !self.queue.is_empty() {
+            self.drain_queue(now);
         }
         self.send_nacks(now);
     }
@@ -3192,6 +3289,16 @@ impl Endpoint {
             Some((target, add)) => (Some(target), add),
             None => (None, Duration::ZERO),
         };
+        // The inner flows' round trip: there on the fastest usable link held to the slowest's
+        // delay, back on the fastest.
+        let fastest = self
+            .links
+            .iter()
+            .filter(|l| l.health.state() != LinkState::Down && !l.silent)
+            .filter_map(|l| l.health.min_rtt())
+            .min();
+        self.queue
+            .set_round_trip(fastest.map(|r| r + self.equalize_add));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
@@ -3294,6 +3401,8 @@ impl Endpoint {
             reorder: self.reorder.stats().clone(),
             reorder_depth: self.reorder.depth(),
             reorder_timeout_us: self.reorder.timeout().as_micros() as u64,
+            queue_depth: self.queue.len(),
+            queued: self.queue.queued,
             equalize_us: self.equalize_add.as_micros() as u64,
             drops: self.drops.clone(),
             repair: RepairStats {

@@ -17,6 +17,7 @@
 //! - [`sched`]: the schedulers behind one trait, selectable by name.
 //! - [`reorder`]: the receiver's reorder buffer (and which gaps to ask for again).
 //! - [`arq`]: the sender's ring of sent packets for in-tunnel loss repair (NACK, reinjection).
+//! - [`bqueue`]: the bundle's one queue under back-pressure (waiting time bounded).
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
 //! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
 //!   and the lab's emulator.
@@ -28,6 +29,7 @@
 #![deny(unsafe_code)]
 
 pub mod arq;
+pub mod bqueue;
 pub mod compress;
 pub mod concentrator;
 pub mod crypto;

@@ -151,9 +151,8 @@ pub trait Scheduler: Send {
     }
     /// Back-pressure: how long until a packet of `len` bytes could be placed on some link
     /// without being later than [`BACKPRESSURE_LATE`] behind the links' queues (`None`: now).
-    /// The runtime leaves the traffic waiting where it is (the TUN device's queue, which the
-    /// kernel bounds and which slows a local sender down without a loss) instead of handing it
-    /// on to overfill the links' own buffers. Schedulers without a model of the links' queues
+    /// The endpoint keeps the traffic waiting in the bundle's queue ([`crate::bqueue`], bounded
+    /// in time and size) instead of handing it on to overfill the links' own buffers. Schedulers without a model of the links' queues
     /// never push back.
     fn ready_in(&mut self, _now: Instant, _len: usize, _links: &[LinkView]) -> Option<Duration> {
         None
@@ -162,6 +161,12 @@ pub trait Scheduler: Send {
     /// until the slowest link within `max` of the fastest would have brought it: such packets
     /// reach the peer's TUN no sooner on a faster link. Zero `max` turns this off.
     fn set_equalization(&mut self, _max: Duration, _min_len: usize) {}
+    /// Back-pressure: some link's capacity is still being found (in start-up, or its last
+    /// probe was carried or none was judged yet), so a full bundle may be the scheduler's
+    /// ignorance rather than the path's limit.
+    fn learning(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -567,6 +572,8 @@ struct Held {
     /// Samples taken so far.
     n: usize,
     probe: Probe,
+    /// The last probe judged was not carried: the rate is the link's capacity, as far as known.
+    settled: bool,
     /// The previous adjustment was full too: a delivery rate is a sample of the link's capacity
     /// only after a whole full adjustment (it is smoothed and lags: a link busy again after a
     /// pause read a tenth of its rate, which as the only sample starved it).
@@ -647,11 +654,17 @@ impl Held {
                 gain,
             },
             Probe::Up { base, .. } => Probe::Check { base },
-            Probe::Check { base } if delivered >= PROBE_SUCCESS * base => Probe::Up {
-                base: self.max(),
-                gain,
-            },
-            Probe::Check { .. } => Probe::Drain,
+            Probe::Check { base } if delivered >= PROBE_SUCCESS * base => {
+                self.settled = false;
+                Probe::Up {
+                    base: self.max(),
+                    gain,
+                }
+            }
+            Probe::Check { .. } => {
+                self.settled = true;
+                Probe::Drain
+            }
             Probe::Drain => Probe::Cruise(0),
         };
         self.max()
@@ -1081,6 +1094,12 @@ impl Scheduler for Adaptive {
     fn set_equalization(&mut self, max: Duration, min_len: usize) {
         self.equalize = (!max.is_zero()).then_some((max, min_len));
     }
+    fn learning(&self) -> bool {
+        self.table
+            .entries
+            .iter()
+            .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
+    }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         let floor = self.delivery_floor(len, links);
         if floor <= 0.0 {
@@ -1252,6 +1271,9 @@ impl Scheduler for Backup {
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.inner.rate_bps(link)
+    }
+    fn learning(&self) -> bool {
+        self.inner.learning()
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         if !self.keep_top(links) {
@@ -1769,6 +1791,26 @@ mod tests {
         assert!((0.9 * 30e6..=30e6).contains(&last), "{rates:?}");
         // Probes that are delivered are repeated at once: there in under 40 adjustments (4 s).
         assert!(rates[40] >= 0.9 * 30e6, "{rates:?}");
+    }
+
+    #[test]
+    fn held_link_is_settled_once_a_probe_is_not_carried() {
+        // The bundle's queue drops nothing for waiting while a link is still learning
+        // (`Scheduler::learning`): climbing from 3 to 30 Mbit/s every probe is carried; at 30
+        // the next one is not, and the link is settled.
+        let mut h = Held::default();
+        let (mut rate, mut given): (f64, f64) = (3e6, 3e6);
+        let mut settled_at = None;
+        for i in 0..80 {
+            rate = h.adjust(rate, true, given.min(30e6), ms(10), ms(100));
+            given = rate * h.gain();
+            if h.settled && settled_at.is_none() {
+                settled_at = Some((i, rate));
+            }
+        }
+        let (i, r) = settled_at.expect("settled");
+        assert!(r >= 0.9 * 30e6, "settled at {r} after {i} adjustments");
+        assert!(h.settled);
     }
 
     #[test]

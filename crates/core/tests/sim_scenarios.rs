@@ -225,3 +225,27 @@ fn equalisation_gives_bulk_packets_the_slowest_links_delay() {
         "held to the 20 ms link: {r:?}"
     );
 }
+
+/// Back-pressure under traffic that never backs off (crate::bqueue): the excess waits in the
+/// bundle's queue, and what waited too long is dropped there, so the delay the queue adds stays
+/// bounded (twice the limit at most, whatever the sender does) instead of growing until its size
+/// bound (8192 packets, 15 s at 6 Mbit/s).
+#[test]
+fn back_pressure_bounds_the_delay_of_traffic_that_never_backs_off() {
+    let sc = sim::standard_scenarios()[0]
+        .clone()
+        .load(1.5)
+        .backpressure(true);
+    let r = sim::run(&sc);
+    show(&r);
+    assert!(
+        r.added_latency_p99_ms < 200.0,
+        "p99 added latency {:.0} ms",
+        r.added_latency_p99_ms
+    );
+    assert!(
+        r.delivered_ratio > 0.6,
+        "delivered {:.3} of offered",
+        r.delivered_ratio
+    );
+}

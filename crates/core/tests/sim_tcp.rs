@@ -433,7 +433,9 @@ fn back_pressure_keeps_the_links_from_overflowing() {
 /// it backed off once and, offered no more than that rate, never rose again: the bundle carried
 /// 27-45% of the sum. A held link's rate is the most it delivered lately, probed 25% above now
 /// and then (`sched::Held`): 78-83%, about as without back-pressure (80-87%), and no overflow.
-/// Measured with `sim_tcp --no-single --backpressure --scenario LTE` (seeds 1-3).
+/// Measured with `sim_tcp --no-single --backpressure --scenario LTE` (seeds 1-3). CUBIC keeps
+/// the bundle's queue full until it loses a packet there (`crate::bqueue`: one drop per inner
+/// round trip once packets wait beyond the limit; 13 in this run).
 #[test]
 fn back_pressure_keeps_a_jittery_link_in_use() {
     let base = sim::tcp_scenarios()[4].clone();
@@ -447,6 +449,13 @@ fn back_pressure_keeps_a_jittery_link_in_use() {
             dir.name(),
             on.of_sum * 100.0
         );
-        assert_eq!(on.retransmits, 0, "{} {}", cc.name(), dir.name());
+        let most = if cc == Cubic { 50 } else { 0 };
+        assert!(
+            on.retransmits <= most,
+            "{} {}: {} retransmits",
+            cc.name(),
+            dir.name(),
+            on.retransmits
+        );
     }
 }

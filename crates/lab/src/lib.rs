@@ -184,7 +184,7 @@ pub struct LabArgs {
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub equalize_max: Option<u64>,
     /// Turn the endpoints' back-pressure on (`backpressure = true`): while every link is full,
-    /// packets wait in the TUN device's queue instead of overflowing the links' buffers.
+    /// packets wait in the bundle's queue instead of overflowing the links' buffers.
     #[arg(long, conflicts_with = "no_backpressure")]
     pub backpressure: bool,
     /// Turn the endpoints' back-pressure off (`backpressure = false`, braid's default).

@@ -176,8 +176,8 @@ pub struct Config {
     pub equalize_max: Option<Duration>,
     /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
     pub compression: bool,
-    /// Back-pressure: while every link is full, leave the TUN device's packets in its queue
-    /// instead of overfilling the links' buffers (`braid_core::Endpoint::backpressure`).
+    /// Back-pressure: while every link is full, packets wait in the bundle's queue instead of
+    /// overfilling the links' buffers (`braid_core::Endpoint::set_backpressure`).
     pub backpressure: bool,
     pub connect_timeout: Option<Duration>,
     /// Client: the route id a balancer steers this bundle's links by (`None`: random).

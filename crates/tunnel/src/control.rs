@@ -290,11 +290,6 @@ pub fn status_json(cfg: &Config, snap: &Snapshot) -> Value {
         "udp_opened_in_parallel".into(),
         json!(extra.udp_opened_in_parallel),
     );
-    // Whether back-pressure engages (`backpressure`, docs/guide.md).
-    o.insert(
-        "tun_backpressure_pauses".into(),
-        json!(extra.tun_backpressure_pauses),
-    );
     if let Some(Value::Array(links)) = o.get_mut("links") {
         for l in links.iter_mut() {
             let id = l.get("id").and_then(|i| i.as_u64()).unwrap_or(0);
@@ -425,7 +420,6 @@ remote = "198.18.1.2:5050"
                 udp_send_drops: 3,
                 tun_full_drops: 5,
                 udp_opened_in_parallel: 64,
-                tun_backpressure_pauses: 7,
                 ..Extra::default()
             },
             connected: false,
@@ -451,7 +445,7 @@ remote = "198.18.1.2:5050"
         assert_eq!(v["drops"]["udp_send"], 3);
         assert_eq!(v["drops"]["tun_full"], 5);
         assert_eq!(v["udp_opened_in_parallel"], 64);
-        assert_eq!(v["tun_backpressure_pauses"], 7);
+        assert_eq!(v["queued"], 0);
         // The link starts DOWN: no bandwidth counted as up.
         assert_eq!(
             (v["links_up"].as_u64(), v["total_bandwidth_bps"].as_u64()),

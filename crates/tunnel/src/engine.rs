@@ -4,7 +4,7 @@
 //! link ids that are the concentrator's global ones in the second case.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use braid_core::concentrator::{ClientStats, Concentrator, ConcentratorDrops};
 use braid_core::endpoint::{BundleStats, Event, Received, Transmit};
@@ -55,15 +55,6 @@ impl Engine {
         match self {
             Engine::Bundle(ep) => ep.send_packet(now, packet),
             Engine::Sites(c) => c.send_packet(now, packet),
-        }
-    }
-
-    /// Back-pressure (`Endpoint::backpressure`). A concentrator's one TUN device serves every
-    /// client's bundle, so it reads on: one full bundle must not hold up the others.
-    pub fn backpressure(&mut self, now: Instant) -> Option<Duration> {
-        match self {
-            Engine::Bundle(ep) => ep.backpressure(now),
-            Engine::Sites(_) => None,
         }
     }
 

@@ -47,8 +47,6 @@ pub struct Extra {
     pub udp_rx: braid_linux::udp::RecvStats,
     /// Datagrams from the link sockets opened on the helper threads, in parallel parts.
     pub udp_opened_in_parallel: u64,
-    /// Times back-pressure left the TUN device unread while every link was full.
-    pub tun_backpressure_pauses: u64,
 }
 
 struct Reg<'a> {
@@ -370,9 +368,14 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &[(b.clone(), extra.udp_opened_in_parallel)],
     );
     r.counter(
-        "tun_backpressure_pauses",
-        "Times back-pressure left the TUN device unread because every link was full",
-        &[(b.clone(), extra.tun_backpressure_pauses)],
+        "bundle_queued",
+        "IP packets that waited in the bundle's queue under back-pressure because every link was full",
+        &[(b.clone(), s.queued)],
+    );
+    r.gauge(
+        "bundle_queue_depth",
+        "IP packets waiting in the bundle's queue under back-pressure now",
+        &[(b.clone(), s.queue_depth as f64)],
     );
     let c = &s.compression;
     let labelled = |pairs: &[(&str, &str)], v: u64| {
@@ -651,7 +654,6 @@ mod tests {
                 tun: Default::default(),
                 udp_rx: Default::default(),
                 udp_opened_in_parallel: 7,
-                tun_backpressure_pauses: 9,
             },
         );
         for want in [
@@ -661,7 +663,8 @@ mod tests {
             "braid_drops_total{bundle=\"b0\",reason=\"no_session\"} 1",
             "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
             "braid_udp_opened_in_parallel_total{bundle=\"b0\"} 7",
-            "braid_tun_backpressure_pauses_total{bundle=\"b0\"} 9",
+            "braid_bundle_queued_total{bundle=\"b0\"} 0",
+            "braid_bundle_queue_depth{bundle=\"b0\"} 0",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",
             "# TYPE braid_link_rtt_seconds gauge",

@@ -45,10 +45,6 @@ use crate::config::{Config, LinkSpec};
 use crate::control::{Command, Commands, Handle, LinkAddReq, LinkInfo, Reply, Snapshot};
 use crate::workers::Workers;
 
-/// Under back-pressure the TUN device is read this many packets at a time between two looks at
-/// whether the links have room: at most this many packets' overshoot.
-const BACKPRESSURE_STEP: usize = 8;
-
 const TUN: Token = Token(0);
 const WAKER: Token = Token(1);
 const SIGNAL: Token = Token(2);
@@ -143,8 +139,6 @@ pub struct Runner {
     handle: Handle,
     signal_rx: UnixStream,
     tun_ready: bool,
-    /// Back-pressure: the TUN device is left unread until then (see `Endpoint::backpressure`).
-    tun_paused_until: Option<Instant>,
     recv: RecvBatch,
     started: Instant,
     session_seen: bool,
@@ -167,8 +161,6 @@ pub struct Runner {
     opening: Vec<RxJob<'static>>,
     /// Datagrams opened in parallel parts on the helper threads (metrics).
     opened_in_parallel: u64,
-    /// Times back-pressure left the TUN device unread (metrics).
-    tun_pauses: u64,
     /// Per link: the datagram room the kernel last reported for its route (route MTU less the
     /// outer headers), told to the endpoint's path MTU discovery.
     path_mtus: HashMap<LinkId, usize>,
@@ -277,6 +269,9 @@ impl Runner {
                 ep.set_deferred_sealing(true);
             }
         }
+        if let Some(ep) = ep.endpoint_mut() {
+            ep.set_backpressure(cfg.backpressure);
+        }
         tracing::debug!(
             "data plane: {} thread(s) seal, send and open",
             workers.threads()
@@ -383,7 +378,6 @@ impl Runner {
             cmd_rx,
             signal_rx,
             tun_ready: true,
-            tun_paused_until: None,
             recv: RecvBatch::new(BATCH),
             started: now,
             session_seen: false,
@@ -397,7 +391,6 @@ impl Runner {
             workers,
             opening: Vec::with_capacity(BATCH),
             opened_in_parallel: 0,
-            tun_pauses: 0,
             path_mtus: HashMap::new(),
             mtu_check_due: true,
         };
@@ -432,8 +425,7 @@ impl Runner {
         let mut now = Instant::now();
         let mut next_check = now + Duration::from_secs(1);
         loop {
-            let tun_busy = self.tun_ready && !self.tun_paused(now);
-            let busy = tun_busy || self.socks.values().any(|s| s.readable);
+            let busy = self.tun_ready || self.socks.values().any(|s| s.readable);
             let timeout = self.poll_timeout(now, next_check, busy);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -447,8 +439,7 @@ impl Runner {
                 match ev.token() {
                     TUN => {
                         self.tun_ready = true;
-                        // Paused by back-pressure, new packets in the device are not work yet.
-                        woke_for_data |= !self.tun_paused(now);
+                        woke_for_data = true;
                     }
                     WAKER => {}
                     NETLINK => netlink = true,
@@ -519,9 +510,6 @@ impl Runner {
             .unwrap_or(now + Duration::from_secs(1))
             .min(next_check);
         if let Some(t) = self.next_relink() {
-            until = until.min(t);
-        }
-        if let Some(t) = self.tun_paused_until.filter(|_| self.tun_ready) {
             until = until.min(t);
         }
         until.saturating_duration_since(now)
@@ -634,43 +622,20 @@ impl Runner {
         }
     }
 
-    /// Back-pressure still leaves the TUN device unread at `now`.
-    fn tun_paused(&self, now: Instant) -> bool {
-        self.tun_paused_until.is_some_and(|t| t > now)
-    }
-
     fn read_tun(&mut self, now: Instant) {
-        if !self.tun_ready || self.tun_paused(now) {
+        if !self.tun_ready {
             return;
         }
-        self.tun_paused_until = None;
         // Each packet goes from the device's read buffer straight into the endpoint, which
-        // compresses it into the buffer it seals in place.
+        // compresses it into the buffer it seals in place (or, under back-pressure, may keep it
+        // in the bundle's queue while every link is full).
         let ep = &mut self.ep;
-        let bp = self.cfg.backpressure;
-        let mut done = 0;
-        while done < BATCH {
-            if bp {
-                if let Some(d) = ep.backpressure(now) {
-                    self.tun_paused_until = Some(now + d);
-                    self.tun_pauses += 1;
-                    return;
-                }
-            }
-            let step = if bp { BACKPRESSURE_STEP } else { BATCH };
-            match self.tun.recv_each(step, |p| ep.send_packet(now, p)) {
-                Ok(n) => {
-                    done += n;
-                    if n < step {
-                        self.tun_ready = false;
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!("TUN {}: read failed: {e}", self.cfg.name);
-                    self.tun_ready = false;
-                    return;
-                }
+        match self.tun.recv_each(BATCH, |p| ep.send_packet(now, p)) {
+            Ok(n) if n < BATCH => self.tun_ready = false,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("TUN {}: read failed: {e}", self.cfg.name);
+                self.tun_ready = false;
             }
         }
     }
@@ -1134,7 +1099,6 @@ impl Runner {
             tun: self.tun.stats(),
             udp_rx: self.recv.stats(),
             udp_opened_in_parallel: self.opened_in_parallel,
-            tun_backpressure_pauses: self.tun_pauses,
         }
     }
 

@@ -114,6 +114,10 @@ pub struct Scenario {
     /// Bound of delay equalisation at both ends (default [`crate::endpoint::DEFAULT_EQUALIZE_MAX`];
     /// zero turns it off).
     pub equalize_max: Option<Duration>,
+    /// Back-pressure at both ends (off by default: these scenarios measure placement,
+    /// reordering and failover at a fixed offered load that never backs off, and back-pressure
+    /// would only move its excess from the links' buffers into the bundle's queue).
+    pub backpressure: bool,
 }
 
 impl Scenario {
@@ -130,7 +134,12 @@ impl Scenario {
             events: Vec::new(),
             probe_interval: None,
             equalize_max: None,
+            backpressure: false,
         }
+    }
+    pub fn backpressure(mut self, on: bool) -> Self {
+        self.backpressure = on;
+        self
     }
     pub fn scheduler(mut self, s: &str) -> Self {
         self.scheduler = s.to_string();
@@ -183,11 +192,7 @@ impl Scenario {
             equalize_max: self.equalize_max,
             warmup: self.warmup,
             nack: None,
-            // A fixed offered load that never backs off (these scenarios measure placement,
-            // reordering and failover at a given load): back-pressure would only move the
-            // excess from the links' buffers into the TUN ring. The TCP scenarios
-            // (`TcpScenario`) run with braid's default.
-            backpressure: false,
+            backpressure: self.backpressure,
         }
     }
 }

@@ -213,23 +213,9 @@ pub struct BundleOptions {
     pub warmup: Duration,
     /// Which lost gaps receivers ask for again (`endpoint::Config::nack`; `None`: its default).
     pub nack: Option<crate::endpoint::Nack>,
-    /// Back-pressure as `braid up` does it ([`Endpoint::backpressure`]): each end's TUN
-    /// packets wait in a ring of [`TUN_QUEUE_PACKETS`] while the links are full. Off, each packet
-    /// goes to the endpoint as it comes (open-loop traffic, whose losses the tables count).
+    /// Back-pressure at both ends ([`Endpoint::set_backpressure`]): while the links are full,
+    /// packets wait in each endpoint's bundle queue.
     pub backpressure: bool,
-}
-
-/// With back-pressure, the most packets waiting before an endpoint: braid's TUN device ring
-/// (`txqueuelen`, 2000 by default). Linux's TUN driver orphans a packet as it queues it and drops
-/// when the ring is full; a local sender is not paused (TCP small queues do not see it).
-pub const TUN_QUEUE_PACKETS: usize = 2000;
-
-/// Packets from one end's TUN waiting for the links (back-pressure).
-#[derive(Debug, Default)]
-struct TunQueue {
-    packets: std::collections::VecDeque<Vec<u8>>,
-    /// When the endpoint expects room again.
-    resume: Option<Duration>,
 }
 
 /// Per-direction counters of one link, from the end of the warm-up.
@@ -281,10 +267,6 @@ pub struct Bundle {
     warm: bool,
     /// With `BRAID_SIM_TRACE` set: when the next trace line is due.
     next_trace: Option<Duration>,
-    /// Per side (client, server): packets held back, when back-pressure is on.
-    tun_queues: Option<[TunQueue; 2]>,
-    /// Packets dropped because a TUN queue was full.
-    pub tun_queue_drops: u64,
 }
 
 impl Bundle {
@@ -304,7 +286,9 @@ impl Bundle {
                 cfg.health.down_after = cfg.health.down_after.max(p * 3);
             }
             let rng = ChaCha8Rng::seed_from_u64(opts.seed ^ salt);
-            Endpoint::new(cfg, base, Box::new(rng)).expect("scheduler")
+            let mut ep = Endpoint::new(cfg, base, Box::new(rng)).expect("scheduler");
+            ep.set_backpressure(opts.backpressure);
+            ep
         };
         let mut client = endpoint(Role::Client, 0xc1);
         let server = endpoint(Role::Server, 0x5e);
@@ -339,32 +323,6 @@ impl Bundle {
             warmup: opts.warmup,
             warm: false,
             next_trace: std::env::var_os("BRAID_SIM_TRACE").map(|_| Duration::ZERO),
-            tun_queues: opts.backpressure.then(Default::default),
-            tun_queue_drops: 0,
-        }
-    }
-
-    /// Hands `side`'s waiting TUN packets to its endpoint while it has room for them.
-    fn pump(&mut self, now: Duration, side: Side) {
-        let inst = self.base + now;
-        let Some(queues) = self.tun_queues.as_mut() else {
-            return;
-        };
-        let q = &mut queues[side as usize];
-        let ep = match side {
-            Side::Client => &mut self.client,
-            Side::Server => &mut self.server,
-        };
-        q.resume = None;
-        while !q.packets.is_empty() {
-            if let Some(d) = ep.backpressure(inst) {
-                q.resume = Some(now + d);
-                break;
-            }
-            let Some(p) = q.packets.pop_front() else {
-                break;
-            };
-            ep.send_packet(inst, &p);
         }
     }
 
@@ -558,7 +516,13 @@ impl Bundle {
 
     fn trace_side(&self, now: Duration, side: &str, dir: usize, st: &BundleStats) {
         let inst = self.base + now;
-        let mut line = format!("t={:6.2} {side}", now.as_secs_f64());
+        let mut line = format!(
+            "t={:6.2} {side} bq {:4} drop {:4} queued {:6}",
+            now.as_secs_f64(),
+            st.queue_depth,
+            st.drops.queue_delay,
+            st.queued
+        );
         for l in &st.links {
             // Link ids are 1-based indices into the simulated links (the server lists its links
             // in the order it learned them).
@@ -586,33 +550,13 @@ fn ms(d: Duration) -> f64 {
 
 impl Path for Bundle {
     fn send(&mut self, now: Duration, from: Side, packet: &[u8]) {
-        match self.tun_queues.as_mut() {
-            Some(queues) => {
-                let q = &mut queues[from as usize];
-                if q.packets.len() >= TUN_QUEUE_PACKETS {
-                    self.tun_queue_drops += 1;
-                    return;
-                }
-                q.packets.push_back(packet.to_vec());
-                self.pump(now, from);
-            }
-            None => {
-                let inst = self.base + now;
-                self.endpoint_mut(from).send_packet(inst, packet);
-            }
-        }
+        let inst = self.base + now;
+        self.endpoint_mut(from).send_packet(inst, packet);
         self.transmit_all(now);
     }
 
     fn next_wakeup(&self) -> Option<Duration> {
-        let resume = self.tun_queues.as_ref().and_then(|qs| {
-            qs.iter()
-                .filter(|q| !q.packets.is_empty())
-                .filter_map(|q| q.resume)
-                .min()
-        });
         [
-            resume,
             self.events.next_at(),
             self.client
                 .poll_timeout()
@@ -642,9 +586,6 @@ impl Path for Bundle {
             if ep.poll_timeout().is_some_and(|t| t <= inst) {
                 ep.handle_timeout(inst);
             }
-        }
-        for side in [Side::Client, Side::Server] {
-            self.pump(now, side);
         }
         self.transmit_all(now);
         self.handle_endpoint_events(now);

@@ -921,6 +921,10 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
     if std::env::var_os("BRAID_SIM_DEBUG").is_some() {
         eprintln!("sender: {:#?}\nreceiver: {:#?}", tx.repair, rx.repair);
         eprintln!("receiver reorder: {:#?}", rx.reorder);
+        eprintln!(
+            "queue: sender queued {} dropped {}, receiver queued {} dropped {}",
+            tx.queued, tx.drops.queue_delay, rx.queued, rx.drops.queue_delay
+        );
     }
     report.repair = TunnelRepair {
         resent: tx.repair.retransmits_sent,
