@@ -448,7 +448,7 @@ pub struct DropStats {
     /// above the bundle's capacity).
     pub queue_full: u64,
     /// IP packets from the TUN device dropped from the bundle's queue under back-pressure:
-    /// waited longer than [`crate::bqueue::QUEUE_MIN_DELAY`], or pushed out of a full queue.
+    /// waited beyond its limit, or pushed out of a full queue (see [`crate::bqueue`]).
     pub queue_delay: u64,
 }
 
@@ -2859,11 +2859,6 @@ impl Endpoint {
         }
     }
 
-    /// Packets waiting in the bundle's queue (back-pressure).
-    pub fn queued(&self) -> usize {
-        self.queue.len()
-    }
-
     /// Hands the bundle's queue on to the links while they have room, oldest first, dropping
     /// packets that waited too long; when they are full, notes when to try again.
     fn drain_queue(&mut self, now: Instant) {
@@ -2888,9 +2883,11 @@ impl Endpoint {
                 }
                 return;
             }
-            if let Some(d) = self.links_full(now).filter(|_| self.backpressure) {
-                self.queue.resume = Some(now + d);
-                return;
+            if self.backpressure {
+                if let Some(d) = self.links_full(now) {
+                    self.queue.resume = Some(now + d);
+                    return;
+                }
             }
             if let Some(p) = self.queue.pop() {
                 self.send_now(now, &p);

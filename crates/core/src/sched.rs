@@ -1095,9 +1095,13 @@ impl Scheduler for Adaptive {
         self.equalize = (!max.is_zero()).then_some((max, min_len));
     }
     fn learning(&self) -> bool {
-        self.table
-            .entries
+        // Only the links `ready_in` last saw (the usable ones): a link that died keeps its
+        // entry for `FORGET_AFTER`, and must not keep the bundle "learning" that long.
+        let entries = &self.table.entries;
+        let latest = entries.iter().map(|e| e.1).max();
+        entries
             .iter()
+            .filter(|e| Some(e.1) == latest)
             .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
@@ -1791,6 +1795,31 @@ mod tests {
         assert!((0.9 * 30e6..=30e6).contains(&last), "{rates:?}");
         // Probes that are delivered are repeated at once: there in under 40 adjustments (4 s).
         assert!(rates[40] >= 0.9 * 30e6, "{rates:?}");
+    }
+
+    #[test]
+    fn learning_while_a_usable_held_link_is_unsettled() {
+        // The bundle's queue drops nothing for waiting while `learning`; a link that died must
+        // not keep it so (its entry stays for FORGET_AFTER).
+        let t0 = Instant::now();
+        let mut links = fast_and_slow();
+        links.insert(0, view(3, Some(20_000_000), 30));
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(100), 300);
+        s.ready_in(t0, 1500, &links);
+        for e in &mut s.table.entries {
+            e.2.startup = false;
+            e.2.hold.settled = e.0 != 2;
+        }
+        assert!(s.learning(), "link 2 has not found its capacity");
+        s.ready_in(t0 + ms(10), 1500, &links[..2]);
+        assert!(!s.learning(), "link 2 is no longer usable");
+        s.ready_in(t0 + ms(20), 1500, &links);
+        assert!(s.learning(), "link 2 is back");
+        for e in &mut s.table.entries {
+            e.2.hold.settled = true;
+        }
+        assert!(!s.learning());
     }
 
     #[test]
