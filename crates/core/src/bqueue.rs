@@ -50,6 +50,8 @@ pub const BUNDLE_QUEUE_PACKETS: usize = 8192;
 /// Packets waiting for room on the links, each with the instant it came.
 #[derive(Debug)]
 pub struct BundleQueue {
+    /// Back-pressure is on: packets may wait here.
+    pub on: bool,
     packets: VecDeque<(Instant, Vec<u8>)>,
     /// The longest a packet waits (see [`QUEUE_ROUND_TRIPS`]).
     max_delay: Duration,
@@ -66,6 +68,7 @@ pub struct BundleQueue {
 impl Default for BundleQueue {
     fn default() -> Self {
         BundleQueue {
+            on: false,
             packets: VecDeque::new(),
             max_delay: QUEUE_MIN_DELAY,
             rtt: QUEUE_MIN_DELAY,

@@ -959,7 +959,6 @@ pub struct Endpoint {
     defer_seal: bool,
     /// Back-pressure: on, and the packets waiting for room on the links
     /// ([`Endpoint::set_backpressure`]).
-    backpressure: bool,
     queue: BundleQueue,
 }
 
@@ -1037,7 +1036,6 @@ impl Endpoint {
             nack_buf: Vec::new(),
             received: Received::Ignored,
             defer_seal: false,
-            backpressure: false,
             queue: BundleQueue::default(),
             cfg: config,
         };
@@ -2823,12 +2821,15 @@ impl Endpoint {
         }
         self.tun_rx_packets += 1;
         self.tun_rx_bytes += packet.len() as u64;
-        if self.backpressure {
+        // The links as the scheduler sees them, once per packet (nothing here changes them).
+        let mut views = std::mem::take(&mut self.views);
+        self.usable_views(&mut views);
+        if self.queue.on {
             if !self.queue.is_empty() {
-                self.drain_queue(now);
+                self.drain_queue(now, &views);
             }
             let full = if self.queue.is_empty() {
-                self.links_full(now)
+                self.links_full(now, &views)
             } else {
                 self.queue.resume.map(|t| t.saturating_duration_since(now))
             };
@@ -2840,10 +2841,12 @@ impl Endpoint {
                     self.recycle(old);
                 }
                 self.queue.resume.get_or_insert(now + d);
+                self.views = views;
                 return;
             }
         }
-        self.send_now(now, packet);
+        self.send_now(now, packet, &views);
+        self.views = views;
     }
 
     /// Back-pressure (docs/scheduling.md, "Back-pressure"): while every link is full enough
@@ -2853,21 +2856,22 @@ impl Endpoint {
     /// Off by default ([`DEFAULT_BACKPRESSURE`]); turned off, what waits goes at the next
     /// [`Self::handle_timeout`].
     pub fn set_backpressure(&mut self, on: bool) {
-        self.backpressure = on;
+        self.queue.on = on;
         if !on && !self.queue.is_empty() {
             self.queue.resume = Some(self.last_tick);
         }
     }
 
-    /// Hands the bundle's queue on to the links while they have room, oldest first, dropping
-    /// packets that waited too long; when they are full, notes when to try again.
-    fn drain_queue(&mut self, now: Instant) {
+    /// Hands the bundle's queue on to the links (`views`) while they have room, oldest first,
+    /// dropping packets that waited too long; when they are full, notes when to try again.
+    fn drain_queue(&mut self, now: Instant, views: &[LinkView]) {
         self.queue.resume = None;
+        // While a link's capacity is still being found, a full bundle is the scheduler's
+        // ignorance, not the path's limit: nothing is dropped for waiting (the size bound still
+        // holds).
+        let may_drop = !self.sched.learning();
         loop {
-            // While a link's capacity is still being found, a full bundle is the scheduler's
-            // ignorance, not the path's limit: nothing is dropped for waiting (the size bound
-            // still holds).
-            if !self.sched.learning() {
+            if may_drop {
                 while let Some(p) = self.queue.pop_stale(now) {
                     self.drops.queue_delay += 1;
                     self.recycle(p);
@@ -2883,23 +2887,21 @@ impl Endpoint {
                 }
                 return;
             }
-            if self.backpressure {
-                if let Some(d) = self.links_full(now) {
+            if self.queue.on {
+                if let Some(d) = self.links_full(now, views) {
                     self.queue.resume = Some(now + d);
                     return;
                 }
             }
             if let Some(p) = self.queue.pop() {
-                self.send_now(now, &p);
+                self.send_now(now, &p, views);
                 self.recycle(p);
             }
         }
     }
 
-    /// Schedules `packet` on the links now.
-    fn send_now(&mut self, now: Instant, packet: &[u8]) {
-        let mut views = std::mem::take(&mut self.views);
-        self.usable_views(&mut views);
+    /// Schedules `packet` on the links now (`views`: [`Self::usable_views`]).
+    fn send_now(&mut self, now: Instant, packet: &[u8], views: &[LinkView]) {
         let mut picks = std::mem::take(&mut self.picks);
         let flow = Self::flow_hash(packet);
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
@@ -2925,7 +2927,7 @@ impl Endpoint {
             .min()
             .unwrap_or(usize::MAX);
         if payload_len <= room {
-            self.send_piece(now, sealing, Piece::Whole, flow, &views, &mut picks);
+            self.send_piece(now, sealing, Piece::Whole, flow, views, &mut picks);
         } else {
             self.frag.tx_split += 1;
             for (range, piece) in frag::split(payload_len, room) {
@@ -2936,13 +2938,12 @@ impl Endpoint {
                     &sealing[wire::HEADER_LEN + range.start..wire::HEADER_LEN + range.end],
                 );
                 // A piece the links cannot take dooms the packet: the rest need not go.
-                if !self.send_piece(now, buf, piece, flow, &views, &mut picks) {
+                if !self.send_piece(now, buf, piece, flow, views, &mut picks) {
                     break;
                 }
             }
             self.recycle(sealing);
         }
-        self.views = views;
         self.picks = picks;
     }
 
@@ -2965,16 +2966,12 @@ impl Endpoint {
 
     /// `Some(d)` when every link is full enough that a packet placed now would arrive late (see
     /// [`crate::sched::Scheduler::ready_in`]): room is expected in `d`.
-    fn links_full(&mut self, now: Instant) -> Option<Duration> {
+    fn links_full(&mut self, now: Instant, views: &[LinkView]) -> Option<Duration> {
         if self.session.is_none() || self.links.is_empty() {
             return None;
         }
-        let mut views = std::mem::take(&mut self.views);
-        self.usable_views(&mut views);
         // A full-size packet: what the device most likely holds next while the links are full.
-        let d = self.sched.ready_in(now, 1500, &views);
-        self.views = views;
-        d
+        self.sched.ready_in(now, 1500, views)
     }
 
     /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next
@@ -3228,7 +3225,10 @@ impl Endpoint {
             self.check_silence(now);
         }
         if !self.queue.is_empty() {
-            self.drain_queue(now);
+            let mut views = std::mem::take(&mut self.views);
+            self.usable_views(&mut views);
+            self.drain_queue(now, &views);
+            self.views = views;
         }
         self.send_nacks(now);
     }
