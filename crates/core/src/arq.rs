@@ -142,15 +142,15 @@ impl SentRing {
         self.entries.get_mut(i)
     }
 
-    /// Sequence numbers first sent on `link` at or after `since`, oldest first (appended to `out`).
-    pub fn sent_on(&self, link: LinkId, since: Instant, out: &mut Vec<u64>) {
+    /// Sequence numbers first sent on `link` at or after `since` (appended to `out`): those
+    /// sent at or after `first` first, then the older ones, each part oldest first (a
+    /// reinjection's order: see `Endpoint::reinject`).
+    pub fn sent_on(&self, link: LinkId, since: Instant, first: Instant, out: &mut Vec<u64>) {
         let start = self.entries.partition_point(|e| e.at < since);
-        out.extend(
-            self.entries
-                .range(start..)
-                .filter(|e| e.link == link)
-                .map(|e| e.seq),
-        );
+        let cut = self.entries.partition_point(|e| e.at < first).max(start);
+        let on = |e: &Sent| (e.link == link).then_some(e.seq);
+        out.extend(self.entries.range(cut..).filter_map(on));
+        out.extend(self.entries.range(start..cut).filter_map(on));
     }
 
     pub fn len(&self) -> usize {
@@ -192,7 +192,15 @@ mod tests {
         r.push(t0 + ms(20), 18, 0, &[1]);
         assert_eq!(r.len(), 10);
         let mut on1 = Vec::new();
-        r.sent_on(1, t0 + ms(4), &mut on1);
+        r.sent_on(1, t0 + ms(4), t0 + ms(4), &mut on1);
+        assert_eq!(on1, vec![10, 14, 18]);
+        // Those sent from 7 ms on first, then the older ones, each part in order.
+        on1.clear();
+        r.sent_on(1, t0 + ms(2), t0 + ms(7), &mut on1);
+        assert_eq!(on1, vec![14, 18, 6, 10]);
+        // A `first` before `since` changes nothing.
+        on1.clear();
+        r.sent_on(1, t0 + ms(4), t0, &mut on1);
         assert_eq!(on1, vec![10, 14, 18]);
     }
 

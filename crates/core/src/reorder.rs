@@ -22,7 +22,10 @@
 //! - Each packet may carry a release instant before which it is not delivered (delay
 //!   equalisation, see the endpoint).
 //! - A bitmap over the last `capacity` sequence numbers behind the delivery point tells a
-//!   duplicate of a delivered packet from a late packet whose gap was skipped.
+//!   duplicate of a delivered packet from a late packet whose gap was skipped. A late packet
+//!   is delivered when it comes, out of order (once: a second copy is a duplicate): to an
+//!   inner TCP a late segment is a reordering, a dropped one a loss it must send again a round
+//!   trip later. Below the bitmap's window nothing is known, and late packets are dropped.
 //! - Every delivered packet's wait (arrival to pop) goes into a log-bucket histogram
 //!   ([`ReorderBuffer::wait_percentile`]).
 //!
@@ -88,8 +91,12 @@ pub enum Pushed {
     Queued,
     /// Already held or already delivered.
     Duplicate,
-    /// Behind the delivery point (its gap was already skipped).
+    /// Behind the delivery point (its gap was already skipped), and dropped: below the bitmap's
+    /// window, whether it was delivered is not known.
     Late,
+    /// Behind the delivery point (its gap was already skipped) but never delivered (the bitmap
+    /// tells): delivered now, out of order.
+    OutOfOrder,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -97,6 +104,9 @@ pub struct ReorderStats {
     pub delivered: u64,
     pub duplicates: u64,
     pub late: u64,
+    /// Late packets delivered all the same (their gap was given up, and they were never
+    /// delivered): out of order.
+    pub late_delivered: u64,
     /// Sequence numbers given up on (lost, or skipped to make room).
     pub skipped: u64,
     /// Times the head-of-line wait ran out.
@@ -370,14 +380,32 @@ impl ReorderBuffer {
         let pos = seq as u128;
         self.high = self.high.max(pos + 1);
         if pos < self.next {
-            return if self.next - pos <= self.cap as u128 && self.bit(seq) {
+            let known = self.next - pos <= self.cap as u128;
+            if known && self.bit(seq) {
                 self.stats.duplicates += 1;
-                Pushed::Duplicate
-            } else {
-                self.stats.late += 1;
-                self.learn_lateness(now, pos);
-                Pushed::Late
-            };
+                return Pushed::Duplicate;
+            }
+            self.stats.late += 1;
+            self.learn_lateness(now, pos);
+            if known {
+                // Its gap was given up, and it was never delivered: delivered now, out of
+                // order, rather than lost (a copy reinjected off a link that died often comes
+                // after the gap was given up; dropped, it cost the inner TCP a retransmission
+                // a round trip later). Once: a second copy is a duplicate.
+                self.set_bit(seq, true);
+                self.ready.push_back(Slot {
+                    seq,
+                    arrival: now,
+                    release: now,
+                    ts,
+                    link,
+                    packet,
+                });
+                self.stats.late_delivered += 1;
+                self.bound_depth();
+                return Pushed::OutOfOrder;
+            }
+            return Pushed::Late;
         }
         if pos - self.next >= self.cap as u128 {
             // Far future: slide the window so that `seq` is its last slot.
@@ -400,7 +428,12 @@ impl ReorderBuffer {
         // A gap's wait runs from the release of the first packet behind it: until then that
         // packet is held anyway (delay equalisation), so waiting costs nothing.
         self.arrivals.push_back((seq, release.max(now)));
-        // Bound memory when the caller does not pop: drop the oldest slid-out packets.
+        self.bound_depth();
+        Pushed::Queued
+    }
+
+    /// Bounds memory when the caller does not pop: drops the oldest packets waiting to be popped.
+    fn bound_depth(&mut self) {
         while self.depth() > self.cap as usize {
             match self.ready.pop_front() {
                 Some(s) => {
@@ -414,7 +447,6 @@ impl ReorderBuffer {
             }
         }
         self.stats.max_depth = self.stats.max_depth.max(self.depth());
-        Pushed::Queued
     }
 
     /// Moves the delivery point to `to` (> next): held packets below it go to `ready`, missing
@@ -1117,9 +1149,10 @@ mod tests {
         );
         assert_eq!(
             b.push(t, 9, 2, pkt(9)),
-            Pushed::Late,
-            "before the session start"
+            Pushed::OutOfOrder,
+            "before the session start: never delivered"
         );
+        assert_eq!(drain(&mut b, t), vec![9]);
         assert_eq!(b.stats().duplicates, 2);
         assert_eq!(b.stats().late, 1);
         assert_eq!(b.stats().max_depth, 3);
@@ -1138,8 +1171,12 @@ mod tests {
         // Now both links have delivered something beyond 1: it is lost, no need to wait.
         assert_eq!(drain(&mut b, t), vec![2, 3]);
         assert_eq!((b.stats().skipped, b.stats().timeouts), (1, 0));
-        // Late arrival of the skipped one.
-        assert_eq!(b.push(t, 1, 2, pkt(1)), Pushed::Late);
+        // Late arrival of the skipped one: delivered out of order, once.
+        assert_eq!(b.push(t, 1, 2, pkt(1)), Pushed::OutOfOrder);
+        assert_eq!(drain(&mut b, t), vec![1]);
+        assert_eq!(b.push(t, 1, 1, pkt(1)), Pushed::Duplicate);
+        assert!(drain(&mut b, t).is_empty());
+        assert_eq!((b.stats().late, b.stats().late_delivered), (1, 1));
     }
 
     fn arrival(seq: u64, link: LinkId, ts: u32, release: Instant) -> Arrival {
@@ -1237,7 +1274,7 @@ mod tests {
         b.push(t, 2, 1, pkt(2));
         assert_eq!(drain(&mut b, t + ms(10)), vec![0, 2], "1 timed out");
         // 1 turns up 30 ms after it was given up: the hold grows by that and a quarter.
-        assert_eq!(b.push(t + ms(40), 1, 1, pkt(1)), Pushed::Late);
+        assert_eq!(b.push(t + ms(40), 1, 1, pkt(1)), Pushed::OutOfOrder);
         assert_eq!(b.timeout(), ms(10) + ms(30) + ms(30) / 4);
         // A late packet whose gap was not given up by timeout teaches nothing.
         assert_eq!(b.push(t + ms(41), 0, 1, pkt(0)), Pushed::Duplicate);
@@ -1403,7 +1440,10 @@ mod tests {
         assert_eq!(drain(&mut b, t + INITIAL_TIMEOUT), vec![huge]);
         // Everything between was given up (counted, not iterated).
         assert_eq!(b.stats().skipped, huge - 3);
+        // Below the bitmap's window: whether it was delivered is not known, so it is not.
         assert_eq!(b.push(t, 3, 1, pkt(3)), Pushed::Late);
+        assert!(drain(&mut b, t).is_empty());
+        assert_eq!(b.stats().late_delivered, 0);
         assert_eq!(b.push(t, huge, 1, pkt(huge)), Pushed::Duplicate);
         // And the window goes on up to the very last sequence number.
         for s in huge + 1..=u64::MAX {
@@ -1533,7 +1573,9 @@ mod tests {
                     let limit = b.timeout();
                     prop_assert!(limit >= timeout && limit <= b.cfg.max_timeout);
                     prop_assert!(waited <= limit, "{} waited {:?} > {:?}", s, waited, limit);
-                    prop_assert!(out.last().is_none_or(|&l| s > l));
+                    // In order, but for late packets (delivered at once, out of order).
+                    prop_assert!(waited.is_zero() || out.last().is_none_or(|&l| s > l));
+                    prop_assert!(!out.contains(&s), "{} delivered twice", s);
                     out.push(s);
                 }
                 Ok(())
@@ -1557,8 +1599,9 @@ mod tests {
                 }
                 pop_all(&mut b, now, &arrived_at, &mut out)?;
             }
-            let late = b.stats().late as usize;
-            prop_assert_eq!(out.len() + late, arrivals.len());
+            // Everything arrived is delivered, but late packets below the bitmap's window.
+            let dropped = (b.stats().late - b.stats().late_delivered) as usize;
+            prop_assert_eq!(out.len() + dropped, arrivals.len());
         }
     }
 
@@ -1576,10 +1619,13 @@ mod tests {
             let mut queued = BTreeSet::new();
             let mut out: Vec<u64> = Vec::new();
             let base = |b: &ReorderBuffer| b.next_seq().unwrap_or(first);
-            let check = |b: &mut ReorderBuffer, now: Instant, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
+            // Late packets delivered out of order (`Pushed::OutOfOrder`).
+            let mut out_of_order = BTreeSet::new();
+            let check = |b: &mut ReorderBuffer, now: Instant, out: &mut Vec<u64>, ooo: &BTreeSet<u64>| -> Result<(), TestCaseError> {
                 while let Some(p) = b.pop(now) {
                     let s = seq_of(&p);
-                    prop_assert!(out.last().is_none_or(|&l| s > l), "not increasing: {:?} then {}", out.last(), s);
+                    let last = out.iter().rev().find(|l| !ooo.contains(l));
+                    prop_assert!(ooo.contains(&s) || last.is_none_or(|&l| s > l), "not increasing: {:?} then {}", last, s);
                     out.push(s);
                 }
                 prop_assert!(b.depth() <= cap, "depth {} > {}", b.depth(), cap);
@@ -1594,17 +1640,25 @@ mod tests {
                         if r == Pushed::Queued {
                             prop_assert!(queued.insert(s), "{} queued twice", s);
                             prop_assert!(next.is_none_or(|n| s >= n));
+                        } else if r == Pushed::OutOfOrder {
+                            prop_assert!(next.is_some_and(|n| s < n));
+                            prop_assert!(queued.insert(s), "{} queued twice", s);
+                            out_of_order.insert(s);
                         } else {
                             prop_assert!(next.is_some_and(|n| s < n) || queued.contains(&s));
                         }
                     }
                     Op::Far(s, l) => {
-                        if b.push(now, s, l, pkt(s)) == Pushed::Queued {
+                        let r = b.push(now, s, l, pkt(s));
+                        if matches!(r, Pushed::Queued | Pushed::OutOfOrder) {
                             prop_assert!(queued.insert(s), "{} queued twice", s);
+                        }
+                        if r == Pushed::OutOfOrder {
+                            out_of_order.insert(s);
                         }
                     }
                     Op::Advance(us) => now += Duration::from_micros(us as u64),
-                    Op::Pop => check(&mut b, now, &mut out)?,
+                    Op::Pop => check(&mut b, now, &mut out, &out_of_order)?,
                     Op::Links(ls) => b.set_links(&ls),
                     Op::Timeout(ms_) => b.set_timeout(Duration::from_millis(ms_ as u64)),
                 }
@@ -1615,7 +1669,7 @@ mod tests {
             }
             // Flush: after the longest timeout everything held comes out.
             now += ms(501);
-            check(&mut b, now, &mut out)?;
+            check(&mut b, now, &mut out, &out_of_order)?;
             prop_assert_eq!(b.depth(), 0);
             prop_assert_eq!(b.poll_timeout(), None);
             // Every packet accepted was delivered exactly once, or dropped for memory (counted).

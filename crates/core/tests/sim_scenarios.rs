@@ -78,7 +78,14 @@ fn dark_link_is_avoided_within_a_second_and_nothing_is_delivered_twice() {
         r.longest_stall_ms
     );
     assert_eq!(r.duplicates, 0);
-    assert_eq!(r.out_of_order, 0);
+    // Out of order only what came after its gap was given up (copies reinjected off the dark
+    // link), delivered rather than lost.
+    assert!(
+        r.out_of_order <= r.late_delivered,
+        "{} out of order, {} late",
+        r.out_of_order,
+        r.late_delivered
+    );
 }
 
 #[test]

@@ -203,14 +203,16 @@ fn failover_mid_transfer() {
         let r = sim::run_tcp(&sc);
         eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
         eprintln!("back-pressure {backpressure}: {:?}", r.repair);
-        // Measured (CUBIC up / down, BBR up / down): 183 / 164 / 129 / 164 ms, with
-        // back-pressure 232 / 282 / 161 / 164 ms. Before the silent link left the receiver's
+        // Measured (CUBIC up / down, BBR up / down): 157 / 165 / 90 / 107 ms, with
+        // back-pressure 232 / 214 / 132 / 101 ms. Before the likely lost packets were
+        // reinjected first and late ones delivered (`Endpoint::reinject`, `reorder`):
+        // 183 / 164 / 129 / 164, with back-pressure 201 / 219 / 214 / 164 ms. Before the silent link left the receiver's
         // reorder set at once (`Endpoint::refresh_reorder_links`; it stayed for a second, so
         // every gap waited for the hold time, which late copies had stretched to 200 ms):
         // 264 / 195 / 222 / 164, with back-pressure 352 / 282 / 309 / 185 ms. Before a busy
         // link's silence was read from the gaps between its packets
         // (`Endpoint::silence_after`): 384 / 314 / 323 / 495.
-        let bound = if backpressure { 300.0 } else { 250.0 };
+        let bound = if backpressure { 300.0 } else { 200.0 };
         assert!(
             r.longest_stall_ms < bound,
             "{} {} back-pressure {backpressure}: stalled {:.0} ms",
@@ -277,12 +279,12 @@ fn delay_spread_on_the_equalisation_bound() {
 }
 
 /// Failover on a high-delay mix (2 x 10 Mbit/s, 20 and 120 ms one way), either link dark, CUBIC
-/// both ways, no rates configured. Measured: the 20 ms link dark: stall 718 / 744 ms, 93 / 444
-/// inner retransmissions (upload / download); the 120 ms link dark: 483 / 490 ms, 221 / 443
-/// (the 120 ms link carries half the data since it is waited for, see
-/// `delay_spread_on_the_equalisation_bound`; before, it carried little and its loss cost
-/// little). Above issue 10's 300 ms: the bounds catch regressions only; the lab, with the
-/// rates configured, is in BENCHMARKS.md §4. BBR's figures are not bounded here.
+/// both ways, no rates configured. Measured: the 20 ms link dark: stall 445 / 300 ms, 53 / 208
+/// inner retransmissions (upload / download); the 120 ms link dark: 445 / 421 ms, 92 / 333.
+/// Before the likely lost packets were reinjected first and late ones delivered
+/// (`Endpoint::reinject`, `reorder`): 636 / 420 ms and 445 / 275 ms (the last the one cell
+/// worse now); earlier still 718 / 744 and 483 / 490 ms. Above issue 10's 300 ms: the bounds
+/// catch regressions only; the lab is in BENCHMARKS.md §4. BBR's figures are not bounded here.
 #[test]
 fn failover_high_delay_mix() {
     // The scenarios darken link 0 (20 ms), then link 1 (120 ms).
@@ -293,7 +295,7 @@ fn failover_high_delay_mix() {
             eprintln!("{:?}", r.repair);
             let what = format!("{} {}", r.name, dir.name());
             assert!(
-                r.longest_stall_ms < 1300.0,
+                r.longest_stall_ms < 700.0,
                 "{what}: stalled {:.0} ms",
                 r.longest_stall_ms
             );

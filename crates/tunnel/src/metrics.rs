@@ -253,6 +253,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &[(b.clone(), s.reorder.late)],
     );
     r.counter(
+        "reorder_late_delivered",
+        "Late packets delivered all the same, out of order (never delivered before)",
+        &[(b.clone(), s.reorder.late_delivered)],
+    );
+    r.counter(
         "reorder_skipped",
         "Sequence numbers given up as lost",
         &[(b.clone(), s.reorder.skipped)],

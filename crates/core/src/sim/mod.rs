@@ -229,8 +229,12 @@ pub struct Report {
     pub delivered: u64,
     pub lost: u64,
     pub duplicates: u64,
-    /// Deliveries whose id was lower than an earlier delivery's (must be 0 for ordered schedulers).
+    /// Deliveries whose id was lower than an earlier delivery's (for ordered schedulers, only
+    /// late packets: see `late_delivered`).
     pub out_of_order: u64,
+    /// Packets the receiver's reorder buffer delivered late, out of order, after giving their
+    /// gap up (`reorder::Pushed::OutOfOrder`).
+    pub late_delivered: u64,
     pub reorder_max_depth: usize,
     pub reorder_wait_p50_ms: f64,
     pub reorder_wait_p99_ms: f64,
@@ -397,6 +401,7 @@ impl Stream {
             lost: counted.saturating_sub(delivered_counted),
             duplicates: self.duplicates,
             out_of_order: self.out_of_order,
+            late_delivered: stats.reorder.late_delivered,
             reorder_max_depth: stats.reorder.max_depth,
             reorder_wait_p50_ms: server.reorder_wait_percentile(50.0).as_secs_f64() * 1e3,
             reorder_wait_p99_ms: server.reorder_wait_percentile(99.0).as_secs_f64() * 1e3,
