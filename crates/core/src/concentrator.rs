@@ -185,6 +185,8 @@ pub struct Concentrator {
     to_report: Touched,
     /// Each slot's endpoint's next timer, refreshed whenever the slot is touched.
     deadlines: Vec<Option<Instant>>,
+    /// Back-pressure for every client's endpoint (see [`Concentrator::set_backpressure`]).
+    backpressure: bool,
 }
 
 /// A set of slots in the order they were first added (a list and a membership flag).
@@ -245,6 +247,20 @@ impl Concentrator {
             to_deliver: Touched::default(),
             to_report: Touched::default(),
             deadlines: Vec::new(),
+            backpressure: false,
+        }
+    }
+
+    /// Back-pressure ([`Endpoint::set_backpressure`]) for every client's endpoint, now and for
+    /// the clients added later. Each client has its own bundle queue: one client whose links
+    /// are full holds back its own traffic only.
+    pub fn set_backpressure(&mut self, on: bool) {
+        self.backpressure = on;
+        for slot in 0..self.slots.len() {
+            if let Some(c) = self.slots[slot].as_mut() {
+                c.ep.set_backpressure(on);
+                self.touch(slot);
+            }
         }
     }
 
@@ -293,7 +309,8 @@ impl Concentrator {
         self.rng.fill_bytes(&mut seed);
         let rng: Box<dyn rand_core::RngCore + Send> =
             Box::new(<rand_chacha::ChaCha20Rng as rand_core::SeedableRng>::from_seed(seed));
-        let ep = Endpoint::new(cfg, now, rng)?;
+        let mut ep = Endpoint::new(cfg, now, rng)?;
+        ep.set_backpressure(self.backpressure);
         for p in spec.prefixes() {
             self.routes.insert(p, slot);
         }

@@ -523,8 +523,9 @@ pub struct BundleStats {
     pub reorder: crate::reorder::ReorderStats,
     pub reorder_depth: usize,
     pub reorder_timeout_us: u64,
-    /// Back-pressure: packets waiting in the bundle's queue now, and that waited there so far
-    /// ([`Endpoint::set_backpressure`]; drops in `drops.queue_delay`).
+    /// Back-pressure ([`Endpoint::set_backpressure`]): on or off; packets waiting in the
+    /// bundle's queue now, and that waited there so far (drops in `drops.queue_delay`).
+    pub backpressure: bool,
     pub queue_depth: usize,
     pub queued: u64,
     /// Delay equalisation: how long bulk-size packets from the fastest live link are held now
@@ -3414,6 +3415,7 @@ impl Endpoint {
             reorder: self.reorder.stats().clone(),
             reorder_depth: self.reorder.depth(),
             reorder_timeout_us: self.reorder.timeout().as_micros() as u64,
+            backpressure: self.queue.on,
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
             equalize_us: self.equalize_add.as_micros() as u64,

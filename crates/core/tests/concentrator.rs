@@ -301,3 +301,29 @@ fn a_flood_for_one_site_does_not_starve_another() {
     assert!(stats[0].dropped_queue >= 2000, "{}", stats[0].dropped_queue);
     assert_eq!(stats[1].dropped_queue, 0);
 }
+
+/// `backpressure = true` on a concentrator reaches every client's endpoint, those there and
+/// those added later (it was accepted and ignored: only a single bundle's endpoint got it).
+#[test]
+fn back_pressure_reaches_every_client_endpoint() {
+    let mut w = World::new(vec![spec(1, &[])], &[1, 2]);
+    let on = |w: &World| {
+        w.server
+            .stats(w.now)
+            .iter()
+            .map(|c| c.stats.backpressure)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(on(&w), vec![false]);
+    w.server.set_backpressure(true);
+    w.server.add_client(w.now, spec(2, &[])).unwrap();
+    assert_eq!(on(&w), vec![true, true]);
+    // Both sites still come up and carry traffic.
+    w.run_for(Duration::from_secs(1));
+    w.server
+        .send_packet(w.now, &packet("198.19.0.1", "198.18.20.5", 7));
+    w.exchange();
+    assert_eq!(w.ids_at(2), vec![7]);
+    w.server.set_backpressure(false);
+    assert_eq!(on(&w), vec![false, false]);
+}

@@ -272,6 +272,9 @@ impl Runner {
         if let Some(ep) = ep.endpoint_mut() {
             ep.set_backpressure(cfg.backpressure);
         }
+        if let Some(c) = ep.concentrator_mut() {
+            c.set_backpressure(cfg.backpressure);
+        }
         tracing::debug!(
             "data plane: {} thread(s) seal, send and open",
             workers.threads()
