@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::frag::Piece;
 use crate::LinkId;
 
 /// Bounds of the ring.
@@ -147,7 +148,17 @@ impl SentRing {
     /// reinjection's order: see `Endpoint::reinject`).
     pub fn sent_on(&self, link: LinkId, since: Instant, first: Instant, out: &mut Vec<u64>) {
         let start = self.entries.partition_point(|e| e.at < since);
-        let cut = self.entries.partition_point(|e| e.at < first).max(start);
+        let mut cut = self.entries.partition_point(|e| e.at < first).max(start);
+        // A packet cut in pieces stays whole in one part: its first piece sent after a later
+        // one would arrive after the receiver gave it up, and the whole packet would be lost.
+        while cut > start
+            && self
+                .entries
+                .get(cut)
+                .is_some_and(|e| matches!(Piece::from_flags(e.flags), Piece::Middle | Piece::Last))
+        {
+            cut -= 1;
+        }
         let on = |e: &Sent| (e.link == link).then_some(e.seq);
         out.extend(self.entries.range(cut..).filter_map(on));
         out.extend(self.entries.range(start..cut).filter_map(on));
@@ -202,6 +213,31 @@ mod tests {
         on1.clear();
         r.sent_on(1, t0 + ms(4), t0, &mut on1);
         assert_eq!(on1, vec![10, 14, 18]);
+    }
+
+    /// The two parts of a reinjection never split a packet cut in pieces.
+    #[test]
+    fn sent_on_keeps_the_pieces_of_a_packet_together() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig::default());
+        let pieces = [
+            Piece::Whole,
+            Piece::First,
+            Piece::Middle,
+            Piece::Last,
+            Piece::Whole,
+        ];
+        for (seq, piece) in pieces.into_iter().enumerate() {
+            let e = r.push(t0 + ms(seq as u64), seq as u64, 1, &[0]).unwrap();
+            e.flags = piece.flags();
+        }
+        let mut out = Vec::new();
+        // `first` falls on the middle piece (sent at 2 ms): the cut moves to the first (1 ms).
+        r.sent_on(1, t0, t0 + ms(2), &mut out);
+        assert_eq!(out, vec![1, 2, 3, 4, 0]);
+        out.clear();
+        r.sent_on(1, t0, t0 + ms(4), &mut out);
+        assert_eq!(out, vec![4, 0, 1, 2, 3]);
     }
 
     /// Consecutive sequence numbers are found at their offset, the ones after a gap by search;

@@ -554,6 +554,9 @@ pub struct FragStats {
     pub rx_dropped_orphans: u64,
     /// Receiver: packets dropped for growing past [`Config::max_packet`].
     pub rx_dropped_oversize: u64,
+    /// Receiver: pieces that came late (after the reorder buffer gave their gap up), dropped:
+    /// the pieces around them went long ago.
+    pub rx_late_pieces: u64,
 }
 
 /// Inner header compression counters (docs/protocol.md §13), both directions.
@@ -926,6 +929,9 @@ pub struct Endpoint {
     reorder: ReorderBuffer,
     /// Packets cut into pieces, put back together after the reorder buffer.
     reassembler: Reassembler,
+    /// The highest sequence number the reorder buffer delivered in order (a lower one is a
+    /// late packet, delivered out of order).
+    last_delivered_seq: Option<u64>,
     frag: FragStats,
     /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
     /// microseconds) a DATA packet is held until, when equalisation is on and measured.
@@ -1014,6 +1020,7 @@ impl Endpoint {
             last_tick: now,
             reorder,
             reassembler: Reassembler::new(config.max_packet),
+            last_delivered_seq: None,
             frag: FragStats::default(),
             equalize_rel: None,
             equalize_add: Duration::ZERO,
@@ -2182,7 +2189,7 @@ impl Endpoint {
             release: if held { self.release_at(now, t) } else { now },
         };
         match self.reorder.push_arrival(now, arrival, buf) {
-            Pushed::Queued if retransmit => self.repair.holes_repaired += 1,
+            Pushed::Queued | Pushed::OutOfOrder if retransmit => self.repair.holes_repaired += 1,
             Pushed::Duplicate => self.repair.duplicates_suppressed += 1,
             _ => {}
         }
@@ -3125,10 +3132,24 @@ impl Endpoint {
                 b
             } else if let Some((seq, mut b)) = self.reorder.pop_seq(now) {
                 let piece = Piece::from_flags(b.pop().unwrap_or(0));
+                // A late packet (delivered out of order after its gap was given up, see
+                // `reorder`) comes from before whatever is being rebuilt: it must neither end
+                // that packet nor join it.
+                let late = self.last_delivered_seq.is_some_and(|l| seq < l);
+                if !late {
+                    self.last_delivered_seq = Some(seq);
+                }
                 if piece == Piece::Whole {
-                    // A whole packet ends any packet in progress (its pieces never came).
-                    self.reassembler.abandon();
+                    if !late {
+                        // A whole packet ends any packet in progress (its pieces never came).
+                        self.reassembler.abandon();
+                    }
                     b
+                } else if late {
+                    // A piece of a packet given up: the pieces around it went long ago.
+                    self.frag.rx_late_pieces += 1;
+                    self.recycle(b);
+                    continue;
                 } else {
                     let whole = self.reassembler.push(now, seq, piece, &b);
                     self.recycle(b);

@@ -1,5 +1,5 @@
-//! The receiver's reorder buffer: delivers the bundle's packets in sequence order, never twice,
-//! and never holds one for long.
+//! The receiver's reorder buffer: delivers the bundle's packets in sequence order (but for late
+//! ones, below), never twice, and never holds one for long.
 //!
 //! - Storage is a ring of `capacity` slots indexed by `seq % capacity`, covering the window
 //!   `[next, next + capacity)` where `next` is the delivery point. Nothing is allocated in
@@ -92,7 +92,7 @@ pub enum Pushed {
     /// Already held or already delivered.
     Duplicate,
     /// Behind the delivery point (its gap was already skipped), and dropped: below the bitmap's
-    /// window, whether it was delivered is not known.
+    /// window, whether it was delivered is not known (or the buffer is full).
     Late,
     /// Behind the delivery point (its gap was already skipped) but never delivered (the bitmap
     /// tells): delivered now, out of order.
@@ -263,7 +263,8 @@ pub struct ReorderBuffer {
     /// Held packets in arrival order (seq, arrival); entries of packets no longer held are
     /// dropped lazily from the front.
     arrivals: VecDeque<(u64, Instant)>,
-    /// Packets taken out of the ring when the window slid, waiting for `pop` (in order).
+    /// Packets taken out of the ring when the window slid, waiting for `pop` (in order), and
+    /// late packets delivered out of order (`Pushed::OutOfOrder`).
     ready: VecDeque<Slot>,
     /// Highest sequence number received per link.
     link_max: Vec<(LinkId, u64)>,
@@ -387,7 +388,8 @@ impl ReorderBuffer {
             }
             self.stats.late += 1;
             self.learn_lateness(now, pos);
-            if known {
+            // (Delivered only with room for it: the buffer's memory bound holds.)
+            if known && self.depth() < self.cap as usize {
                 // Its gap was given up, and it was never delivered: delivered now, out of
                 // order, rather than lost (a copy reinjected off a link that died often comes
                 // after the gap was given up; dropped, it cost the inner TCP a retransmission
@@ -402,7 +404,7 @@ impl ReorderBuffer {
                     packet,
                 });
                 self.stats.late_delivered += 1;
-                self.bound_depth();
+                self.stats.max_depth = self.stats.max_depth.max(self.depth());
                 return Pushed::OutOfOrder;
             }
             return Pushed::Late;
@@ -428,12 +430,7 @@ impl ReorderBuffer {
         // A gap's wait runs from the release of the first packet behind it: until then that
         // packet is held anyway (delay equalisation), so waiting costs nothing.
         self.arrivals.push_back((seq, release.max(now)));
-        self.bound_depth();
-        Pushed::Queued
-    }
-
-    /// Bounds memory when the caller does not pop: drops the oldest packets waiting to be popped.
-    fn bound_depth(&mut self) {
+        // Bound memory when the caller does not pop: drop the oldest slid-out packets.
         while self.depth() > self.cap as usize {
             match self.ready.pop_front() {
                 Some(s) => {
@@ -447,6 +444,7 @@ impl ReorderBuffer {
             }
         }
         self.stats.max_depth = self.stats.max_depth.max(self.depth());
+        Pushed::Queued
     }
 
     /// Moves the delivery point to `to` (> next): held packets below it go to `ready`, missing
@@ -621,13 +619,14 @@ impl ReorderBuffer {
         (slot.seq, slot.packet)
     }
 
-    /// Next packet to deliver, in order.
+    /// Next packet to deliver, in order (a late one out of order, see [`Pushed::OutOfOrder`]).
     pub fn pop(&mut self, now: Instant) -> Option<Vec<u8>> {
         self.pop_seq(now).map(|(_, p)| p)
     }
 
-    /// Next packet to deliver, in order, with its sequence number (pieces of a cut packet are
-    /// glued back only when their numbers follow each other, [`crate::frag`]).
+    /// Next packet to deliver, in order (a late one out of order), with its sequence number
+    /// (pieces of a cut packet are glued back only when their numbers follow each other,
+    /// [`crate::frag`]; a late piece is the endpoint's to drop).
     pub fn pop_seq(&mut self, now: Instant) -> Option<(u64, Vec<u8>)> {
         if let Some(slot) = self.ready.pop_front() {
             return Some(self.deliver(now, slot));
@@ -1565,7 +1564,9 @@ mod tests {
             let mut arrived_at = std::collections::HashMap::new();
             let mut out: Vec<u64> = Vec::new();
             let mut now = t0;
-            let pop_all = |b: &mut ReorderBuffer, now: Instant, arrived_at: &std::collections::HashMap<u64, Instant>, out: &mut Vec<u64>| -> Result<(), TestCaseError> {
+            let mut ooo = std::collections::HashSet::new();
+            let mut in_order: Option<u64> = None;
+            let pop_all = |b: &mut ReorderBuffer, now: Instant, arrived_at: &std::collections::HashMap<u64, Instant>, out: &mut Vec<u64>, ooo: &std::collections::HashSet<u64>, in_order: &mut Option<u64>| -> Result<(), TestCaseError> {
                 while let Some(p) = b.pop(now) {
                     let s = seq_of(&p);
                     let waited = now - arrived_at[&s];
@@ -1574,7 +1575,10 @@ mod tests {
                     prop_assert!(limit >= timeout && limit <= b.cfg.max_timeout);
                     prop_assert!(waited <= limit, "{} waited {:?} > {:?}", s, waited, limit);
                     // In order, but for late packets (delivered at once, out of order).
-                    prop_assert!(waited.is_zero() || out.last().is_none_or(|&l| s > l));
+                    if !ooo.contains(&s) {
+                        prop_assert!(in_order.is_none_or(|l| s > l), "{} after {:?}", s, in_order);
+                        *in_order = Some(s);
+                    }
                     prop_assert!(!out.contains(&s), "{} delivered twice", s);
                     out.push(s);
                 }
@@ -1595,9 +1599,11 @@ mod tests {
                     let (_, seq) = arrivals[i];
                     i += 1;
                     arrived_at.insert(seq, now);
-                    b.push(now, seq, 1, pkt(seq));
+                    if b.push(now, seq, 1, pkt(seq)) == Pushed::OutOfOrder {
+                        ooo.insert(seq);
+                    }
                 }
-                pop_all(&mut b, now, &arrived_at, &mut out)?;
+                pop_all(&mut b, now, &arrived_at, &mut out, &ooo, &mut in_order)?;
             }
             // Everything arrived is delivered, but late packets below the bitmap's window.
             let dropped = (b.stats().late - b.stats().late_delivered) as usize;
@@ -1617,6 +1623,8 @@ mod tests {
             let mut now = t0;
             let mut b = buf(cap);
             let mut queued = BTreeSet::new();
+            // Pushes that took a packet (a seq dropped for memory may be taken again, late).
+            let mut accepted = 0u64;
             let mut out: Vec<u64> = Vec::new();
             let base = |b: &ReorderBuffer| b.next_seq().unwrap_or(first);
             // Late packets delivered out of order (`Pushed::OutOfOrder`).
@@ -1638,11 +1646,16 @@ mod tests {
                         let next = b.next_seq();
                         let r = b.push(now, s, l, pkt(s));
                         if r == Pushed::Queued {
+                            accepted += 1;
                             prop_assert!(queued.insert(s), "{} queued twice", s);
                             prop_assert!(next.is_none_or(|n| s >= n));
                         } else if r == Pushed::OutOfOrder {
+                            // Never delivered (it may have been accepted before and dropped
+                            // for memory: counted in `overflow`).
                             prop_assert!(next.is_some_and(|n| s < n));
-                            prop_assert!(queued.insert(s), "{} queued twice", s);
+                            prop_assert!(!out.contains(&s), "{} delivered, then taken again", s);
+                            accepted += 1;
+                            queued.insert(s);
                             out_of_order.insert(s);
                         } else {
                             prop_assert!(next.is_some_and(|n| s < n) || queued.contains(&s));
@@ -1650,10 +1663,14 @@ mod tests {
                     }
                     Op::Far(s, l) => {
                         let r = b.push(now, s, l, pkt(s));
-                        if matches!(r, Pushed::Queued | Pushed::OutOfOrder) {
+                        if r == Pushed::Queued {
+                            accepted += 1;
                             prop_assert!(queued.insert(s), "{} queued twice", s);
                         }
                         if r == Pushed::OutOfOrder {
+                            prop_assert!(!out.contains(&s), "{} delivered, then taken again", s);
+                            accepted += 1;
+                            queued.insert(s);
                             out_of_order.insert(s);
                         }
                     }
@@ -1676,7 +1693,7 @@ mod tests {
             let delivered: BTreeSet<u64> = out.iter().copied().collect();
             prop_assert_eq!(delivered.len(), out.len());
             prop_assert!(delivered.is_subset(&queued));
-            prop_assert_eq!(queued.len() as u64, out.len() as u64 + b.stats().overflow);
+            prop_assert_eq!(accepted, out.len() as u64 + b.stats().overflow);
             prop_assert_eq!(b.stats().delivered, out.len() as u64);
         }
     }
