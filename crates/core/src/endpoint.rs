@@ -1941,6 +1941,7 @@ impl Endpoint {
         self.next_data_seq = 0;
         self.reorder.reset(0);
         self.reassembler.abandon();
+        self.last_delivered_seq = None;
         self.direct.clear();
         self.events.push_back(Event::SessionUp { session: id });
     }

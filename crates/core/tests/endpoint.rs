@@ -1557,6 +1557,39 @@ fn packets_too_big_for_the_path_are_cut_and_rebuilt_across_links() {
     assert!(p.captured.iter().all(|(_, d)| !is_piece(d)));
 }
 
+/// Pieces are rebuilt in a new session too: its sequence numbers start again from 0, below
+/// the last one delivered in the old session, and must not pass for late packets (whose
+/// pieces are dropped).
+#[test]
+fn packets_cut_in_pieces_are_rebuilt_in_a_new_session_too() {
+    let mut p = Pair::new(2);
+    p.path_mtu = vec![(1, 1472), (2, 1472)];
+    let send = |p: &mut Pair, base: u8| {
+        for l in 1..=2 {
+            p.client.set_link_mtu(l, 1472);
+        }
+        p.run_for(Duration::from_secs(1));
+        for i in 0..20u8 {
+            let s = big_udp_packet(base + i, 1500);
+            p.client.send_packet(p.now, &s);
+            p.exchange();
+        }
+        p.run_for(Duration::from_millis(200));
+    };
+    send(&mut p, 0);
+    assert_eq!(p.delivered_to_server.len(), 20);
+    p.restart_client();
+    send(&mut p, 100);
+    assert_eq!(
+        p.delivered_to_server.len(),
+        40,
+        "{:?}",
+        p.server.stats(p.now).frag
+    );
+    let rx = p.server.stats(p.now).frag;
+    assert_eq!((rx.rx_reassembled, rx.rx_late_pieces), (40, 0), "{rx:?}");
+}
+
 /// Sends 30 packets of 1500 bytes cut in two pieces each over 2 links, losing the first piece
 /// of packets 10 and 20 on the wire; returns the pair after everything settled, and the packets.
 fn lose_two_pieces(nack: Nack) -> (Pair, Vec<Vec<u8>>) {
