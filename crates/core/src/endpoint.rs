@@ -929,9 +929,6 @@ pub struct Endpoint {
     reorder: ReorderBuffer,
     /// Packets cut into pieces, put back together after the reorder buffer.
     reassembler: Reassembler,
-    /// The highest sequence number the reorder buffer delivered in order (a lower one is a
-    /// late packet, delivered out of order).
-    last_delivered_seq: Option<u64>,
     frag: FragStats,
     /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
     /// microseconds) a DATA packet is held until, when equalisation is on and measured.
@@ -1020,7 +1017,6 @@ impl Endpoint {
             last_tick: now,
             reorder,
             reassembler: Reassembler::new(config.max_packet),
-            last_delivered_seq: None,
             frag: FragStats::default(),
             equalize_rel: None,
             equalize_add: Duration::ZERO,
@@ -1941,7 +1937,6 @@ impl Endpoint {
         self.next_data_seq = 0;
         self.reorder.reset(0);
         self.reassembler.abandon();
-        self.last_delivered_seq = None;
         self.direct.clear();
         self.events.push_back(Event::SessionUp { session: id });
     }
@@ -3131,15 +3126,11 @@ impl Endpoint {
         let p = loop {
             let encoded = if let Some(b) = self.direct.pop_front() {
                 b
-            } else if let Some((seq, mut b)) = self.reorder.pop_seq(now) {
+            } else if let Some(d) = self.reorder.pop_seq(now) {
+                let (seq, late, mut b) = (d.seq, d.late, d.packet);
                 let piece = Piece::from_flags(b.pop().unwrap_or(0));
-                // A late packet (delivered out of order after its gap was given up, see
-                // `reorder`) comes from before whatever is being rebuilt: it must neither end
-                // that packet nor join it.
-                let late = self.last_delivered_seq.is_some_and(|l| seq < l);
-                if !late {
-                    self.last_delivered_seq = Some(seq);
-                }
+                // A late packet (delivered out of order after its gap was given up) comes from
+                // before whatever is being rebuilt: it must neither end that packet nor join it.
                 if piece == Piece::Whole {
                     if !late {
                         // A whole packet ends any packet in progress (its pieces never came).

@@ -152,6 +152,18 @@ struct Slot {
     ts: Option<u32>,
     link: LinkId,
     packet: Vec<u8>,
+    /// Came after its gap was given up: delivered out of order ([`Pushed::OutOfOrder`]).
+    late: bool,
+}
+
+/// A packet [`ReorderBuffer::pop_seq`] hands out.
+#[derive(Debug)]
+pub struct Delivered {
+    pub seq: u64,
+    pub packet: Vec<u8>,
+    /// Out of order: it came after its gap was given up ([`Pushed::OutOfOrder`]), so it is
+    /// older than packets delivered before it.
+    pub late: bool,
 }
 
 /// What the receiver knows of an arriving packet besides its sequence number.
@@ -402,6 +414,7 @@ impl ReorderBuffer {
                     ts,
                     link,
                     packet,
+                    late: true,
                 });
                 self.stats.late_delivered += 1;
                 self.stats.max_depth = self.stats.max_depth.max(self.depth());
@@ -425,6 +438,7 @@ impl ReorderBuffer {
             ts,
             link,
             packet,
+            late: false,
         });
         self.held += 1;
         // A gap's wait runs from the release of the first packet behind it: until then that
@@ -611,23 +625,27 @@ impl ReorderBuffer {
                 .all(|l| self.link_max.iter().any(|e| e.0 == *l && e.1 as u128 > seq))
     }
 
-    fn deliver(&mut self, now: Instant, slot: Slot) -> (u64, Vec<u8>) {
+    fn deliver(&mut self, now: Instant, slot: Slot) -> Delivered {
         self.stats.delivered += 1;
         let wait = now.saturating_duration_since(slot.arrival);
         self.waits
             .record(wait.as_micros().min(u64::MAX as u128) as u64);
-        (slot.seq, slot.packet)
+        Delivered {
+            seq: slot.seq,
+            packet: slot.packet,
+            late: slot.late,
+        }
     }
 
     /// Next packet to deliver, in order (a late one out of order, see [`Pushed::OutOfOrder`]).
     pub fn pop(&mut self, now: Instant) -> Option<Vec<u8>> {
-        self.pop_seq(now).map(|(_, p)| p)
+        self.pop_seq(now).map(|d| d.packet)
     }
 
     /// Next packet to deliver, in order (a late one out of order), with its sequence number
     /// (pieces of a cut packet are glued back only when their numbers follow each other,
     /// [`crate::frag`]; a late piece is the endpoint's to drop).
-    pub fn pop_seq(&mut self, now: Instant) -> Option<(u64, Vec<u8>)> {
+    pub fn pop_seq(&mut self, now: Instant) -> Option<Delivered> {
         if let Some(slot) = self.ready.pop_front() {
             return Some(self.deliver(now, slot));
         }

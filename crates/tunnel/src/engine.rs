@@ -58,6 +58,15 @@ impl Engine {
         }
     }
 
+    /// Back-pressure (`backpressure`): a bundle's endpoint, or every client's of a concentrator
+    /// (each has its own queue).
+    pub fn set_backpressure(&mut self, on: bool) {
+        match self {
+            Engine::Bundle(ep) => ep.set_backpressure(on),
+            Engine::Sites(c) => c.set_backpressure(on),
+        }
+    }
+
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         match self {
             Engine::Bundle(ep) => ep.poll_transmit(),

@@ -269,12 +269,7 @@ impl Runner {
                 ep.set_deferred_sealing(true);
             }
         }
-        if let Some(ep) = ep.endpoint_mut() {
-            ep.set_backpressure(cfg.backpressure);
-        }
-        if let Some(c) = ep.concentrator_mut() {
-            c.set_backpressure(cfg.backpressure);
-        }
+        ep.set_backpressure(cfg.backpressure);
         tracing::debug!(
             "data plane: {} thread(s) seal, send and open",
             workers.threads()
