@@ -170,20 +170,25 @@ impl Shared {
     fn evict_idle(&self, min_idle: Duration) -> bool {
         let now = self.now_ms();
         let conns = self.conns();
-        let victim = conns
-            .values()
-            .filter(|c| !c.evicting.load(Ordering::Relaxed))
-            .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
-        match victim {
-            Some(c)
-                if now.saturating_sub(c.last_active.load(Ordering::Relaxed))
-                    >= min_idle.as_millis() as u64 =>
-            {
-                c.evicting.store(true, Ordering::Relaxed);
-                c.close.notify_one();
-                true
+        loop {
+            let victim = conns
+                .values()
+                .filter(|c| !c.ending.load(Ordering::Relaxed))
+                .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
+            match victim {
+                Some(c)
+                    if now.saturating_sub(c.last_active.load(Ordering::Relaxed))
+                        >= min_idle.as_millis() as u64 =>
+                {
+                    // Its own idle timeout may have ended it meanwhile: then it is not ours to
+                    // count, and it frees no more room than it would have: look again.
+                    if c.claim_end() {
+                        c.close.notify_one();
+                        return true;
+                    }
+                }
+                _ => return false,
             }
-            _ => false,
         }
     }
 }
@@ -192,9 +197,17 @@ impl Shared {
 struct ConnState {
     /// When a byte last moved either way (ms since [`Shared::epoch`]).
     last_active: AtomicU64,
-    /// Set when it was asked to make room.
-    evicting: AtomicBool,
+    /// Set once, by whichever ends it first: an eviction to make room or its idle timeout.
+    /// The one that sets it counts the connection (never both).
+    ending: AtomicBool,
     close: Notify,
+}
+
+impl ConnState {
+    /// Claims the connection's end; false if something else already ended it.
+    fn claim_end(&self) -> bool {
+        !self.ending.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// Holds a TCP connection's admission; releases it however the connection ends (also when the
@@ -211,7 +224,7 @@ impl ConnGuard {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState {
             last_active: AtomicU64::new(shared.now_ms()),
-            evicting: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
             close: Notify::new(),
         });
         shared.conns().insert(id, state.clone());
@@ -553,7 +566,9 @@ async fn relay(
                         .saturating_sub(conn.state.last_active.load(Ordering::Relaxed)),
                 );
                 if quiet >= idle {
-                    b.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    if conn.state.claim_end() {
+                        b.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    }
                     break;
                 }
                 check_idle = tokio::time::Instant::now() + (idle - quiet);
@@ -918,6 +933,27 @@ mod tests {
             }
         });
         (addr, h)
+    }
+
+    #[test]
+    fn a_connection_ended_by_its_idle_timeout_is_not_evicted_too() {
+        // Two idle connections; the one idle the longest has just hit its own idle timeout (it
+        // claimed its end but has not left the table yet). An eviction must pass it over and
+        // close the other: evicting it would count it twice and make no room.
+        let shared = Arc::new(Shared::new(2, None));
+        let src: IpAddr = "198.18.0.1".parse().unwrap();
+        let older = ConnGuard::new(shared.clone(), src);
+        let newer = ConnGuard::new(shared.clone(), src);
+        newer.state.last_active.store(5, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(older.state.claim_end(), "nothing had ended it");
+        assert!(shared.evict_idle(Duration::from_millis(10)));
+        assert!(
+            !newer.state.claim_end(),
+            "the eviction claimed the other one"
+        );
+        // Both ending: nothing left to evict.
+        assert!(!shared.evict_idle(Duration::from_millis(10)));
     }
 
     #[test]
