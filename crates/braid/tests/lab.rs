@@ -30,7 +30,14 @@ fn one_lab_at_a_time() -> MutexGuard<'static, ()> {
 
 /// Runs `braid ARGS` with a time limit; kills it (by PID) if it overruns.
 fn braid(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(BRAID)
+    braid_with(args, |_| {}, limit)
+}
+
+/// [`braid`], the command first changed by `set` (its environment).
+fn braid_with(args: &[&str], set: impl FnOnce(&mut Command), limit: Duration) -> Output {
+    let mut cmd = Command::new(BRAID);
+    set(&mut cmd);
+    let mut child = cmd
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -130,6 +137,16 @@ fn emulated_link_rtt_and_loss() {
         let lab = Lab::start(&specs, &opts).expect("lab");
         // Warm the ARP caches, then measure.
         let _ = lab.ping(1, 2, Duration::from_millis(50));
+        // The offloads are off on every veth of the link (the emulator sees real frames).
+        for (ns, dev) in [("a", "a1"), ("e", "ea1"), ("e", "eb1"), ("b", "b1")] {
+            for o in braid_linux::ethtool::Offload::ALL {
+                let on = braid_linux::sysctl::in_netns(&format!("{prefix}{ns}"), || {
+                    braid_linux::ethtool::get(dev, o)
+                })
+                .unwrap();
+                assert!(!on, "{o:?} on {dev} is on");
+            }
+        }
         let p = lab.ping(1, 30, Duration::from_millis(20)).unwrap();
         assert_eq!(p.received, 30, "{p:?}");
         // The minimum is the emulator's accuracy; the median also carries the scheduling
@@ -436,12 +453,8 @@ fn lab_names_an_unknown_congestion_control_and_the_fix_in_one_line() {
 fn lab_names_a_missing_tool_before_it_starts() {
     require_root();
     let _one = one_lab_at_a_time();
-    // A PATH with `ip` and `ping` but no `ethtool`.
+    // A PATH without `ip`.
     let dir = tempfile::tempdir().unwrap();
-    for tool in ["ip", "ping"] {
-        let real = braid_lab::hostcheck::find_in_path(tool).expect(tool);
-        std::os::unix::fs::symlink(real, dir.path().join(tool)).unwrap();
-    }
     let child = Command::new(BRAID)
         .args(["lab", "--quiet", "--duration", "2"])
         .env("PATH", dir.path())
@@ -455,10 +468,51 @@ fn lab_names_a_missing_tool_before_it_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("`ethtool`") && err.contains("apt-get install ethtool"),
+        err.contains("`ip`") && err.contains("apt-get install iproute2"),
         "{err}"
     );
     assert_no_namespaces_left(&prefix);
+}
+
+/// The README's first command on a machine as it comes: `ip` is all the lab runs (no `ping`,
+/// no `ethtool`, no traffic tool), and the links' idle round trips are still measured.
+#[test]
+fn lab_runs_with_nothing_but_ip_on_the_path() {
+    require_root();
+    let _one = one_lab_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let real = braid_lab::hostcheck::find_in_path("ip").expect("ip");
+    std::os::unix::fs::symlink(real, dir.path().join("ip")).unwrap();
+    let out = braid_with(
+        &[
+            "lab",
+            "--quiet",
+            "--json",
+            "--skip-single",
+            "--duration",
+            "2",
+            "--link",
+            "4mbit/10ms",
+            "--link",
+            "4mbit/20ms",
+        ],
+        |c| {
+            c.env("PATH", dir.path());
+        },
+        Duration::from_secs(90),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_no_namespaces_left(v["netns_prefix"].as_str().unwrap());
+    for (i, want) in [(0, 20.0), (1, 40.0)] {
+        let rtt = v["links"][i]["ping_rtt_ms"].as_f64().unwrap_or(0.0);
+        assert!((want..want + 5.0).contains(&rtt), "link {i}: {rtt} ms\n{v}");
+    }
+    assert!(
+        v["bundle"]["run"]["goodput_bps"].as_f64().unwrap() > 4e6,
+        "{v}"
+    );
 }
 
 /// `--compare mptcp --reverse`: kernel MPTCP and the bundle over the same links, both as a

@@ -369,6 +369,24 @@ pub struct PingStats {
 }
 
 impl PingStats {
+    /// The summary of one round trip per request (`None`: no reply), as ping prints it.
+    pub fn from_rtts(rtts: &[Option<Duration>]) -> PingStats {
+        let ms: Vec<f64> = rtts
+            .iter()
+            .flatten()
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect();
+        let n = ms.len();
+        PingStats {
+            sent: rtts.len() as u32,
+            received: n as u32,
+            min_ms: ms.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            avg_ms: ms.iter().sum::<f64>() / n.max(1) as f64,
+            max_ms: ms.iter().copied().reduce(f64::max).unwrap_or(0.0),
+            rtts_ms: ms,
+        }
+    }
+
     /// The `q`-quantile (0..=1) of the round trips (nearest rank); 0 without replies.
     pub fn quantile_ms(&self, q: f64) -> f64 {
         let mut v = self.rtts_ms.clone();
@@ -989,61 +1007,19 @@ pub fn mptcp_counters(ns: &str) -> (u64, u64) {
     )
 }
 
-/// Runs `ping` in namespace `ns` and parses its summary.
+/// Pings `dst` from namespace `ns` (`count` echo requests `interval` apart, each answered
+/// within 2 s), as `ping -c COUNT -i INTERVAL -W 2` would, without the tool
+/// ([`braid_linux::icmp`]).
 pub fn ping(ns: &str, dst: &str, count: u32, interval: Duration) -> anyhow::Result<PingStats> {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-n", "-c", &count.to_string()])
-        .args([
-            "-i",
-            &format!("{:.3}", interval.as_secs_f64()),
-            "-W",
-            "2",
-            dst,
-        ])
-        .output()
-        .context("cannot run ping (is iputils-ping installed?)")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut st = PingStats::default();
-    for line in text.lines() {
-        if let Some(t) = line.split(" time=").nth(1) {
-            if let Some(ms) = t.split_whitespace().next().and_then(|x| x.parse().ok()) {
-                st.rtts_ms.push(ms);
-            }
-        } else if line.contains("packets transmitted") {
-            let nums: Vec<u32> = line
-                .split(',')
-                .filter_map(|p| p.split_whitespace().next()?.parse().ok())
-                .collect();
-            if nums.len() >= 2 {
-                st.sent = nums[0];
-                st.received = nums[1];
-            }
-        } else if let Some(rest) = line
-            .split(" = ")
-            .nth(1)
-            .filter(|_| line.starts_with("rtt") || line.starts_with("round-trip"))
-        {
-            let v: Vec<f64> = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .split('/')
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            if v.len() >= 3 {
-                st.min_ms = v[0];
-                st.avg_ms = v[1];
-                st.max_ms = v[2];
-            }
-        }
-    }
-    if st.sent == 0 {
-        bail!(
-            "ping {dst} in {ns} printed no summary: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(st)
+    let addr: std::net::Ipv4Addr = dst
+        .parse()
+        .with_context(|| format!("ping: {dst:?} is not an IPv4 address"))?;
+    let count = u16::try_from(count).context("ping: too many requests")?;
+    let rtts = braid_linux::sysctl::in_netns(ns, || {
+        braid_linux::icmp::ping(addr, count, interval, Duration::from_secs(2))
+    })
+    .with_context(|| format!("ping {dst} in {ns}"))?;
+    Ok(PingStats::from_rtts(&rtts))
 }
 
 /// The default links: the classic Multilink PPP lab.
@@ -1421,6 +1397,20 @@ mod tests {
         assert_eq!(p.quantile_ms(0.0), 1.0);
         assert_eq!(p.quantile_ms(1.0), 100.0);
         assert_eq!(PingStats::default().quantile_ms(0.5), 0.0);
+    }
+
+    #[test]
+    fn ping_summary_of_round_trips() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        let p = PingStats::from_rtts(&[ms(30), None, ms(10), ms(20)]);
+        assert_eq!((p.sent, p.received), (4, 3));
+        assert_eq!((p.min_ms, p.avg_ms, p.max_ms), (10.0, 20.0, 30.0));
+        assert_eq!(p.rtts_ms, vec![30.0, 10.0, 20.0]);
+        let none = PingStats::from_rtts(&[None, None]);
+        assert_eq!(
+            (none.sent, none.received, none.min_ms, none.avg_ms),
+            (2, 0, 0.0, 0.0)
+        );
     }
 
     #[test]

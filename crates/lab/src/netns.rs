@@ -130,15 +130,9 @@ impl Topology {
                 &bi,
             ])?;
             for (ns, dev) in [(&a, &ai), (&e, &eai), (&e, &ebi), (&b, &bi)] {
-                in_ns(
-                    ns,
-                    "ethtool",
-                    &[
-                        "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro",
-                        "off",
-                    ],
-                )
-                .context("turning veth offloads off")?;
+                // `ethtool -K DEV tx off rx off tso off gso off gro off`, without the tool.
+                braid_linux::sysctl::in_netns(ns, || braid_linux::ethtool::all_off(dev))
+                    .with_context(|| format!("turning the offloads of {dev} in {ns} off"))?;
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
             }
         }

@@ -17,7 +17,9 @@
 //! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace, and [`sysctl::in_netns`]
 //!   (work done, a socket opened, inside a named network namespace).
 pub mod control;
+pub mod ethtool;
 pub mod fuzzing;
+pub mod icmp;
 pub mod metrics;
 pub mod netlink;
 pub mod offload;
