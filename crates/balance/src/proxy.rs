@@ -166,39 +166,47 @@ impl Shared {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Asks the connection idle the longest (at least `min_idle`) to close; false if none is.
-    fn evict_idle(&self, min_idle: Duration) -> bool {
+    /// Asks the connection idle the longest (at least `min_idle`) to close.
+    fn evict_idle(&self, min_idle: Duration) -> Eviction {
         let now = self.now_ms();
         let conns = self.conns();
-        loop {
-            let victim = conns
-                .values()
-                .filter(|c| !c.ending.load(Ordering::Relaxed))
-                .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
-            match victim {
-                Some(c)
-                    if now.saturating_sub(c.last_active.load(Ordering::Relaxed))
-                        >= min_idle.as_millis() as u64 =>
-                {
-                    // Its own idle timeout may have ended it meanwhile: then it is not ours to
-                    // count, and it frees no more room than it would have: look again.
-                    if c.claim_end() {
-                        c.close.notify_one();
-                        return true;
-                    }
-                }
-                _ => return false,
-            }
+        let Some(c) = conns
+            .values()
+            .min_by_key(|c| c.last_active.load(Ordering::Relaxed))
+        else {
+            return Eviction::None;
+        };
+        if now.saturating_sub(c.last_active.load(Ordering::Relaxed)) < min_idle.as_millis() as u64 {
+            return Eviction::None;
+        }
+        // Its own idle timeout (or its end) may have claimed it: then its slot is coming back
+        // anyway, and closing another connection too would cost a client for nothing.
+        if c.claim_end() {
+            c.close.notify_one();
+            Eviction::Evicted
+        } else {
+            Eviction::Ending
         }
     }
+}
+
+/// What [`Shared::evict_idle`] did.
+#[derive(Debug, PartialEq)]
+enum Eviction {
+    /// Asked the connection idle the longest to close.
+    Evicted,
+    /// The connection idle the longest is closing already.
+    Ending,
+    /// No connection has been idle long enough.
+    None,
 }
 
 /// One open TCP connection, as the other connections see it.
 struct ConnState {
     /// When a byte last moved either way (ms since [`Shared::epoch`]).
     last_active: AtomicU64,
-    /// Set once, by whichever ends it first: an eviction to make room or its idle timeout.
-    /// The one that sets it counts the connection (never both).
+    /// Set once, by whichever ends it first: an eviction to make room, its idle timeout, or its
+    /// own end. Only the one that sets it counts the connection (`evicted`, `idle_closed`).
     ending: AtomicBool,
     close: Notify,
 }
@@ -410,10 +418,13 @@ async fn admit(b: &Balancer, shared: &Shared, src: IpAddr) -> bool {
                 return false;
             }
             Err(Refused::Full) => {
-                if shared.evict_idle(b.config.evict_idle_after) {
+                let eviction = shared.evict_idle(b.config.evict_idle_after);
+                if eviction == Eviction::Evicted {
                     count_and_log(&b.counters.evicted, |n| {
                         format!("at max_connections: closed the connection idle the longest to make room ({n} so far)")
                     });
+                }
+                if eviction != Eviction::None {
                     // Wait until the evicted connection has closed its two sockets and given its
                     // slot back: connecting to a backend before would need descriptors it still
                     // holds (a burst of evictions ran into EMFILE). Not past a second.
@@ -575,6 +586,8 @@ async fn relay(
             }
         }
     }
+    // Ended by itself (or as claimed above): no eviction may pick it now.
+    conn.state.claim_end();
     (done_in, done_out)
 }
 
@@ -938,22 +951,25 @@ mod tests {
     #[test]
     fn a_connection_ended_by_its_idle_timeout_is_not_evicted_too() {
         // Two idle connections; the one idle the longest has just hit its own idle timeout (it
-        // claimed its end but has not left the table yet). An eviction must pass it over and
-        // close the other: evicting it would count it twice and make no room.
+        // claimed its end but has not left the table yet). An eviction must not count it, nor
+        // close the other: its slot is coming back.
         let shared = Arc::new(Shared::new(2, None));
         let src: IpAddr = "198.18.0.1".parse().unwrap();
         let older = ConnGuard::new(shared.clone(), src);
         let newer = ConnGuard::new(shared.clone(), src);
         newer.state.last_active.store(5, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(20));
+        let min_idle = Duration::from_millis(10);
         assert!(older.state.claim_end(), "nothing had ended it");
-        assert!(shared.evict_idle(Duration::from_millis(10)));
-        assert!(
-            !newer.state.claim_end(),
-            "the eviction claimed the other one"
-        );
-        // Both ending: nothing left to evict.
-        assert!(!shared.evict_idle(Duration::from_millis(10)));
+        assert_eq!(shared.evict_idle(min_idle), Eviction::Ending);
+        assert!(newer.state.claim_end(), "the other one was left alone");
+        // Once it has gone, the next eviction takes the one idle the longest then.
+        drop(older);
+        let third = ConnGuard::new(shared.clone(), src);
+        third.state.last_active.store(1, Ordering::Relaxed);
+        assert_eq!(shared.evict_idle(min_idle), Eviction::Evicted);
+        assert!(!third.state.claim_end(), "the eviction claimed it");
+        assert_eq!(shared.evict_idle(Duration::from_secs(3600)), Eviction::None);
     }
 
     #[test]

@@ -355,7 +355,7 @@ impl Drop for TempDir {
     }
 }
 
-/// Idle round trip figures from `ping`.
+/// Idle round trip figures, as `ping` prints them ([`ping`]).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PingStats {
     pub sent: u32,

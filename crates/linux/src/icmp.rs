@@ -7,12 +7,16 @@
 //! new network namespace. IPv4 only: the lab's hosts are IPv4. Run it inside a namespace with
 //! [`crate::sysctl::in_netns`].
 
-use std::io;
-use std::mem::MaybeUninit;
+use std::io::{self, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use nix::errno::Errno;
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
+use nix::sys::time::TimeSpec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const ECHO_REQUEST: u8 = 8;
@@ -22,9 +26,9 @@ const MESSAGE_LEN: usize = 64;
 
 /// The internet checksum (RFC 1071) of `data`.
 pub fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
+    let mut sum: u64 = data
         .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
         .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
@@ -63,75 +67,119 @@ pub fn parse_reply(packet: &[u8], src: Ipv4Addr, id: u16) -> Option<u16> {
     ok.then(|| u16::from_be_bytes([icmp[6], icmp[7]]))
 }
 
+/// When each request went: for the round trip, the monotonic clock (deadlines) and the wall
+/// clock (the kernel stamps a reply's arrival on it, as `ping` reads it: `SO_TIMESTAMPNS`).
+type Sent = Option<(Instant, SystemTime)>;
+
 /// Sends `count` echo requests to `dst`, `interval` apart, and waits for each reply up to
 /// `timeout` after its request. Returns each request's round trip (`None`: no reply in time),
-/// in order.
+/// in order. A round trip runs from the send to the kernel's arrival stamp of the reply, so a
+/// late wake-up of this thread does not lengthen it.
 pub fn ping(
     dst: Ipv4Addr,
     count: u16,
     interval: Duration,
     timeout: Duration,
 ) -> io::Result<Vec<Option<Duration>>> {
+    let start = Instant::now();
+    interval
+        .checked_mul(u32::from(count))
+        .and_then(|d| d.checked_add(timeout))
+        .and_then(|d| start.checked_add(d))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "ping: too long a run"))?;
     static NEXT: AtomicU16 = AtomicU16::new(0);
     // Every ICMP message of the namespace reaches a raw socket: the identifier tells ours.
     let id = (std::process::id() as u16).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
     let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+    setsockopt(&sock, sockopt::ReceiveTimestampns, &true)?;
     let to = SockAddr::from(SocketAddrV4::new(dst, 0));
-    let mut sent_at: Vec<Option<Instant>> = vec![None; usize::from(count)];
+    let mut sent: Vec<Sent> = vec![None; usize::from(count)];
     let mut rtts: Vec<Option<Duration>> = vec![None; usize::from(count)];
-    let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
-    let start = Instant::now();
     let mut next = 0u16;
     loop {
         let now = Instant::now();
         let send_at = (next < count).then(|| start + interval * u32::from(next));
         if send_at.is_some_and(|t| now >= t) {
-            sent_at[usize::from(next)] = Some(now);
+            sent[usize::from(next)] = Some((now, SystemTime::now()));
             // A request the kernel refuses (no route yet) simply gets no reply.
             let _ = sock.send_to(&echo_request(id, next), &to);
             next += 1;
             continue;
         }
         // The earliest deadline of a request still waiting for its reply.
-        let waiting = sent_at
+        let waiting = sent
             .iter()
             .zip(&rtts)
-            .filter_map(|(s, r)| s.filter(|_| r.is_none()).map(|s| s + timeout))
+            .filter_map(|(s, r)| s.filter(|_| r.is_none()).map(|(at, _)| at + timeout))
             .filter(|&deadline| deadline > now)
             .min();
         let Some(wake) = [send_at, waiting].into_iter().flatten().min() else {
             break; // all sent, none waiting
         };
-        sock.set_read_timeout(Some(
-            wake.saturating_duration_since(now)
-                .max(Duration::from_micros(100)),
-        ))?;
-        match sock.recv(&mut buf) {
-            Ok(n) => {
-                let at = Instant::now();
-                // SAFETY: `recv` initialised the first `n` bytes.
-                let got = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
-                let Some(seq) = parse_reply(got, dst, id) else {
-                    continue;
-                };
-                let i = usize::from(seq);
-                if let (Some(Some(s)), Some(r)) = (sent_at.get(i), rtts.get_mut(i)) {
-                    if r.is_none() && at <= *s + timeout {
-                        *r = Some(at - *s);
-                    }
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        match ppoll(&mut fds, Some(TimeSpec::from_duration(wake - now)), None) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
+        receive(&sock, dst, id, timeout, &sent, &mut rtts)?;
     }
     Ok(rtts)
+}
+
+/// Reads every message waiting on `sock`, noting the round trip of each reply of ours.
+fn receive(
+    sock: &Socket,
+    dst: Ipv4Addr,
+    id: u16,
+    timeout: Duration,
+    sent: &[Sent],
+    rtts: &mut [Option<Duration>],
+) -> io::Result<()> {
+    let mut buf = [0u8; 1500];
+    let mut cmsg = nix::cmsg_space!(TimeSpec);
+    loop {
+        let (n, stamp) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(m) => m,
+                Err(Errno::EAGAIN) => return Ok(()),
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let stamp = msg.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::ScmTimestampns(ts) => {
+                        let ns = u32::try_from(ts.tv_nsec()).ok()?;
+                        Some(UNIX_EPOCH + Duration::new(u64::try_from(ts.tv_sec()).ok()?, ns))
+                    }
+                    _ => None,
+                })
+            });
+            (msg.bytes, stamp)
+        };
+        let Some(seq) = parse_reply(&buf[..n], dst, id) else {
+            continue;
+        };
+        let (Some(Some((at, wall))), Some(r)) =
+            (sent.get(usize::from(seq)), rtts.get_mut(usize::from(seq)))
+        else {
+            continue;
+        };
+        let by_clock = at.elapsed();
+        // The kernel's stamp, unless the wall clock stepped meanwhile.
+        let rtt = stamp
+            .and_then(|s| s.duration_since(*wall).ok())
+            .filter(|&d| d <= by_clock)
+            .unwrap_or(by_clock);
+        if r.is_none() && rtt <= timeout {
+            *r = Some(rtt);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -145,10 +193,12 @@ mod tests {
             checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
             0x220d
         );
-        // A message carrying its checksum sums to zero, odd length too.
+        // A message carrying its checksum sums to zero; an odd byte is padded with a zero.
         let m = echo_request(0x1234, 7);
         assert_eq!(checksum(&m), 0);
         assert_eq!(checksum(&[0xff]), !0xff00);
+        // Long input: the carries fold, nothing overflows.
+        assert_eq!(checksum(&[0xff; 300_000]), 0);
     }
 
     /// An IPv4 header from `src`, then `icmp`.

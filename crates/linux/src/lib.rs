@@ -5,6 +5,8 @@
 //! - [`offload`]: TUN offload packet logic: TSO super-packets split, segments coalesced (GRO);
 //! - [`netlink`]: interface address/MTU/up/delete through rtnetlink, and a [`netlink::Monitor`] of
 //!   link and address changes;
+//! - [`ethtool`]: a device's offloads (`SIOCETHTOOL`), for the lab's veths;
+//! - [`icmp`]: ICMP echo (ping) from a raw socket, for the lab;
 //! - [`packet`]: `AF_PACKET` raw sockets in batches, for the DSR balancer and the lab's link
 //!   emulator;
 //! - [`process`]: open-files limit, timer precision of a thread, signals to children;
