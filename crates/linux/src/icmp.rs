@@ -4,8 +4,9 @@
 //! to run the `ping` tool, a package a fresh machine lacks (the README's first command failed
 //! there). A raw socket needs root, which the lab needs anyway; the unprivileged "ping socket"
 //! (`SOCK_DGRAM`, `IPPROTO_ICMP`) would not do, since `net.ipv4.ping_group_range` is empty in a
-//! new network namespace. IPv4 only: the lab's hosts are IPv4. Run it inside a namespace with
-//! [`crate::sysctl::in_netns`].
+//! new network namespace. Not `surge-ping`, the field's crate: it is built on a tokio runtime,
+//! and the lab's few pings are synchronous calls on a thread inside a namespace. IPv4 only: the
+//! lab's hosts are IPv4. Run it inside a namespace with [`crate::sysctl::in_netns`].
 
 use std::io::{self, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddrV4};
