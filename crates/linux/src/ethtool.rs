@@ -7,6 +7,11 @@
 //! each), which every kernel since 2.6 maps onto its feature flags; no crate of the field wraps
 //! them (the `ethtool` crate speaks the generic-netlink family, far more than four switches
 //! need). Run it inside a namespace with [`crate::sysctl::in_netns`].
+//!
+//! One difference from the tool (compared with `ethtool -k` on a lab veth, kernel of 2025):
+//! the legacy TSO switch does not know `tx-tcp-accecn-segmentation`, which stays on. It applies
+//! only to flows that negotiated AccECN, which the lab's hosts never initiate (`tcp_ecn` = 2),
+//! and with GSO off no such super-packet is built anyway.
 
 use std::io;
 use std::os::fd::AsRawFd;
