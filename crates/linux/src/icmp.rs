@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use braid_core::inner::{fold16, sum16};
 use nix::errno::Errno;
 use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
@@ -25,16 +26,9 @@ const ECHO_REPLY: u8 = 0;
 /// ICMP header (8) and payload (56): ping's default 64-byte message.
 const MESSAGE_LEN: usize = 64;
 
-/// The internet checksum (RFC 1071) of `data`.
+/// The internet checksum (RFC 1071) of `data`: the project's one sum ([`braid_core::inner::sum16`]).
 pub fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u64 = data
-        .chunks(2)
-        .map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    !fold16(sum16(data, 0))
 }
 
 /// An echo request: identifier `id`, sequence number `seq`.
