@@ -409,6 +409,18 @@ impl Concentrator {
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {
+        self.handle_datagram_at(now, now, from, datagram)
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram that reached this host at
+    /// `arrived`, as [`Endpoint::handle_datagram_at`].
+    pub fn handle_datagram_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        from: SocketAddr,
+        datagram: &mut [u8],
+    ) -> Received {
         let Ok(header) = Header::parse(datagram) else {
             self.drops.malformed += 1;
             return Received::Ignored;
@@ -449,7 +461,7 @@ impl Concentrator {
             self.drops.unknown_session += 1;
             return Received::Ignored;
         };
-        let got = c.ep.handle_datagram(now, None, from, datagram);
+        let got = c.ep.handle_datagram_at(now, arrived, None, from, datagram);
         self.touch(slot);
         self.refresh_sids(slot);
         match got {

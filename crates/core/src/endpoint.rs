@@ -356,6 +356,9 @@ pub struct OpenJob {
     /// After [`OpenJob::open`]: the plaintext's length (it follows the header), or why the
     /// datagram did not open.
     opened: Option<Result<usize, crypto::CryptoError>>,
+    /// When the datagram reached this host, if known better than the `now` it is handled at
+    /// (see [`Endpoint::handle_datagram_at`]).
+    arrived: Option<Instant>,
 }
 
 // Jobs cross to the helper threads.
@@ -407,6 +410,8 @@ enum Checked {
 /// When a packet on the receive path was sent and arrived, in the wire's clock (microseconds).
 #[derive(Debug, Clone, Copy)]
 struct RxTiming {
+    /// When it arrived (no later than the `now` it is handled at).
+    arrived: Instant,
     /// Our clock at its arrival.
     local_ts: u32,
     /// DATA: its full send `ts`, `None` before the session's first full `ts` arrived.
@@ -1308,8 +1313,28 @@ impl Endpoint {
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {
+        self.handle_datagram_at(now, now, via, from, datagram)
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram that reached this host at
+    /// `arrived` (e.g. the kernel's receive stamp), before the `now` it is handled at. Its
+    /// one-way delay, from which the links' queueing delays and the delay equalisation are
+    /// reckoned, runs to `arrived`: how late the process came to read it is not the link's
+    /// queue. (A turn of the data plane reads the clock once, then reads its sockets; a
+    /// datagram that arrived meanwhile would look early by the turn's length, and the link's
+    /// base delay, a minimum, would keep that error for its whole window.) An `arrived` later
+    /// than `now` counts as `now`.
+    pub fn handle_datagram_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        via: Option<LinkId>,
+        from: SocketAddr,
+        datagram: &mut [u8],
+    ) -> Received {
         match self.check_datagram(via, datagram) {
             Checked::Sealed(mut job) => {
+                job.arrived = Some(arrived);
                 job.open(datagram);
                 self.handle_opened(now, from, job, datagram)
             }
@@ -1350,7 +1375,8 @@ impl Endpoint {
         }
     }
 
-    /// Receives a batch of datagrams `(via, from, bytes, tag)` with the opening done by
+    /// Receives a batch of datagrams `(via, from, bytes, arrived, tag)` (`arrived` as for
+    /// [`Endpoint::handle_datagram_at`]) with the opening done by
     /// `open_all` (on helper threads, in any order: it should call [`BatchJob::open`] on every
     /// job it is given; any it leaves are opened at the commit, here), following the protocol of
     /// [`Endpoint::open_job`]: each datagram checked in arrival order, the jobs opened, then
@@ -1361,23 +1387,26 @@ impl Endpoint {
     pub fn receive_batch<'a, T>(
         &mut self,
         now: Instant,
-        datagrams: impl IntoIterator<Item = (Option<LinkId>, SocketAddr, &'a mut [u8], T)>,
+        datagrams: impl IntoIterator<Item = (Option<LinkId>, SocketAddr, &'a mut [u8], Instant, T)>,
         jobs: &mut Vec<BatchJob<'a, T>>,
         mut open_all: impl FnMut(&mut [BatchJob<'a, T>]),
         mut received: impl FnMut(Received, SocketAddr, &T),
     ) {
         jobs.clear();
-        for (via, from, bytes, tag) in datagrams {
+        for (via, from, bytes, arrived, tag) in datagrams {
             match self.open_job(via, bytes) {
-                Opening::Job(job) => jobs.push(BatchJob {
-                    job,
-                    from,
-                    bytes,
-                    tag,
-                }),
+                Opening::Job(mut job) => {
+                    job.arrived = Some(arrived);
+                    jobs.push(BatchJob {
+                        job,
+                        from,
+                        bytes,
+                        tag,
+                    })
+                }
                 Opening::Handshake => {
                     self.commit_batch(now, jobs, &mut open_all, &mut received);
-                    let got = self.handle_datagram(now, via, from, bytes);
+                    let got = self.handle_datagram_at(now, arrived, via, from, bytes);
                     received(got, from, &tag);
                 }
                 Opening::Dropped => {}
@@ -1473,6 +1502,7 @@ impl Endpoint {
             header,
             key: Arc::clone(&session.keys.recv),
             opened: None,
+            arrived: None,
         })
     }
 
@@ -1958,7 +1988,8 @@ impl Endpoint {
             return None;
         };
         let mut body = self.opened_body(job, datagram)?;
-        let timing = self.accept(now, pending, &job.header, &mut body)?;
+        let arrived = job.arrived.map_or(now, |a| a.min(now));
+        let timing = self.accept(now, arrived, pending, &job.header, &mut body)?;
         let li = self.rx_link(now, job.header.link, from)?;
         self.note_rx(now, li, &body, datagram.len(), timing);
         self.dispatch(now, li, body, timing);
@@ -2014,11 +2045,12 @@ impl Endpoint {
     fn accept(
         &mut self,
         now: Instant,
+        arrived: Instant,
         pending: bool,
         header: &Header,
         body: &mut Body<'_>,
     ) -> Option<RxTiming> {
-        let local_ts = self.wire_ts(now);
+        let local_ts = self.wire_ts(arrived);
         let session = if pending {
             self.pending.as_mut()
         } else {
@@ -2036,6 +2068,7 @@ impl Endpoint {
                 let data_ts = session.data_ts(local_ts, d.common.ts);
                 d.common.ts = data_ts.unwrap_or(0);
                 RxTiming {
+                    arrived,
                     local_ts,
                     data_ts,
                     timed: data_ts.is_some(),
@@ -2045,6 +2078,7 @@ impl Endpoint {
                 // Every type but DATA carries a full `ts`: it sets the peer's clock.
                 session.peer_clock = Some((other.common().ts, local_ts));
                 RxTiming {
+                    arrived,
                     local_ts,
                     data_ts: None,
                     timed: true,
@@ -2193,15 +2227,15 @@ impl Endpoint {
     }
 
     /// Equalised delivery: a packet sent at `t.data_ts` is held until `send_ts + target` in our
-    /// clock, at most `equalize_max` from now (`now` when equalisation is off or measures
-    /// nothing yet, or the packet is not timed).
+    /// clock (counted from its arrival, not from when we read it), at most `equalize_max` from
+    /// now (`now` when equalisation is off or measures nothing yet, or the packet is not timed).
     fn release_at(&self, now: Instant, t: RxTiming) -> Instant {
         match (self.equalize_rel, t.data_ts) {
             (Some(target), Some(ts)) => {
                 let rel = t.local_ts.wrapping_sub(ts);
                 let early = target.wrapping_sub(rel) as i32;
                 let early = Duration::from_micros(early.max(0) as u64);
-                now + early.min(self.cfg.equalize_max)
+                (t.arrived + early).clamp(now, now + self.cfg.equalize_max)
             }
             _ => now,
         }

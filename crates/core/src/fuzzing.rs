@@ -229,7 +229,7 @@ fn receive(
         now,
         batch
             .iter_mut()
-            .map(|(link, d)| (via(*link), link_addr(*link), &mut **d, ())),
+            .map(|(link, d)| (via(*link), link_addr(*link), &mut **d, now, ())),
         &mut Vec::new(),
         |jobs| {
             opened += jobs.len() as u64;

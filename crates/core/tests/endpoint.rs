@@ -1,6 +1,7 @@
 //! Endpoint stories: handshakes, restarts, bad keys, replays, CLOSE. Two endpoints wired back
 //! to back with no delay; time advances explicitly.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -87,7 +88,7 @@ fn receive(ep: &mut Endpoint, now: Instant, batch: &mut Batch, how: Receive) {
         now,
         batch
             .iter_mut()
-            .map(|(via, from, d)| (*via, *from, d.as_mut_slice(), ())),
+            .map(|(via, from, d)| (*via, *from, d.as_mut_slice(), now, ())),
         &mut Vec::new(),
         |jobs| open_elsewhere(jobs, order),
         |_, _, _| {},
@@ -1797,4 +1798,84 @@ fn identity_replayed_hello_is_stale_and_never_amplified() {
     assert_eq!(p.server.stats(p.now).session, session);
     assert!(p.server.stats(p.now).drops.replay > 20);
     assert!(p.to_attacker.iter().all(|d| d.len() < hello_len));
+}
+
+/// The largest queueing delay the client hears reported for its link over the last 2 of 4 s of
+/// a session's traffic on a path of constant delay (10 ms to the server), with the server's
+/// data plane reading its socket in turns: each turn reads the clock, works 0-9 ms, then reads
+/// what arrived (as the tunnel's runner did before it read the kernel's arrival stamps). `stamped`: the datagrams are
+/// handled with their arrival time (`handle_datagram_at`), else at the turn's clock.
+fn reported_qdelay_with_late_turns(stamped: bool) -> Duration {
+    const DELAY: Duration = Duration::from_millis(10);
+    const TURN: Duration = Duration::from_millis(10);
+    // The handshake too goes over this path: a base delay measured on a faster one would
+    // stand as a queue for the minimum's whole window.
+    let mut p = Pair::new(1);
+    let start = p.now;
+    // Datagrams in flight to the server, with their arrival times.
+    let mut wire: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let mut next_turn = start;
+    let mut worst = Duration::ZERO;
+    let mut id = 0u8;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut work = Duration::ZERO;
+    while p.now < start + Duration::from_secs(4) {
+        p.now += Duration::from_millis(1);
+        id = id.wrapping_add(1);
+        p.client.send_packet(p.now, &ip_packet(id));
+        p.client.handle_timeout(p.now);
+        while let Some(mut t) = p.client.poll_transmit() {
+            t.finish();
+            wire.push_back((p.now + DELAY, t.payload));
+        }
+        if p.now >= next_turn + work {
+            // The turn that began at `next_turn` reads its socket now.
+            let (turn, read_at) = (next_turn, p.now);
+            next_turn += TURN;
+            work = Duration::from_millis(rng.next_u32() as u64 % 10);
+            while wire.front().is_some_and(|(at, _)| *at <= read_at) {
+                let (arrived, mut d) = wire.pop_front().unwrap();
+                if stamped {
+                    p.server
+                        .handle_datagram_at(read_at, arrived, None, client_addr(1), &mut d);
+                } else {
+                    p.server.handle_datagram(turn, None, client_addr(1), &mut d);
+                }
+            }
+            p.server.handle_timeout(read_at);
+            while let Some(mut t) = p.server.poll_transmit() {
+                t.finish();
+                let mut d = t.payload;
+                p.client
+                    .handle_datagram(p.now, Some(1), server_addr(), &mut d);
+            }
+            while p.server.poll_deliver(read_at).is_some() {}
+        }
+        if p.now >= start + Duration::from_secs(2) {
+            let q = p.client.stats(p.now).links[0].qdelay_us;
+            worst = worst.max(Duration::from_micros(q));
+        }
+    }
+    worst
+}
+
+/// A datagram's one-way delay runs to its arrival, not to when the data plane came to read it:
+/// a late turn is not a queue on the link. (Read at the turn's clock, the datagrams that
+/// arrived during the turn's other work looked early; the link's base delay, a windowed
+/// minimum, kept that error, and the queueing delay the peer's scheduler reads stayed high on
+/// an idle link: in the lab, 8-15 ms on a 50 Mbit/s link carrying 0.2 Mbit/s of ACKs, and a
+/// scheduler that took it for a standing queue cut the link's rate to a fifth.)
+#[test]
+fn queueing_delay_is_measured_to_the_arrival_not_to_the_read() {
+    let stamped = reported_qdelay_with_late_turns(true);
+    assert!(
+        stamped < Duration::from_micros(500),
+        "constant path delay, yet {stamped:?} of queue reported"
+    );
+    // The same traffic handled at the turn's clock shows the error this guards against.
+    let unstamped = reported_qdelay_with_late_turns(false);
+    assert!(
+        unstamped > Duration::from_millis(3),
+        "the control case should show the turn's lateness, got {unstamped:?}"
+    );
 }

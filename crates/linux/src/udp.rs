@@ -24,6 +24,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -72,6 +73,13 @@ pub struct BindOptions {
     /// "fragmentation needed" lowers the route's MTU ([`UdpSocket::path_mtu`]). Path MTU
     /// discovery (`braid_core::pmtu`) needs it.
     pub dont_fragment: bool,
+    /// Stamp each received message with the kernel's arrival time (`SO_TIMESTAMPNS`, see
+    /// [`RecvDatagram::stamp`]): one-way delays measured from it leave out how long the
+    /// datagram waited for the process, whose turn may be late by milliseconds on a busy host.
+    /// (The kernel switches arrival stamping on from a work queue a moment after the first
+    /// socket of the host asks; datagrams before that are stamped as they are read, which is
+    /// what a caller without stamps assumes anyway.)
+    pub timestamps: bool,
 }
 
 /// One datagram to send.
@@ -84,8 +92,8 @@ pub struct Datagram<'a> {
     pub payload: &'a [u8],
 }
 
-/// Control-message space per received message: an in6_pktinfo (40 bytes with its header) and a
-/// UDP_GRO segment size (24), with room to spare.
+/// Control-message space per received message: an in6_pktinfo (40 bytes with its header), a
+/// UDP_GRO segment size (24) and an arrival stamp (32), with room to spare.
 const CMSG_SPACE: usize = 128;
 /// Receive buffer per message with UDP GRO: the kernel coalesces at most one IP packet's worth
 /// (64 KiB) of datagrams of one flow into one message.
@@ -127,6 +135,8 @@ pub struct RecvBatch {
     /// Per message: its source, its local (destination) address.
     addrs: Vec<Option<SocketAddr>>,
     locals: Vec<Option<IpAddr>>,
+    /// Per message: the kernel's arrival stamp (with [`BindOptions::timestamps`]).
+    stamps: Vec<Option<SystemTime>>,
     /// u64 words: control messages must be aligned like `cmsghdr`.
     ctrl: Vec<[u64; CMSG_SPACE / 8]>,
     names: Vec<libc::sockaddr_storage>,
@@ -172,6 +182,7 @@ impl RecvBatch {
             bufs: (0..n).map(|_| vec![0u8; GRO_BUF]).collect(),
             addrs: vec![None; n],
             locals: vec![None; n],
+            stamps: vec![None; n],
             ctrl: vec![[0u64; CMSG_SPACE / 8]; n],
             names: vec![zero_name; n],
             iovs: vec![
@@ -216,6 +227,12 @@ impl RecvBatch {
         let &(m, _, _) = self.datagrams.get(i)?;
         self.locals[m]
     }
+    /// The kernel's arrival stamp of datagram `i` (only with [`BindOptions::timestamps`]; the
+    /// datagrams of one GRO run share their message's).
+    pub fn stamp(&self, i: usize) -> Option<SystemTime> {
+        let &(m, _, _) = self.datagrams.get(i)?;
+        self.stamps[m]
+    }
     /// Datagram `i` of the last receive: its source and (mutable, for in-place decryption) bytes.
     pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
         let &(m, start, len) = self.datagrams.get(i)?;
@@ -231,6 +248,7 @@ impl RecvBatch {
             bufs: self.bufs.iter_mut().enumerate(),
             addrs: &self.addrs,
             locals: &self.locals,
+            stamps: &self.stamps,
             rest: None,
         }
     }
@@ -244,6 +262,9 @@ pub struct RecvDatagram<'a> {
     pub from: SocketAddr,
     /// The local address it was sent to (only with [`BindOptions::pktinfo`]).
     pub local: Option<IpAddr>,
+    /// When the kernel received it (only with [`BindOptions::timestamps`]; wall clock, as the
+    /// kernel stamps it: [`arrival`] turns it into an [`Instant`]).
+    pub stamp: Option<SystemTime>,
     /// Its bytes, mutable for in-place decryption.
     pub bytes: &'a mut [u8],
 }
@@ -257,6 +278,7 @@ pub struct DatagramsMut<'a> {
     bufs: std::iter::Enumerate<std::slice::IterMut<'a, Vec<u8>>>,
     addrs: &'a [Option<SocketAddr>],
     locals: &'a [Option<IpAddr>],
+    stamps: &'a [Option<SystemTime>],
     /// The message being cut: its index, the offset where its uncut rest starts, that rest.
     rest: Option<(usize, usize, &'a mut [u8])>,
 }
@@ -287,7 +309,13 @@ impl<'a> Iterator for DatagramsMut<'a> {
                 continue;
             };
             let local = self.locals.get(m).copied().flatten();
-            return Some(RecvDatagram { from, local, bytes });
+            let stamp = self.stamps.get(m).copied().flatten();
+            return Some(RecvDatagram {
+                from,
+                local,
+                stamp,
+                bytes,
+            });
         }
     }
 }
@@ -431,13 +459,22 @@ fn set_buffer(sock: &Socket, opt_force: libc::c_int, bytes: usize) -> bool {
     rc == 0
 }
 
-/// What a received message's control messages say: the destination address in its
-/// IP_PKTINFO / IPV6_PKTINFO, and the UDP_GRO segment size (0: one datagram).
-fn parse_cmsgs(hdr: &libc::msghdr) -> (Option<IpAddr>, usize) {
-    let mut local = None;
-    let mut segment = 0;
+/// What a received message's control messages say.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct MsgInfo {
+    /// The destination address in its IP_PKTINFO / IPV6_PKTINFO.
+    local: Option<IpAddr>,
+    /// The UDP_GRO segment size (0: one datagram).
+    segment: usize,
+    /// The kernel's arrival stamp (SCM_TIMESTAMPNS).
+    stamp: Option<SystemTime>,
+}
+
+/// Reads a received message's control messages (see [`MsgInfo`]).
+fn parse_cmsgs(hdr: &libc::msghdr) -> MsgInfo {
+    let mut info = MsgInfo::default();
     if hdr.msg_control.is_null() || hdr.msg_controllen == 0 {
-        return (local, segment);
+        return info;
     }
     // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control messages into the
     // buffer `msg_control` points at; the CMSG_* helpers walk them within that length.
@@ -447,23 +484,50 @@ fn parse_cmsgs(hdr: &libc::msghdr) -> (Option<IpAddr>, usize) {
             let h = &*c;
             if h.cmsg_level == libc::IPPROTO_IP && h.cmsg_type == libc::IP_PKTINFO {
                 let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
-                local = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
+                info.local = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
             } else if h.cmsg_level == libc::IPPROTO_IPV6 && h.cmsg_type == libc::IPV6_PKTINFO {
                 let pi = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
                 let a = Ipv6Addr::from(pi.ipi6_addr.s6_addr);
-                local = Some(match a.to_ipv4_mapped() {
+                info.local = Some(match a.to_ipv4_mapped() {
                     Some(v4) => IpAddr::V4(v4),
                     None => IpAddr::V6(a),
                 });
             } else if h.cmsg_level == libc::SOL_UDP && h.cmsg_type == libc::UDP_GRO {
                 // The kernel writes an int (udp_cmsg_recv: put_cmsg of gso_size as int).
                 let seg = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                segment = usize::try_from(seg).unwrap_or(0);
+                info.segment = usize::try_from(seg).unwrap_or(0);
+            } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                info.stamp = timespec_to_system(ts.tv_sec as i64, ts.tv_nsec as i64);
             }
             c = libc::CMSG_NXTHDR(hdr, c);
         }
     }
-    (local, segment)
+    info
+}
+
+/// A kernel timestamp as a [`SystemTime`]; `None` if it is not one (negative, nanoseconds out
+/// of range).
+fn timespec_to_system(sec: i64, nsec: i64) -> Option<SystemTime> {
+    let sec = u64::try_from(sec).ok()?;
+    let nsec = u32::try_from(nsec).ok().filter(|&n| n < 1_000_000_000)?;
+    UNIX_EPOCH.checked_add(Duration::new(sec, nsec))
+}
+
+/// Oldest arrival stamp [`arrival`] believes: an older one means the wall clock stepped
+/// (a datagram does not wait in a socket buffer this long).
+pub const MAX_STAMP_AGE: Duration = Duration::from_secs(1);
+
+/// The instant at which a datagram arrived, from the kernel's `stamp` (wall clock) and the two
+/// clocks read together after the receive (`read_at`, `read_wall`): `read_at` less the stamp's
+/// age, never later than `read_at`. Without a stamp, or with one the wall clock's steps made
+/// absurd (in the future, older than [`MAX_STAMP_AGE`]), `read_at`.
+pub fn arrival(stamp: Option<SystemTime>, read_at: Instant, read_wall: SystemTime) -> Instant {
+    stamp
+        .and_then(|s| read_wall.duration_since(s).ok())
+        .filter(|&age| age <= MAX_STAMP_AGE)
+        .and_then(|age| read_at.checked_sub(age))
+        .unwrap_or(read_at)
 }
 
 /// Sets an int socket option; whether the kernel took it.
@@ -512,6 +576,10 @@ impl UdpSocket {
         // UDP GRO: runs of datagrams of one flow arrive as one message (Linux 5.0+); a kernel
         // that refuses it (ENOPROTOOPT) hands out one datagram per message.
         let gro = opts.gro && set_int_opt(&sock, libc::SOL_UDP, libc::UDP_GRO, 1);
+        if opts.timestamps {
+            // A kernel without it stamps nothing: the caller falls back to its own clock.
+            set_int_opt(&sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
+        }
         if opts.dont_fragment {
             let fd = sock.as_raw_fd();
             let df = if ipv6 {
@@ -647,7 +715,11 @@ impl UdpSocket {
         for i in 0..got {
             let hdr = &batch.hdrs[i].msg_hdr;
             let mut len = batch.hdrs[i].msg_len as usize;
-            let (local, segment) = parse_cmsgs(hdr);
+            let MsgInfo {
+                local,
+                segment,
+                stamp,
+            } = parse_cmsgs(hdr);
             // Larger than we accept (one datagram over MAX_DATAGRAM, or cut short): what we hold
             // would only fail authentication; an empty datagram is counted as malformed instead.
             let too_big = if segment > 0 {
@@ -662,6 +734,7 @@ impl UdpSocket {
             let sa = unsafe { SockAddr::new(batch.names[i], hdr.msg_namelen) };
             batch.addrs[i] = sa.as_socket().or(self.connected);
             batch.locals[i] = local;
+            batch.stamps[i] = stamp;
             let before = batch.datagrams.len();
             batch
                 .datagrams
@@ -977,6 +1050,86 @@ mod tests {
         assert_eq!(b.recv_batch(&mut batch).unwrap(), 2);
         assert_eq!(batch.get_mut(1).unwrap().1, b"there");
         assert_eq!(a.recv_batch(&mut batch).unwrap(), 0);
+    }
+
+    /// With `timestamps`, each datagram carries the kernel's arrival stamp: after the send,
+    /// before the read, and as old as the datagram waited; the datagrams iterator hands out the
+    /// same. Without, none. (The kernel turns arrival stamping on a moment after the first
+    /// socket asks, from a work queue; until then it stamps at the read: hence the tries.)
+    #[test]
+    fn timestamps_stamp_each_datagram_with_its_arrival() {
+        let lo = "127.0.0.1:0".parse().unwrap();
+        let open = |timestamps| {
+            UdpSocket::bind(&BindOptions {
+                addr: Some(lo),
+                timestamps,
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let (rx, plain, mut tx) = (open(true), open(false), open(false));
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        let d = Datagram {
+            dst: None,
+            src: None,
+            payload: b"stamp me",
+        };
+        let mut batch = RecvBatch::new(BATCH);
+        let mut waited = false;
+        for _ in 0..20 {
+            let before = SystemTime::now();
+            assert_eq!(tx.send_batch(&[d, d]).sent, 2);
+            std::thread::sleep(Duration::from_millis(30));
+            assert_eq!(rx.recv_batch(&mut batch).unwrap(), 2);
+            let after = SystemTime::now();
+            for i in 0..2 {
+                let stamp = batch.stamp(i).expect("stamped");
+                assert!(
+                    before <= stamp && stamp <= after,
+                    "{stamp:?} not in the receive"
+                );
+            }
+            let stamps: Vec<_> = batch.datagrams_mut().map(|d| d.stamp).collect();
+            assert_eq!(stamps, vec![batch.stamp(0), batch.stamp(1)]);
+            // Read 30 ms after it arrived: the stamp says so.
+            waited = (0..2).all(|i| {
+                let age = after.duration_since(batch.stamp(i).unwrap()).unwrap();
+                age >= Duration::from_millis(25)
+            });
+            if waited {
+                break;
+            }
+        }
+        assert!(
+            waited,
+            "the stamps never showed the 30 ms the datagrams waited"
+        );
+
+        tx.connect(plain.local_addr().unwrap()).unwrap();
+        assert_eq!(tx.send_batch(&[d]).sent, 1);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(plain.recv_batch(&mut batch).unwrap(), 1);
+        assert_eq!(batch.stamp(0), None);
+    }
+
+    /// A stamp becomes the instant its age before the read; a missing one, one in the future or
+    /// one older than a datagram waits (the wall clock stepped) is the read itself.
+    #[test]
+    fn arrival_places_a_stamp_on_the_monotonic_clock() {
+        let read_at = Instant::now() + Duration::from_secs(10);
+        let wall = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ms = Duration::from_millis;
+        assert_eq!(arrival(Some(wall - ms(7)), read_at, wall), read_at - ms(7));
+        assert_eq!(arrival(Some(wall), read_at, wall), read_at);
+        assert_eq!(arrival(None, read_at, wall), read_at);
+        assert_eq!(arrival(Some(wall + ms(1)), read_at, wall), read_at);
+        assert_eq!(arrival(Some(wall - ms(1001)), read_at, wall), read_at);
+        assert_eq!(timespec_to_system(-1, 0), None);
+        assert_eq!(timespec_to_system(1, 1_000_000_000), None);
+        assert_eq!(
+            timespec_to_system(2, 5),
+            Some(UNIX_EPOCH + Duration::new(2, 5))
+        );
     }
 
     #[test]

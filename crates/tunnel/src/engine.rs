@@ -38,16 +38,18 @@ impl Engine {
         }
     }
 
+    /// A datagram that reached this host at `arrived` (see [`Endpoint::handle_datagram_at`]).
     pub fn handle_datagram(
         &mut self,
         now: Instant,
+        arrived: Instant,
         via: Option<LinkId>,
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {
         match self {
-            Engine::Bundle(ep) => ep.handle_datagram(now, via, from, datagram),
-            Engine::Sites(c) => c.handle_datagram(now, from, datagram),
+            Engine::Bundle(ep) => ep.handle_datagram_at(now, arrived, via, from, datagram),
+            Engine::Sites(c) => c.handle_datagram_at(now, arrived, from, datagram),
         }
     }
 

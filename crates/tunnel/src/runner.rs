@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
@@ -36,7 +36,7 @@ use braid_core::{BatchJob, Endpoint, LinkConfig, LinkId, LinkState, Received, Tr
 use crate::engine::Engine;
 use braid_linux::tun::Tun;
 use braid_linux::udp::{
-    BindOptions, Datagram, DatagramsMut, RecvBatch, UdpSocket, BATCH, DEFAULT_BUFFER,
+    self as udp, BindOptions, Datagram, RecvBatch, RecvDatagram, UdpSocket, BATCH, DEFAULT_BUFFER,
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -188,6 +188,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         pktinfo: false,
         gro: true,
         dont_fragment: true,
+        timestamps: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -293,6 +294,7 @@ impl Runner {
                     pktinfo: listen.ip().is_unspecified(),
                     gro: true,
                     dont_fragment: true,
+                    timestamps: true,
                     ..Default::default()
                 };
                 let s = UdpSocket::bind(&opts)
@@ -409,9 +411,11 @@ impl Runner {
 
     /// Runs until SIGINT/SIGTERM (`Ok`) or a fatal condition (`Err`, e.g. no session in time).
     ///
-    /// The clock is read once per turn, right after the poll: every step of the turn sees the
-    /// same `now`, and the next poll's timeout is reckoned from it (late by at most the turn's
-    /// own work, which is zero-timeout polling anyway while a source is busy).
+    /// The clock is read right after the poll, and again as each socket is read (see
+    /// [`read_sockets`](Self::read_sockets)); the steps after that go on from the last
+    /// reading, so time never runs backwards for the core. The next poll's timeout is reckoned
+    /// from it (late by at most the turn's own work, which is zero-timeout polling anyway
+    /// while a source is busy).
     pub fn run(&mut self) -> anyhow::Result<Exit> {
         if !self.cfg.batch_wait.is_zero() {
             // Short sleeps must end on time: the default slack (50 us) is as long as the wait.
@@ -477,7 +481,8 @@ impl Runner {
             self.relink(now);
             self.read_tun(now);
             self.flush_transmits(now);
-            self.read_sockets(now);
+            // The clock as the last socket was read: the rest of the turn goes on from it.
+            now = self.read_sockets(now);
             if self.ep.poll_timeout().is_some_and(|t| t <= now) {
                 self.ep.handle_timeout(now);
             }
@@ -638,7 +643,9 @@ impl Runner {
         }
     }
 
-    fn read_sockets(&mut self, now: Instant) {
+    /// Reads every readable socket once; returns the clock as the last one was read (each
+    /// batch is handled at the time it was read, its datagrams stamped with their arrival).
+    fn read_sockets(&mut self, mut now: Instant) -> Instant {
         let mut tokens = std::mem::take(&mut self.ready_tokens);
         tokens.clear();
         tokens.extend(
@@ -652,6 +659,12 @@ impl Runner {
                 continue;
             };
             let r = s.sock.recv_batch(&mut self.recv);
+            // The clocks as the datagrams are read, to place the kernel's arrival stamps (wall
+            // clock) on ours: `now` was read before this turn's other work, and a datagram
+            // that arrived since would look early by that much.
+            let (read_at, read_wall) = (Instant::now().max(now), SystemTime::now());
+            now = read_at;
+            let arrival = |stamp| udp::arrival(stamp, read_at, read_wall);
             if let Some(e) = self.recv.take_error() {
                 s.last_recv_error = Some(e.to_string());
             }
@@ -666,18 +679,26 @@ impl Runner {
                         Some(ep) if self.workers.parts(n) > 1 => {
                             let mut opening = reuse(std::mem::take(&mut self.opening));
                             let batch = self.recv.datagrams_mut();
-                            let shared =
-                                receive_shared(now, ep, &self.workers, &mut opening, s, batch);
+                            let shared = receive_shared(
+                                read_at,
+                                ep,
+                                &self.workers,
+                                &mut opening,
+                                s,
+                                batch.map(|d| (arrival(d.stamp), d)),
+                            );
                             self.opened_in_parallel += shared;
                             self.opening = reuse(opening);
                         }
                         _ => {
                             for i in 0..n {
                                 let local = self.recv.local(i);
+                                let arrived = arrival(self.recv.stamp(i));
                                 let Some((from, bytes)) = self.recv.get_mut(i) else {
                                     continue;
                                 };
-                                let got = self.ep.handle_datagram(now, via, from, bytes);
+                                let got =
+                                    self.ep.handle_datagram(read_at, arrived, via, from, bytes);
                                 s.note_received(got, from, local);
                             }
                         }
@@ -690,6 +711,7 @@ impl Runner {
             }
         }
         self.ready_tokens = tokens;
+        now
     }
 
     fn sock_name(&self, t: Token) -> String {
@@ -1538,13 +1560,13 @@ fn receive_shared<'a>(
     workers: &Workers,
     jobs: &mut Vec<RxJob<'a>>,
     s: &mut Sock,
-    batch: DatagramsMut<'a>,
+    batch: impl Iterator<Item = (Instant, RecvDatagram<'a>)>,
 ) -> u64 {
     let mut shared = 0;
     let via = s.link;
     ep.receive_batch(
         now,
-        batch.map(|d| (via, d.from, d.bytes, d.local)),
+        batch.map(|(arrived, d)| (via, d.from, d.bytes, arrived, d.local)),
         jobs,
         |jobs| {
             if workers.parts(jobs.len()) > 1 {
