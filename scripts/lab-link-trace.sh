@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One bundle run of `braid lab` with one endpoint's view of its links sampled every 0.5 s
+# (`braid status --json` on the lab's control socket): per link the scheduler's rate, the
+# queueing delay the peer reports, the delivery rate and our send rate. What the run's JSON
+# leaves out: how the scheduler's picture of the links moves during the run.
+#
+#   scripts/lab-link-trace.sh OUT client|server [braid lab arguments...]     (as root)
+#   e.g. scripts/lab-link-trace.sh /tmp/r7 server --cc bbr --reverse --duration 30 \
+#          --link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms
+#
+# Writes OUT.json (the lab's report), OUT.err and OUT.trace: one line per sample,
+#   t=<s since the run began> <link>:rate=<Mbit/s>,qdelay=<ms>,delivered=<Mbit/s>,sent=<Mbit/s> ...
+# and prints a summary of the queueing delay reported per link (median, 90th percentile).
+# BRAID=path runs that binary (default: a release build of this tree).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?OUT prefix}
+SIDE=${2:?client or server}
+shift 2
+case $SIDE in client | server) ;; *) echo "side must be client or server" >&2; exit 2 ;; esac
+if [ -z "${BRAID:-}" ]; then
+  cargo build --release -q
+  BRAID=target/release/braid
+fi
+"$BRAID" lab --quiet --json --skip-single "$@" >"$OUT.json" 2>"$OUT.err" &
+LAB=$!
+python3 - "$BRAID" "$SIDE" "$LAB" "$OUT.trace" <<'PY'
+import glob, json, os, subprocess, sys, time
+braid, side, lab, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def alive():
+    try:
+        os.kill(lab, 0)
+        return True
+    except OSError:
+        return False
+# The lab's run directory appears once its endpoints start (after the link setup).
+sock = None
+while alive() and sock is None:
+    found = [p for p in glob.glob(f"/tmp/braid-lab-*/{side}.sock")]
+    sock = found[0] if found else None
+    time.sleep(0.05)
+t0 = time.monotonic()
+qd = {}
+with open(out, "w") as f:
+    while alive():
+        r = subprocess.run([braid, "status", "--json", "--control", sock],
+                           capture_output=True, text=True)
+        try:
+            links = json.loads(r.stdout)["links"]
+        except (ValueError, KeyError):
+            time.sleep(0.5)
+            continue
+        cols = []
+        for l in links:
+            q = (l.get("qdelay_us") or 0) / 1e3
+            qd.setdefault(l["name"], []).append(q)
+            cols.append("%s:rate=%.1f,qdelay=%.1f,delivered=%.1f,sent=%.1f" % (
+                l["name"], (l.get("sched_rate_bps") or 0) / 1e6, q,
+                (l.get("delivery_rate_bps") or 0) / 1e6, (l.get("tx_rate_bps") or 0) / 1e6))
+        f.write("t=%.1f %s\n" % (time.monotonic() - t0, " ".join(cols)))
+        f.flush()
+        time.sleep(0.5)
+for name, qs in sorted(qd.items()):
+    qs.sort()
+    print(f"{side} {name}: queueing delay reported, median {qs[len(qs) // 2]:.1f} ms, "
+          f"90th percentile {qs[int(len(qs) * 0.9)]:.1f} ms ({len(qs)} samples)")
+PY
+wait "$LAB"
