@@ -33,12 +33,17 @@ def alive():
         return True
     except OSError:
         return False
-# The lab's run directory appears once its endpoints start (after the link setup).
+# The lab's run directory appears once its endpoints start (after the link setup): the newest
+# socket made since this run began (a directory left by another run is older).
+started = time.time()
 sock = None
 while alive() and sock is None:
-    found = [p for p in glob.glob(f"/tmp/braid-lab-*/{side}.sock")]
-    sock = found[0] if found else None
+    found = [p for p in glob.glob(f"/tmp/braid-lab-*/{side}.sock")
+             if os.stat(p).st_mtime >= started - 1]
+    sock = max(found, key=lambda p: os.stat(p).st_mtime) if found else None
     time.sleep(0.05)
+if sock is None:
+    sys.exit("the lab ended before its endpoints started (see the .err file)")
 t0 = time.monotonic()
 qd = {}
 with open(out, "w") as f:

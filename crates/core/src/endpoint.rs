@@ -2179,8 +2179,8 @@ impl Endpoint {
                         (i.rate_to_you_bps > 0).then_some(i.rate_to_you_bps);
                 }
             }
-            Body::Probe(p) => self.send_probe_ack(now, li, &p),
-            Body::ProbeAck(a) => self.receive_probe_ack(now, li, &a),
+            Body::Probe(p) => self.send_probe_ack(now, li, &p, t.arrived),
+            Body::ProbeAck(a) => self.receive_probe_ack(now, li, &a, t.arrived),
             Body::Close(_) => {
                 self.end_session();
                 self.pending = None;
@@ -2243,7 +2243,7 @@ impl Endpoint {
 
     /// PROBE-ACK: the peer hears us; a path MTU probe may be answered; the link's health
     /// takes the round trip.
-    fn receive_probe_ack(&mut self, now: Instant, li: usize, a: &ProbeAckRepr) {
+    fn receive_probe_ack(&mut self, now: Instant, li: usize, a: &ProbeAckRepr, arrived: Instant) {
         self.last_answer_rx = Some(now);
         let link = &mut self.links[li];
         if let Some((_, size)) = link.pmtu_probe.filter(|&(id, _)| id == a.probe_id) {
@@ -2252,7 +2252,7 @@ impl Endpoint {
                 p.on_probe_acked(now, size);
             }
         }
-        if let Some(state) = link.health.on_probe_ack(now, a) {
+        if let Some(state) = link.health.on_probe_ack_at(now, arrived, a) {
             self.events.push_back(Event::LinkState {
                 link: link.id,
                 state,
@@ -2784,13 +2784,16 @@ impl Endpoint {
         }
     }
 
-    fn send_probe_ack(&mut self, now: Instant, li: usize, probe: &ProbeRepr) {
+    /// Answers a probe that arrived at `arrived`: the time it waited for us to read it is held
+    /// (`hold_us`), so that the peer's round trip leaves out our late turns.
+    fn send_probe_ack(&mut self, now: Instant, li: usize, probe: &ProbeRepr, arrived: Instant) {
         let common = self.next_common(now, li);
+        let held = now.saturating_duration_since(arrived).as_micros();
         let mut ack = ProbeAckRepr {
             common,
             probe_id: probe.probe_id,
             echo_ts: probe.common.ts,
-            hold_us: 0,
+            hold_us: held.min(u32::MAX as u128) as u32,
             ..Default::default()
         };
         self.links[li].health.fill_report(now, &mut ack);

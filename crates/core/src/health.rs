@@ -322,6 +322,16 @@ impl LinkHealth {
     /// An ack for one of our probes: RTT sample (minus `hold_us`), and the peer's report.
     /// Returns the new state if it changed.
     pub fn on_probe_ack(&mut self, now: Instant, ack: &ProbeAckRepr) -> Option<LinkState> {
+        self.on_probe_ack_at(now, now, ack)
+    }
+    /// [`on_probe_ack`](Self::on_probe_ack) for an ack that arrived at `arrived` (no later
+    /// than `now`): the round trip ends there, not when the ack was read.
+    pub fn on_probe_ack_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        ack: &ProbeAckRepr,
+    ) -> Option<LinkState> {
         self.last_ack = Some(now);
         let slot = ack.probe_id as usize % PROBE_RING;
         if let Some((id, sent)) = self.probes[slot] {
@@ -341,7 +351,7 @@ impl LinkHealth {
                     self.consecutive = 0;
                 }
                 self.consecutive = self.consecutive.saturating_add(1);
-                let elapsed = now.saturating_duration_since(sent);
+                let elapsed = arrived.min(now).saturating_duration_since(sent);
                 let hold = Duration::from_micros(ack.hold_us as u64);
                 if hold <= elapsed {
                     self.rtt_sample(now, elapsed - hold);
@@ -811,6 +821,26 @@ mod tests {
         assert_eq!(c.down_after, ms(500));
         assert_eq!(c.rise, 3);
         assert_eq!((c.degraded_loss, c.recovered_loss), (0.10, 0.03));
+    }
+
+    /// The round trip ends when the ack arrived, not when it was read.
+    #[test]
+    fn a_round_trip_ends_at_the_acks_arrival() {
+        let t0 = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t0);
+        h.on_probe_sent(t0, 1);
+        let ack = ProbeAckRepr {
+            probe_id: 1,
+            hold_us: 2_000,
+            ..Default::default()
+        };
+        h.on_probe_ack_at(t0 + ms(45), t0 + ms(30), &ack);
+        assert_eq!(h.srtt(), Some(ms(28)));
+        // An arrival after the read counts as the read.
+        h.on_probe_sent(t0 + ms(100), 2);
+        let ack = ProbeAckRepr { probe_id: 2, ..ack };
+        h.on_probe_ack_at(t0 + ms(120), t0 + ms(500), &ack);
+        assert_eq!(h.min_rtt(), Some(ms(18)));
     }
 
     #[test]

@@ -1804,8 +1804,9 @@ fn identity_replayed_hello_is_stale_and_never_amplified() {
 /// a session's traffic on a path of constant delay (10 ms to the server), with the server's
 /// data plane reading its socket in turns: each turn reads the clock, works 0-9 ms, then reads
 /// what arrived (as the tunnel's runner did before it read the kernel's arrival stamps). `stamped`: the datagrams are
-/// handled with their arrival time (`handle_datagram_at`), else at the turn's clock.
-fn reported_qdelay_with_late_turns(stamped: bool) -> Duration {
+/// handled with their arrival time (`handle_datagram_at`), else at the turn's clock. Also the
+/// client's smoothed round trip at the end (the way back is instant: 10 ms all told).
+fn reported_qdelay_with_late_turns(stamped: bool) -> (Duration, Duration) {
     const DELAY: Duration = Duration::from_millis(10);
     const TURN: Duration = Duration::from_millis(10);
     // The handshake too goes over this path: a base delay measured on a faster one would
@@ -1856,7 +1857,8 @@ fn reported_qdelay_with_late_turns(stamped: bool) -> Duration {
             worst = worst.max(Duration::from_micros(q));
         }
     }
-    worst
+    let srtt = Duration::from_micros(p.client.stats(p.now).links[0].srtt_us.unwrap_or(0));
+    (worst, srtt)
 }
 
 /// A datagram's one-way delay runs to its arrival, not to when the data plane came to read it:
@@ -1867,13 +1869,18 @@ fn reported_qdelay_with_late_turns(stamped: bool) -> Duration {
 /// scheduler that took it for a standing queue cut the link's rate to a fifth.)
 #[test]
 fn queueing_delay_is_measured_to_the_arrival_not_to_the_read() {
-    let stamped = reported_qdelay_with_late_turns(true);
+    let (stamped, srtt) = reported_qdelay_with_late_turns(true);
     assert!(
         stamped < Duration::from_micros(500),
         "constant path delay, yet {stamped:?} of queue reported"
     );
+    // The probe's wait to be read is held in its ack: the round trip is the path's.
+    assert!(
+        srtt >= Duration::from_millis(10) && srtt < Duration::from_millis(11),
+        "round trip {srtt:?} on a 10 ms path"
+    );
     // The same traffic handled at the turn's clock shows the error this guards against.
-    let unstamped = reported_qdelay_with_late_turns(false);
+    let (unstamped, _) = reported_qdelay_with_late_turns(false);
     assert!(
         unstamped > Duration::from_millis(3),
         "the control case should show the turn's lateness, got {unstamped:?}"

@@ -92,9 +92,11 @@ pub struct Datagram<'a> {
     pub payload: &'a [u8],
 }
 
-/// Control-message space per received message: an in6_pktinfo (40 bytes with its header), a
-/// UDP_GRO segment size (24) and an arrival stamp (32), with room to spare.
-const CMSG_SPACE: usize = 128;
+/// Control-message space per received message. The most the kernel writes here is 128 bytes
+/// (a dual-stack socket with packet info receiving IPv4-mapped traffic: UDP_GRO 24, the
+/// arrival stamp 32, IPV6_PKTINFO 40, IP_PKTINFO 32); twice that, so that one more option
+/// never silently cuts the others (the kernel drops what does not fit).
+const CMSG_SPACE: usize = 256;
 /// Receive buffer per message with UDP GRO: the kernel coalesces at most one IP packet's worth
 /// (64 KiB) of datagrams of one flow into one message.
 const GRO_BUF: usize = 65_536;
@@ -512,6 +514,62 @@ fn timespec_to_system(sec: i64, nsec: i64) -> Option<SystemTime> {
     let sec = u64::try_from(sec).ok()?;
     let nsec = u32::try_from(nsec).ok().filter(|&n| n < 1_000_000_000)?;
     UNIX_EPOCH.checked_add(Duration::new(sec, nsec))
+}
+
+/// Largest difference between how far the wall clock and the monotonic clock moved from one
+/// [`ReadClock::read`] to the next that is still taken for a slew rather than a step (slewing
+/// moves the wall clock by at most 0.5 ms a second, and reads are at most a second apart).
+pub const MAX_WALL_STEP: Duration = Duration::from_millis(2);
+
+/// Both clocks as a socket is read, for [`arrival`]; `wall` is `None` when the wall clock
+/// stepped since the previous read (stamps taken before the step would be placed wrong by the
+/// step: one that made them look early would lower a link's base delay for its whole window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub at: Instant,
+    pub wall: Option<SystemTime>,
+}
+
+impl Reading {
+    /// When a datagram with this kernel stamp arrived (see [`arrival`]); without a trusted wall
+    /// clock, the read itself.
+    pub fn arrival(&self, stamp: Option<SystemTime>) -> Instant {
+        match self.wall {
+            Some(wall) => arrival(stamp, self.at, wall),
+            None => self.at,
+        }
+    }
+}
+
+/// Reads the monotonic and the wall clock together, and tells a step of the wall clock from
+/// one reading to the next.
+#[derive(Debug, Default)]
+pub struct ReadClock {
+    last: Option<(Instant, SystemTime)>,
+}
+
+impl ReadClock {
+    /// Both clocks now (the monotonic one no earlier than `floor`).
+    pub fn read(&mut self, floor: Instant) -> Reading {
+        let (at, wall) = (Instant::now().max(floor), SystemTime::now());
+        self.reading(at, wall)
+    }
+
+    /// [`read`](Self::read) with the clocks given.
+    pub fn reading(&mut self, at: Instant, wall: SystemTime) -> Reading {
+        let stepped = self.last.is_some_and(|(last_at, last_wall)| {
+            let mono = at.saturating_duration_since(last_at);
+            match wall.duration_since(last_wall) {
+                Ok(w) => w.abs_diff(mono) > MAX_WALL_STEP,
+                Err(_) => true,
+            }
+        });
+        self.last = Some((at, wall));
+        Reading {
+            at,
+            wall: (!stepped).then_some(wall),
+        }
+    }
 }
 
 /// Oldest arrival stamp [`arrival`] believes: an older one means the wall clock stepped
@@ -1124,6 +1182,27 @@ mod tests {
         assert_eq!(arrival(None, read_at, wall), read_at);
         assert_eq!(arrival(Some(wall + ms(1)), read_at, wall), read_at);
         assert_eq!(arrival(Some(wall - ms(1001)), read_at, wall), read_at);
+        // A step of the wall clock between two reads: the stamps of that read are not used.
+        let mut clock = ReadClock::default();
+        let r = clock.reading(read_at, wall);
+        assert_eq!(r.arrival(Some(wall - ms(7))), read_at - ms(7));
+        let r = clock.reading(read_at + ms(100), wall + ms(101));
+        assert_eq!(
+            r.arrival(Some(wall + ms(95))),
+            read_at + ms(94),
+            "a 1 ms slew is kept"
+        );
+        let r = clock.reading(read_at + ms(200), wall + ms(301));
+        assert_eq!(r.wall, None, "100 ms forward in 100 ms of time: a step");
+        assert_eq!(r.arrival(Some(wall + ms(250))), read_at + ms(200));
+        let r = clock.reading(read_at + ms(300), wall + ms(250));
+        assert_eq!(r.wall, None, "backwards: a step");
+        let r = clock.reading(read_at + ms(400), wall + ms(350));
+        assert_eq!(
+            r.arrival(Some(wall + ms(340))),
+            read_at + ms(390),
+            "in step again"
+        );
         assert_eq!(timespec_to_system(-1, 0), None);
         assert_eq!(timespec_to_system(1, 1_000_000_000), None);
         assert_eq!(

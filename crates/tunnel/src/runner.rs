@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
@@ -140,6 +140,8 @@ pub struct Runner {
     signal_rx: UnixStream,
     tun_ready: bool,
     recv: RecvBatch,
+    /// The clocks as each socket is read, to place the kernel's arrival stamps on ours.
+    read_clock: udp::ReadClock,
     started: Instant,
     session_seen: bool,
     tun_write_errors: u64,
@@ -379,6 +381,7 @@ impl Runner {
             signal_rx,
             tun_ready: true,
             recv: RecvBatch::new(BATCH),
+            read_clock: udp::ReadClock::default(),
             started: now,
             session_seen: false,
             tun_write_errors: 0,
@@ -662,9 +665,10 @@ impl Runner {
             // The clocks as the datagrams are read, to place the kernel's arrival stamps (wall
             // clock) on ours: `now` was read before this turn's other work, and a datagram
             // that arrived since would look early by that much.
-            let (read_at, read_wall) = (Instant::now().max(now), SystemTime::now());
+            let reading = self.read_clock.read(now);
+            let read_at = reading.at;
             now = read_at;
-            let arrival = |stamp| udp::arrival(stamp, read_at, read_wall);
+            let arrival = |stamp| reading.arrival(stamp);
             if let Some(e) = self.recv.take_error() {
                 s.last_recv_error = Some(e.to_string());
             }
