@@ -10,6 +10,11 @@
 //!   message giving the segment size; [`gro_split`] cuts it back into datagrams. A kernel
 //!   without `UDP_GRO` (before 5.0) refuses the option and delivers one datagram per message.
 //!
+//! Arrival stamps ([`BindOptions::timestamps`], `SO_TIMESTAMPNS`): each message carries the
+//! kernel's receive time, which [`ReadClock`] and [`arrival`] place on the monotonic clock, so
+//! that one-way delays leave out how late the process came to read (quinn-udp does not read
+//! them).
+//!
 //! Why hand-written rather than `quinn-udp` (which does recvmmsg, GSO, GRO and pktinfo too):
 //! quinn-udp sends one `sendmsg` per transmit, where braid packs several GSO runs (one per link
 //! peer, or cut by a short datagram) into one `sendmmsg`; it wants the caller's `IoSliceMut`s and
