@@ -314,7 +314,7 @@ pub fn delete(name: &str) -> Result<(), NetlinkError> {
 
 /// A non-blocking rtnetlink socket subscribed to interface and address changes
 /// (`RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`), for a poll loop: register
-/// [`AsRawFd::as_raw_fd`] for readability, then call [`Monitor::drain`]. A plain socket rather than
+/// [`AsRawFd::as_raw_fd`](std::os::fd::AsRawFd::as_raw_fd) for readability, then call [`Monitor::drain`]. A plain socket rather than
 /// `rtnetlink`'s async stream: the event loop is `mio`, and all it needs is "something changed".
 pub struct Monitor {
     fd: std::os::fd::OwnedFd,
