@@ -11,7 +11,7 @@
 //!   without `UDP_GRO` (before 5.0) refuses the option and delivers one datagram per message.
 //!
 //! Arrival stamps ([`BindOptions::timestamps`], `SO_TIMESTAMPNS`): each message carries the
-//! kernel's receive time, which [`ReadClock`] and [`arrival`] place on the monotonic clock, so
+//! kernel's receive time, which [`ReadClock`] and [`Reading::arrival`] place on the monotonic clock, so
 //! that one-way delays leave out how late the process came to read (quinn-udp does not read
 //! them).
 //!
@@ -270,7 +270,7 @@ pub struct RecvDatagram<'a> {
     /// The local address it was sent to (only with [`BindOptions::pktinfo`]).
     pub local: Option<IpAddr>,
     /// When the kernel received it (only with [`BindOptions::timestamps`]; wall clock, as the
-    /// kernel stamps it: [`arrival`] turns it into an [`Instant`]).
+    /// kernel stamps it: [`Reading::arrival`] turns it into an [`Instant`]).
     pub stamp: Option<SystemTime>,
     /// Its bytes, mutable for in-place decryption.
     pub bytes: &'a mut [u8],
@@ -526,7 +526,7 @@ fn timespec_to_system(sec: i64, nsec: i64) -> Option<SystemTime> {
 /// moves the wall clock by at most 0.5 ms a second, and reads are at most a second apart).
 pub const MAX_WALL_STEP: Duration = Duration::from_millis(2);
 
-/// Both clocks as a socket is read, for [`arrival`]; `wall` is `None` when the wall clock
+/// Both clocks as a socket is read, for [`Reading::arrival`]; `wall` is `None` when the wall clock
 /// stepped since the previous read (stamps taken before the step would be placed wrong by the
 /// step: one that made them look early would lower a link's base delay for its whole window).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -536,7 +536,7 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// When a datagram with this kernel stamp arrived (see [`arrival`]); without a trusted wall
+    /// When a datagram with this kernel stamp arrived (the stamp less its age before the read, never later than the read); without a trusted wall
     /// clock, the read itself.
     pub fn arrival(&self, stamp: Option<SystemTime>) -> Instant {
         match self.wall {
@@ -577,7 +577,7 @@ impl ReadClock {
     }
 }
 
-/// Oldest arrival stamp [`arrival`] believes: an older one means the wall clock stepped
+/// Oldest arrival stamp [`Reading::arrival`] believes: an older one means the wall clock stepped
 /// (a datagram does not wait in a socket buffer this long).
 pub const MAX_STAMP_AGE: Duration = Duration::from_secs(1);
 
@@ -585,7 +585,7 @@ pub const MAX_STAMP_AGE: Duration = Duration::from_secs(1);
 /// clocks read together after the receive (`read_at`, `read_wall`): `read_at` less the stamp's
 /// age, never later than `read_at`. Without a stamp, or with one the wall clock's steps made
 /// absurd (in the future, older than [`MAX_STAMP_AGE`]), `read_at`.
-pub fn arrival(stamp: Option<SystemTime>, read_at: Instant, read_wall: SystemTime) -> Instant {
+fn arrival(stamp: Option<SystemTime>, read_at: Instant, read_wall: SystemTime) -> Instant {
     stamp
         .and_then(|s| read_wall.duration_since(s).ok())
         .filter(|&age| age <= MAX_STAMP_AGE)

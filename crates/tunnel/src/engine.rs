@@ -39,7 +39,7 @@ impl Engine {
     }
 
     /// A datagram that reached this host at `arrived` (see [`Endpoint::handle_datagram_at`]).
-    pub fn handle_datagram(
+    pub fn handle_datagram_at(
         &mut self,
         now: Instant,
         arrived: Instant,

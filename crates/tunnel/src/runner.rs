@@ -668,7 +668,6 @@ impl Runner {
             let reading = self.read_clock.read(now);
             let read_at = reading.at;
             now = read_at;
-            let arrival = |stamp| reading.arrival(stamp);
             if let Some(e) = self.recv.take_error() {
                 s.last_recv_error = Some(e.to_string());
             }
@@ -689,7 +688,7 @@ impl Runner {
                                 &self.workers,
                                 &mut opening,
                                 s,
-                                batch.map(|d| (arrival(d.stamp), d)),
+                                batch.map(|d| (reading.arrival(d.stamp), d)),
                             );
                             self.opened_in_parallel += shared;
                             self.opening = reuse(opening);
@@ -697,12 +696,13 @@ impl Runner {
                         _ => {
                             for i in 0..n {
                                 let local = self.recv.local(i);
-                                let arrived = arrival(self.recv.stamp(i));
+                                let arrived = reading.arrival(self.recv.stamp(i));
                                 let Some((from, bytes)) = self.recv.get_mut(i) else {
                                     continue;
                                 };
-                                let got =
-                                    self.ep.handle_datagram(read_at, arrived, via, from, bytes);
+                                let got = self
+                                    .ep
+                                    .handle_datagram_at(read_at, arrived, via, from, bytes);
                                 s.note_received(got, from, local);
                             }
                         }
