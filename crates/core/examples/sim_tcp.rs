@@ -11,6 +11,9 @@
 //! - `--backpressure` / `--no-backpressure`: both ends push back (or not) as `braid up` with
 //!   `backpressure = true` (or `false`); default braid's (off)
 //! - `--no-single`: skip the single-link baseline runs (faster)
+//! - `--start-offset MS`: start the inner flow this much later (default 0). The runs are
+//!   deterministic but chaotic: a shift of a millisecond can move a cell by 20 points, so judge
+//!   a change over several offsets (`scripts/sim-ensemble.sh`), not by one run
 //! - `--failover`: the failover scenarios (`sim::failover_scenarios`, a link going dark) instead
 //! - `--list`: the scenarios and their links
 //! - `--json`: one JSON report per line instead of the table
@@ -35,6 +38,7 @@ struct Opts {
     failover: bool,
     equalize_max: Option<Duration>,
     backpressure: Option<bool>,
+    start_offset: Duration,
 }
 
 fn secs(v: &str) -> Result<Duration, String> {
@@ -88,6 +92,15 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     .parse()
                     .map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
                 o.equalize_max = Some(Duration::from_millis(ms));
+            }
+            "--start-offset" => {
+                let v = value()?;
+                o.start_offset = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|ms| ms.is_finite() && (0.0..=1000.0).contains(ms))
+                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                    .ok_or_else(|| format!("--start-offset: {v:?} (ms, 0 to 1000)"))?;
             }
             "--no-single" => o.single = false,
             "--list" => o.list = true,
@@ -147,7 +160,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--start-offset MS] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -193,6 +206,7 @@ fn main() -> ExitCode {
             if let Some(s) = o.seed {
                 sc = sc.seed(s);
             }
+            sc.start += o.start_offset;
             if sc.warmup >= sc.duration {
                 eprintln!(
                     "sim_tcp: the warm-up ({:?}) must be shorter than the run ({:?})",

@@ -5,7 +5,7 @@
 //! The floors sit a little under what the current scheduler measures, so that they catch
 //! regressions; the measured figures are in the comments and in BENCHMARKS.md §1
 //! (`cargo run --release -p braid-core --example sim_tcp`). Each run is deterministic (seeded);
-//! each check takes the median of five seeds.
+//! each check takes the median of five runs, each with its own seed and start offset ([`SEEDS`]).
 //! Run in release: `cargo test --release -p braid-core --test sim_tcp`.
 
 use std::time::Duration;
@@ -22,16 +22,24 @@ type Want = (CcKind, Direction, f64, Option<f64>);
 use CcKind::{Bbr, Cubic};
 use Direction::{Download, Upload};
 
-/// Seeds each scenario runs with. Jitter and random loss make one run a draw: the same scenario
-/// gave 25-72% of the sum over six seeds for LTE BBR download, and any change of the packets
-/// exchanged (a longer HELLO) reshuffles the draws. The floors hold the median of five runs.
+/// Seeds each scenario runs with; run `s` also starts the inner flow `s - 1` ms later. Jitter
+/// and random loss make one run a draw: the same scenario gave 25-72% of the sum over six seeds
+/// for LTE BBR download. And a run is chaotic even without them: a flow started a millisecond
+/// later, or one more control packet per probe on a link, moved cells by up to 20 points
+/// (10/20/50 Mbit/s CUBIC upload: 92.8% of the sum started on time, 69.7-69.9% started 1 to 7
+/// ms later; BENCHMARKS.md §4, "The simulator is chaotic"), so the seed alone, which draws
+/// nothing on a clean link, ran the same run five times. The floors hold the median of five.
 const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
 
-/// The run with the median goodput of [`SEEDS`].
+/// The run with the median goodput of [`SEEDS`] (each with its start offset).
 fn median_run(sc: &TcpScenario) -> sim::TcpReport {
     let mut runs: Vec<sim::TcpReport> = SEEDS
         .iter()
-        .map(|&s| sim::run_tcp(&sc.clone().seed(s)))
+        .map(|&s| {
+            let mut sc = sc.clone().seed(s);
+            sc.start += Duration::from_millis(s - 1);
+            sim::run_tcp(&sc)
+        })
         .collect();
     runs.sort_by(|a, b| a.of_sum.total_cmp(&b.of_sum));
     runs.swap_remove(SEEDS.len() / 2)
@@ -91,14 +99,17 @@ fn one_two_three_mbit() {
     );
 }
 
-/// Measured: CUBIC 91.8% / 87.3%, BBR 89.6% / 89.8% of 80 Mbit/s (with delivery-time
-/// placement; 85.8% / 85.7%, 90.1% / 89.7% before); 142-150% of the 50 Mbit/s link alone.
+/// Measured, median of the five runs (start offsets 0-4 ms): CUBIC 69.8% / 85.7%, BBR 90.0% /
+/// 90.2% of 80 Mbit/s; 116-150% of the 50 Mbit/s link alone. The CUBIC upload is 92.8% started
+/// on time and 69.6-69.9% started 1-4 ms later (the floor of 83% held that one lucky run; the
+/// lab gives 93%): a loss in slow start leaves the model's CUBIC a window it grows back over
+/// the rest of the run, as wip/README.md describes ("sim-real-tcp-acks").
 #[test]
 fn ten_twenty_fifty_mbit() {
     check(
         1,
         &[
-            (Cubic, Upload, 0.83, Some(1.35)),
+            (Cubic, Upload, 0.67, Some(1.1)),
             (Cubic, Download, 0.83, Some(1.35)),
             (Bbr, Upload, 0.87, Some(1.45)),
             (Bbr, Download, 0.87, Some(1.45)),
@@ -106,9 +117,10 @@ fn ten_twenty_fifty_mbit() {
     );
 }
 
-/// Rate ratio 7:1, delay spread 140 ms. Measured: CUBIC 73.9% / 77.0% of 77 Mbit/s, BBR
-/// 81.4% / 76.6% (66.0% / 66.6% and 78.0% / 81.2% before delivery-time placement); the 7
-/// Mbit/s 150 ms link, beyond the 100 ms equalisation bound, is hardly used.
+/// Rate ratio 7:1, delay spread 140 ms. Measured (median of the five runs): CUBIC 83.6% /
+/// 77.1% of 77 Mbit/s, BBR 80.6% / 82.1% (one run each before the start offsets: 73.9% / 77.0%,
+/// 81.4% / 76.6%); the 7 Mbit/s 150 ms link, beyond the 100 ms equalisation bound, is hardly
+/// used.
 #[test]
 fn wide_rate_and_delay_spread() {
     check(
@@ -315,8 +327,9 @@ fn failover_high_delay_mix() {
     }
 }
 
-/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Median of seeds 1-5:
-/// CUBIC 80.5% / 80.3%, BBR 88.8% / 89.0% (upload / download), 1.26-1.47x the LTE link alone.
+/// LTE-like 30 Mbit/s, 30 ms +-20 ms jitter, with a 10 Mbit/s 15 ms DSL link. Median of seeds 1-5
+/// (with the start offsets): CUBIC 80.7% / 80.5%, BBR 87.4% / 88.7% (upload / download),
+/// 1.26-1.46x the LTE link alone (80.5% / 80.3%, 88.8% / 89.0% without the offsets).
 /// Before the base one-way delay became the minimum of the *smoothed* delay (health.rs), the
 /// jitter read as a standing queue of about 20 ms, the LTE link was backed off, and the medians
 /// were 49.2% / 40.1% and 60.7% / 52.8%, below the LTE link alone.
