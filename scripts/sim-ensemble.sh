@@ -36,9 +36,13 @@ out, offsets = sys.argv[1], sys.argv[2:]
 cells = {}
 for off in offsets:
     for line in open(f"{out}/{off}.json"):
+        if not line.startswith("{"):
+            continue  # not a report (--list, --help)
         r = json.loads(line)
         key = (r["name"], r["cc"], r["direction"], r["scheduler"])
         cells.setdefault(key, []).append(r)
+if not cells:
+    sys.exit("sim-ensemble: the simulator printed no report (see its arguments)")
 print(f"offsets (ms): {' '.join(offsets)}")
 print("| scenario | cc | direction | scheduler | of sum: median | least | most | retransmits (median) | longest stall ms (median, most) |")
 print("|---|---|---|---|---|---|---|---|---|")
