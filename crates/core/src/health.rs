@@ -65,12 +65,13 @@ pub const PROBE_RING: usize = 64;
 pub const PROBE_EXPIRY: Duration = Duration::from_secs(3);
 /// Weight of a new relative one-way-delay sample in the receiver's smoothed value.
 const REL_OWD_GAIN: f64 = 1.0 / 8.0;
-/// Samples averaged before the base one-way delay's minimum starts for good.
 /// Samples averaged before the base one-way delay's minimum starts for good. Few: the first
 /// packets of a link (handshake, probes) cross it before any data queues there, and a minimum
-/// restarted later would take that queue for base delay for a whole window (simulator, 10/20/50
-/// Mbit/s CUBIC upload: 92.8% of the sum with 3, 69.7% with 8); more than one, so that one
-/// early packet of a jittery link does not stand as its base.
+/// restarted later would take that queue for base delay for a whole window; more than one, so
+/// that one early packet of a jittery link does not stand as its base. (The simulator figure
+/// once quoted for it, 10/20/50 Mbit/s CUBIC upload 92.8% of the sum with 3 against 69.7% with
+/// 8, was one lucky run: over six start offsets both give 69.6-69.9%, and the other cells'
+/// medians move by up to 5 points either way; BENCHMARKS.md §4, "The simulator is chaotic".)
 const REL_OWD_WARMUP: u32 = 3;
 /// Per-report sanity bound: more than this many packets between two acks is not believed.
 const MAX_REPORT_PACKETS: u32 = 1 << 30;
