@@ -31,18 +31,30 @@ use Direction::{Download, Upload};
 /// nothing on a clean link, ran the same run five times. The floors hold the median of five.
 const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
 
-/// The run with the median goodput of [`SEEDS`] (each with its start offset).
-fn median_run(sc: &TcpScenario) -> sim::TcpReport {
-    let mut runs: Vec<sim::TcpReport> = SEEDS
+/// The runs of [`SEEDS`], each with its start offset.
+fn runs(sc: &TcpScenario) -> Vec<sim::TcpReport> {
+    SEEDS
         .iter()
         .map(|&s| {
             let mut sc = sc.clone().seed(s);
             sc.start += Duration::from_millis(s - 1);
             sim::run_tcp(&sc)
         })
-        .collect();
+        .collect()
+}
+
+/// The run with the median goodput of [`SEEDS`] (each with its start offset).
+fn median_run(sc: &TcpScenario) -> sim::TcpReport {
+    let mut runs = runs(sc);
     runs.sort_by(|a, b| a.of_sum.total_cmp(&b.of_sum));
     runs.swap_remove(SEEDS.len() / 2)
+}
+
+/// The median of `f` over `runs`.
+fn median(runs: &[sim::TcpReport], f: impl Fn(&sim::TcpReport) -> f64) -> f64 {
+    let mut v: Vec<f64> = runs.iter().map(f).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn check(index: usize, wants: &[Want]) {
@@ -212,10 +224,18 @@ fn failover_mid_transfer() {
             .cc(cc)
             .direction(dir)
             .backpressure(backpressure);
-        let r = sim::run_tcp(&sc);
-        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
-        eprintln!("back-pressure {backpressure}: {:?}", r.repair);
-        // Measured (CUBIC up / down, BBR up / down): 157 / 165 / 90 / 107 ms, with
+        let rs = runs(&sc);
+        eprintln!("{}", sim::TcpReport::TABLE_HEADER);
+        for r in &rs {
+            eprintln!(
+                "{}\nback-pressure {backpressure}: {:?}",
+                r.table_row(),
+                r.repair
+            );
+        }
+        // Measured, medians of the five runs (CUBIC up / down, BBR up / down): 157 / 165 / 140
+        // / 101 ms (the worst runs 247 / 216 / 225 / 115), with back-pressure 150 / 151 / 142 /
+        // 157 ms. The first run alone, before the start offsets: 157 / 165 / 90 / 107 ms, with
         // back-pressure 232 / 214 / 132 / 101 ms. Before the likely lost packets were
         // reinjected first and late ones delivered (`Endpoint::reinject`, `reorder`):
         // 183 / 164 / 129 / 164, with back-pressure 201 / 219 / 214 / 164 ms. Before the silent link left the receiver's
@@ -225,27 +245,30 @@ fn failover_mid_transfer() {
         // link's silence was read from the gaps between its packets
         // (`Endpoint::silence_after`): 384 / 314 / 323 / 495.
         let bound = if backpressure { 300.0 } else { 200.0 };
+        let stall = median(&rs, |r| r.longest_stall_ms);
         assert!(
-            r.longest_stall_ms < bound,
-            "{} {} back-pressure {backpressure}: stalled {:.0} ms",
+            stall < bound,
+            "{} {} back-pressure {backpressure}: stalled {stall:.0} ms (median)",
             cc.name(),
             dir.name(),
-            r.longest_stall_ms
         );
+        let retransmits = median(&rs, |r| r.retransmits as f64);
         assert!(
-            r.retransmits <= 250,
-            "{}: {} retransmits",
+            retransmits <= 250.0,
+            "{}: {retransmits} retransmits (median)",
             cc.name(),
-            r.retransmits
         );
-        assert!(r.repair.resent + r.repair.reinjected > 0, "{:?}", r.repair);
+        for r in &rs {
+            assert!(r.repair.resent + r.repair.reinjected > 0, "{:?}", r.repair);
+        }
         // The two links left carry 3 Mbit/s: over the 7 s after warm-up, 3 s on 6 Mbit/s and 4 s
         // on 3, at least half of the 4.3 Mbit/s average.
+        let goodput = median(&rs, |r| r.goodput_bps);
         assert!(
-            r.goodput_bps > 2.2e6,
-            "{}: {:.2} Mbit/s",
+            goodput > 2.2e6,
+            "{}: {:.2} Mbit/s (median)",
             cc.name(),
-            r.goodput_bps / 1e6
+            goodput / 1e6
         );
     }
 }
@@ -291,8 +314,10 @@ fn delay_spread_on_the_equalisation_bound() {
 }
 
 /// Failover on a high-delay mix (2 x 10 Mbit/s, 20 and 120 ms one way), either link dark, CUBIC
-/// both ways, no rates configured. Measured: the 20 ms link dark: stall 445 / 300 ms, 53 / 208
-/// inner retransmissions (upload / download); the 120 ms link dark: 445 / 421 ms, 92 / 333.
+/// both ways, no rates configured. Measured, medians of the five runs: the 20 ms link dark:
+/// stall 404 / 280 ms, 53 / 149 inner retransmissions (upload / download); the 120 ms link
+/// dark: 404 / 385 ms, 101 / 333 (the worst runs 445 / 385 and 445 / 904 ms). The first run
+/// alone, before the start offsets: 445 / 300 ms, 53 / 208; 445 / 421 ms, 92 / 333.
 /// Before the likely lost packets were reinjected first and late ones delivered
 /// (`Endpoint::reinject`, `reorder`): 636 / 420 ms and 445 / 275 ms (the last the one cell
 /// worse now); earlier still 718 / 744 and 483 / 490 ms. Above issue 10's 300 ms: the bounds
@@ -302,27 +327,28 @@ fn failover_high_delay_mix() {
     // The scenarios darken link 0 (20 ms), then link 1 (120 ms).
     for (dark, sc) in sim::failover_scenarios()[1..].iter().enumerate() {
         for dir in [Upload, Download] {
-            let r = sim::run_tcp(&sc.clone().cc(Cubic).direction(dir));
-            eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
-            eprintln!("{:?}", r.repair);
-            let what = format!("{} {}", r.name, dir.name());
+            let rs = runs(&sc.clone().cc(Cubic).direction(dir));
+            eprintln!("{}", sim::TcpReport::TABLE_HEADER);
+            for r in &rs {
+                eprintln!("{}\n{:?}", r.table_row(), r.repair);
+            }
+            let what = format!("{} {}", sc.name, dir.name());
+            let stall = median(&rs, |r| r.longest_stall_ms);
+            assert!(stall < 700.0, "{what}: stalled {stall:.0} ms (median)");
+            let retransmits = median(&rs, |r| r.retransmits as f64);
             assert!(
-                r.longest_stall_ms < 700.0,
-                "{what}: stalled {:.0} ms",
-                r.longest_stall_ms
-            );
-            assert!(
-                r.retransmits <= 520,
-                "{what}: {} retransmits",
-                r.retransmits
+                retransmits <= 520.0,
+                "{what}: {retransmits} retransmits (median)"
             );
             // What the dead link carried is sent again (if it carried anything: upload may
             // leave the 120 ms link unused).
-            assert!(
-                r.links[dark].share < 0.01 || r.repair.resent + r.repair.reinjected > 0,
-                "{what}: {:?}",
-                r.repair
-            );
+            for r in &rs {
+                assert!(
+                    r.links[dark].share < 0.01 || r.repair.resent + r.repair.reinjected > 0,
+                    "{what}: {:?}",
+                    r.repair
+                );
+            }
         }
     }
 }
