@@ -274,8 +274,9 @@ fn failover_mid_transfer() {
 }
 
 /// Two 10 Mbit/s links 100 ms apart in one-way delay (20 and 120 ms), rates configured: the
-/// spread sits on the default equalisation bound. Measured (all seeds alike: no loss or
-/// jitter): CUBIC 80.7% / 68.5%, BBR 79.3% / 80.7% of the sum (upload / download). When a link
+/// spread sits on the default equalisation bound. Measured, medians of the five runs: CUBIC
+/// 80.7% / 65.6%, BBR 79.3% / 76.4% of the sum (upload / download; the first run alone 80.7% /
+/// 68.5%, 79.3% / 80.7%). When a link
 /// just beyond the bound was not waited for at all, a measured spread a hair above 100 ms left
 /// the 120 ms link unused on upload (46-47%, the fast link alone), and in the lab the two ends
 /// flipped between holding and not, which gave BBR RTT samples of 40 and 240 ms and 21% of the
@@ -292,7 +293,7 @@ fn delay_spread_on_the_equalisation_bound() {
         (Bbr, Upload, 0.74),
         (Bbr, Download, 0.75),
     ] {
-        let r = sim::run_tcp(&base.clone().cc(cc).direction(dir));
+        let r = median_run(&base.clone().cc(cc).direction(dir));
         eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
         assert!(
             r.of_sum >= floor,
@@ -437,34 +438,35 @@ fn tcp_runs_are_deterministic() {
 /// keeps twice a 240 ms round trip's worth in flight, which overflows the 100 ms buffers: 3415
 /// inner retransmissions in the upload without, 0 with, and 79% -> 89% of the sum (CUBIC
 /// download 68% -> 86%, the longest stall 338 -> 77 ms). Measured with `sim_tcp --no-single
-/// [--backpressure] --scenario 6`.
+/// [--backpressure] --scenario 6`; the medians of the five runs: BBR upload 79.3% (2469) ->
+/// 88.6% (0), CUBIC download 65.6% (15) -> 85.6% (0).
 #[test]
 fn back_pressure_keeps_the_links_from_overflowing() {
     let base = sim::tcp_scenarios()[5].clone();
     for (cc, dir) in [(Bbr, Upload), (Cubic, Download)] {
         let sc = base.clone().cc(cc).direction(dir);
-        let off = sim::run_tcp(&sc.clone().backpressure(false));
-        let on = sim::run_tcp(&sc.clone().backpressure(true));
-        eprintln!(
-            "{}\n{}\n{}",
-            sim::TcpReport::TABLE_HEADER,
-            off.table_row(),
-            on.table_row()
-        );
+        let off = runs(&sc.clone().backpressure(false));
+        let on = runs(&sc.clone().backpressure(true));
+        eprintln!("{}", sim::TcpReport::TABLE_HEADER);
+        for r in off.iter().chain(&on) {
+            eprintln!("{}", r.table_row());
+        }
+        let retransmits = |rs: &[sim::TcpReport]| median(rs, |r| r.retransmits as f64);
         assert!(
-            off.retransmits > 10,
+            retransmits(&off) > 10.0,
             "{} {}: the overflow to avoid",
             cc.name(),
             dir.name()
         );
-        assert_eq!(on.retransmits, 0, "{} {}", cc.name(), dir.name());
+        assert_eq!(retransmits(&on), 0.0, "{} {}", cc.name(), dir.name());
+        let (off, on) = (median(&off, |r| r.of_sum), median(&on, |r| r.of_sum));
         assert!(
-            on.of_sum >= off.of_sum + 0.05,
-            "{} {}: {:.1}% -> {:.1}% of the sum",
+            on >= off + 0.05,
+            "{} {}: {:.1}% -> {:.1}% of the sum (medians)",
             cc.name(),
             dir.name(),
-            off.of_sum * 100.0,
-            on.of_sum * 100.0
+            off * 100.0,
+            on * 100.0
         );
     }
 }
@@ -474,29 +476,34 @@ fn back_pressure_keeps_the_links_from_overflowing() {
 /// it backed off once and, offered no more than that rate, never rose again: the bundle carried
 /// 27-45% of the sum. A held link's rate is the most it delivered lately, probed 25% above now
 /// and then (`sched::Held`): 78-83%, about as without back-pressure (80-87%), and no overflow.
-/// Measured with `sim_tcp --no-single --backpressure --scenario LTE` (seeds 1-3). CUBIC keeps
+/// Measured with `sim_tcp --no-single --backpressure --scenario LTE` (seeds 1-3; the medians of
+/// the five runs now: CUBIC upload 80.5%, 5 retransmissions, BBR download 83.8%, 0). CUBIC keeps
 /// the bundle's queue full until it loses a packet there (`crate::bqueue`: one drop per inner
 /// round trip once packets wait beyond the limit; 13 in this run).
 #[test]
 fn back_pressure_keeps_a_jittery_link_in_use() {
     let base = sim::tcp_scenarios()[4].clone();
     for (cc, dir) in [(Cubic, Upload), (Bbr, Download)] {
-        let on = sim::run_tcp(&base.clone().cc(cc).direction(dir).backpressure(true));
-        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, on.table_row());
+        let rs = runs(&base.clone().cc(cc).direction(dir).backpressure(true));
+        eprintln!("{}", sim::TcpReport::TABLE_HEADER);
+        for r in &rs {
+            eprintln!("{}", r.table_row());
+        }
+        let of_sum = median(&rs, |r| r.of_sum);
         assert!(
-            on.of_sum >= 0.70,
-            "{} {}: {:.1}% of the sum",
+            of_sum >= 0.70,
+            "{} {}: {:.1}% of the sum (median)",
             cc.name(),
             dir.name(),
-            on.of_sum * 100.0
+            of_sum * 100.0
         );
-        let most = if cc == Cubic { 50 } else { 0 };
+        let most = if cc == Cubic { 50.0 } else { 0.0 };
+        let retransmits = median(&rs, |r| r.retransmits as f64);
         assert!(
-            on.retransmits <= most,
-            "{} {}: {} retransmits",
+            retransmits <= most,
+            "{} {}: {retransmits} retransmits (median)",
             cc.name(),
             dir.name(),
-            on.retransmits
         );
     }
 }
