@@ -666,8 +666,7 @@ impl Runner {
             // clock) on ours: `now` was read before this turn's other work, and a datagram
             // that arrived since would look early by that much.
             let reading = self.read_clock.read(now);
-            let read_at = reading.at;
-            now = read_at;
+            now = reading.at;
             if let Some(e) = self.recv.take_error() {
                 s.last_recv_error = Some(e.to_string());
             }
@@ -683,7 +682,7 @@ impl Runner {
                             let mut opening = reuse(std::mem::take(&mut self.opening));
                             let batch = self.recv.datagrams_mut();
                             let shared = receive_shared(
-                                read_at,
+                                now,
                                 ep,
                                 &self.workers,
                                 &mut opening,
@@ -700,9 +699,8 @@ impl Runner {
                                 let Some((from, bytes)) = self.recv.get_mut(i) else {
                                     continue;
                                 };
-                                let got = self
-                                    .ep
-                                    .handle_datagram_at(read_at, arrived, via, from, bytes);
+                                let got =
+                                    self.ep.handle_datagram_at(now, arrived, via, from, bytes);
                                 s.note_received(got, from, local);
                             }
                         }
