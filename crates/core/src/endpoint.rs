@@ -2866,6 +2866,7 @@ impl Endpoint {
             qdelay: l.health.qdelay(),
             loss: l.health.loss(),
             loss_basis_pps: Some(l.health.loss_basis_pps()),
+            loss_tally: Some(l.health.loss_tally()),
         }
     }
 

@@ -157,6 +157,26 @@ impl WindowedMin {
     }
 }
 
+/// Packets counted by the peer's reports on a link since it was made (see
+/// [`LinkHealth::loss_tally`]). Both only grow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LossTally {
+    /// Packets the reports expected (sequence numbers passed).
+    pub expected: u64,
+    /// Of those, packets that did not arrive.
+    pub lost: u64,
+}
+
+impl LossTally {
+    /// The loss over the packets counted since `earlier`, if they are at least `min_packets`
+    /// (`None` also when `earlier` is not earlier, e.g. another link's tally).
+    pub fn loss_since(&self, earlier: LossTally, min_packets: u64) -> Option<f64> {
+        let expected = self.expected.checked_sub(earlier.expected)?;
+        let lost = self.lost.checked_sub(earlier.lost)?;
+        (expected >= min_packets.max(1)).then(|| lost as f64 / expected as f64)
+    }
+}
+
 /// The peer's counters from the previous ack (baseline of the next loss/rate sample).
 #[derive(Debug, Clone, Copy)]
 struct Report {
@@ -196,6 +216,8 @@ pub struct LinkHealth {
     /// Packets per second the loss estimate rests on (the reports' expected counts, smoothed
     /// with the same time constant).
     loss_pps: f64,
+    /// Every packet the reports counted, lost or not, since the link was made (never reset).
+    tally: LossTally,
     rate_base: Option<RateBase>,
     rate_bps: f64,
     qdelay: Duration,
@@ -260,6 +282,7 @@ impl LinkHealth {
             report: None,
             loss: 0.0,
             loss_pps: 0.0,
+            tally: LossTally::default(),
             rate_base: None,
             rate_bps: 0.0,
             qdelay: Duration::ZERO,
@@ -420,6 +443,8 @@ impl LinkHealth {
                 let w = ewma_weight(dt, LOSS_TAU);
                 if expected > 0 {
                     // Reordering can make `received` exceed `expected` for one interval.
+                    self.tally.expected += u64::from(expected);
+                    self.tally.lost += u64::from(expected - received.min(expected));
                     let sample = 1.0 - (received.min(expected) as f64 / expected as f64);
                     self.loss = (self.loss * (1.0 - w) + sample * w).clamp(0.0, 1.0);
                 }
@@ -653,6 +678,13 @@ impl LinkHealth {
     /// (about ten a second) one lost packet moves the estimate by several points.
     pub fn loss_basis_pps(&self) -> f64 {
         self.loss_pps
+    }
+    /// Every packet of ours the peer's reports have counted on this link, and how many of them
+    /// it did not receive, since the link was made: the difference of two tallies is the loss
+    /// over exactly the packets between them (the scheduler's loss pull-back reads the loss
+    /// since a queue cleared).
+    pub fn loss_tally(&self) -> LossTally {
+        self.tally
     }
     /// Recent rate at which our packets arrived at the peer on this link, bits per second
     /// (0 when unknown).
@@ -1086,6 +1118,29 @@ mod tests {
         // ...and it is forgotten within a few seconds.
         feed_loss(&mut h, &mut peer, &mut t, &mut id, 30, 100, 0);
         assert!(h.loss() < 0.01, "{}", h.loss());
+    }
+
+    #[test]
+    fn loss_tally_counts_every_reported_packet() {
+        let mut t = Instant::now();
+        let mut h = LinkHealth::new(HealthConfig::default(), t);
+        let (mut peer, mut id) = (Peer::default(), 0);
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 3, 100, 0);
+        let before = h.loss_tally();
+        assert_eq!(before.lost, 0);
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 4, 100, 10);
+        let after = h.loss_tally();
+        assert_eq!(after.expected - before.expected, 400);
+        assert_eq!(after.lost, 40);
+        assert_eq!(after.loss_since(before, 400), Some(0.1));
+        // Too few packets, or a tally that is not earlier: no answer.
+        assert_eq!(after.loss_since(before, 401), None);
+        assert_eq!(before.loss_since(after, 1), None);
+        // Down and back: the tally goes on from where it was.
+        h.force_down(t);
+        feed_loss(&mut h, &mut peer, &mut t, &mut id, 2, 100, 0);
+        assert!(h.loss_tally().expected >= after.expected);
+        assert_eq!(h.loss_tally().lost, 40);
     }
 
     #[test]
