@@ -65,7 +65,10 @@
 //!     guessed too low. Earliest-arrival placement deliberately keeps a standing queue on fast
 //!     links (up to the delay difference to the slower links in use); there the rate is thus
 //!     pinned to what the link delivers, which is its capacity as long as that queue exists;
-//!   - never below [`RATE_FLOOR_BPS`], so a usable link is never starved and keeps being measured.
+//!   - never below [`RATE_FLOOR_BPS`], so a usable link is never starved and keeps being measured;
+//!   - after start-up the thresholds of these rules are at least [`LOW_PACKETS`] and
+//!     [`HIGH_PACKETS`] full-size packets' time at the link's rate: on a slow link a few packets
+//!     sent back to back read as several milliseconds of queue, a burst's, not a standing one.
 //!
 //!   With back-pressure on (`ready_in` asked), a link past its start-up learns by delivery rate
 //!   alone instead (`Held`): back-pressure offers it no more than its rate, so nothing else
@@ -410,6 +413,11 @@ pub const BUSY_FRACTION: f64 = 0.5;
 pub const QDELAY_LOW: Duration = Duration::from_millis(5);
 /// Peer-reported queueing delay over which the link is overdriven.
 pub const QDELAY_HIGH: Duration = Duration::from_millis(10);
+/// A queue of a few packets is a burst's, not a standing one: on a slow link [`QDELAY_LOW`] is
+/// at least this many full-size packets' time at its rate ...
+pub const LOW_PACKETS: f64 = 3.0;
+/// ... and [`QDELAY_HIGH`] this many.
+pub const HIGH_PACKETS: f64 = 6.0;
 /// Probing up needs evidence: the link delivered at least this fraction of the assumed rate
 /// (so a link whose delivery rate is known to be lower, but shows no queue, is not inflated).
 pub const RAISE_EVIDENCE: f64 = 0.95;
@@ -694,6 +702,16 @@ struct Plateau {
     flat: u8,
 }
 
+/// [`QDELAY_LOW`] and [`QDELAY_HIGH`] for a link learned at `rate` bit/s, raised to
+/// [`LOW_PACKETS`] and [`HIGH_PACKETS`] full-size packets' time at that rate.
+fn queue_thresholds(rate: f64) -> (Duration, Duration) {
+    let pkt = 1500.0 * 8.0 / rate.max(RATE_FLOOR_BPS);
+    (
+        QDELAY_LOW.max(Duration::from_secs_f64(LOW_PACKETS * pkt)),
+        QDELAY_HIGH.max(Duration::from_secs_f64(HIGH_PACKETS * pkt)),
+    )
+}
+
 /// Whether the peer's queueing delay shows a queue standing at the bottleneck of a link that
 /// delivers `delivered` bit/s: at least [`STANDING_QDELAY`] and [`STANDING_PACKETS`] packets'
 /// time on the wire. Thresholds in time alone ([`QDELAY_LOW`], [`QDELAY_HIGH`]) are a WAN's: at
@@ -853,12 +871,17 @@ impl AdaptiveLink {
     /// The rules of [`adjust`](Self::adjust) for links not held by back-pressure, or still in
     /// start-up.
     fn adjust_rate(&mut self, pushed: bool, delivered: f64, v: &LinkView) {
+        let (qlow, qhigh) = if self.startup {
+            (QDELAY_LOW, QDELAY_HIGH)
+        } else {
+            queue_thresholds(self.rate.max(delivered))
+        };
         if self.startup && pushed && self.plateau.full(delivered, v.qdelay) {
             // Full without a congestion signal: what it delivers is what it carries.
             self.startup = false;
             self.rate = delivered;
         }
-        if v.qdelay > QDELAY_HIGH && delivered > 0.0 && pushed {
+        if v.qdelay > qhigh && delivered > 0.0 && pushed {
             // A standing queue at the bottleneck: the link was busy the whole time, so what
             // arrived is its capacity, whether we had guessed lower or higher.
             // At most MAX_DECREASE per interval: the report is a trip old and the delivery rate
@@ -877,17 +900,17 @@ impl AdaptiveLink {
             // drained faster than the real one, which stood at 2-3 ms, and the other 1 Gbit/s
             // link was given 80-200 Mbit/s.)
             self.rate = delivered.max(self.rate * MAX_DECREASE);
-        } else if delivered > self.rate && !(self.startup && pushed && v.qdelay < QDELAY_LOW) {
+        } else if delivered > self.rate && !(self.startup && pushed && v.qdelay < qlow) {
             // The link carried more than we assumed: that much it can carry at least (this is
             // what lifts a rate stuck between the thresholds, e.g. by jitter on a slow link).
             self.rate = delivered;
-        } else if self.startup && pushed && v.qdelay < QDELAY_LOW {
+        } else if self.startup && pushed && v.qdelay < qlow {
             // Start-up: no queue although we kept the link busy; aim at a multiple of what it
             // delivered (BBR's start-up, in spirit): the rate doubles or so per round trip
             // without overshooting the capacity by more than STARTUP_GAIN.
             self.rate = self.rate.max(delivered * STARTUP_GAIN);
         } else if pushed
-            && v.qdelay < QDELAY_LOW
+            && v.qdelay < qlow
             && !standing_queue(delivered, v.qdelay)
             && delivered >= RAISE_EVIDENCE * self.rate
         {
@@ -2048,8 +2071,11 @@ mod tests {
             20e6,
         );
         assert_eq!(s.rate_bps(1), Some(DECREASE_TO * 4e6));
-        // Never below the floor.
+        // Never below the floor (a link that delivers next to nothing reads a queue that grows
+        // and grows; 30 ms is only a few packets' time once the rate is down to about 2 Mbit/s,
+        // and at the floor a packet is 190 ms: see `HIGH_PACKETS`).
         v.delivery_rate_bps = 1.0;
+        v.qdelay = ms(2000);
         offer(
             &mut s,
             t0 + ms(1500),
@@ -2097,10 +2123,11 @@ mod tests {
             r <= 2e6 * STARTUP_GAIN.max(INCREASE_GAIN) / RAISE_EVIDENCE,
             "{r}"
         );
-        // Same, but the peer sees 7 ms of queueing (between the thresholds): no probing, but the
-        // rate is at least what the link delivered.
+        // Same, but the peer sees 25 ms of queueing (between the thresholds, which at 2 Mbit/s
+        // are 3 and 6 packets' time: 18 and 36 ms): no probing, but the rate is at least what
+        // the link delivered.
         let held = LinkView {
-            qdelay: ms(7),
+            qdelay: ms(25),
             ..v.clone()
         };
         let mut s = Adaptive::default();
@@ -2213,6 +2240,41 @@ mod tests {
         };
         let after = rates_per_adjustment(&mut s, t0 + ms(440), &v, offered, 1);
         assert!(after[0] > 0.99e9, "{after:?}");
+    }
+
+    #[test]
+    fn adaptive_reads_a_few_packets_of_queue_on_a_slow_link_as_a_burst() {
+        // A 2 Mbit/s link (a full-size packet is 6 ms on its wire), pushed, delivering all it
+        // is given, its peer reading 15 ms of queue: two or three packets behind each other, a
+        // burst's, not a standing queue. It is probed up, not cut.
+        let t0 = Instant::now();
+        let v = LinkView {
+            delivery_rate_bps: 2e6,
+            qdelay: ms(15),
+            ..view(1, Some(2_000_000), 30)
+        };
+        let mut s = Adaptive::default();
+        let rates = rates_per_adjustment(&mut s, t0, &v, 4e6, 4);
+        assert!(rates[3] > 2e6, "{rates:?}");
+        // The same reading on a 20 Mbit/s link is a dozen packets: a standing queue, and the
+        // rate comes down to what it delivers.
+        let v = LinkView {
+            delivery_rate_bps: 16e6,
+            qdelay: ms(15),
+            ..view(1, Some(20_000_000), 30)
+        };
+        let mut s = Adaptive::default();
+        let rates = rates_per_adjustment(&mut s, t0, &v, 40e6, 4);
+        assert!(rates[3] < 20e6, "{rates:?}");
+        // And on the slow link, a queue of many packets is one too.
+        let v = LinkView {
+            delivery_rate_bps: 1.5e6,
+            qdelay: ms(60),
+            ..view(1, Some(2_000_000), 30)
+        };
+        let mut s = Adaptive::default();
+        let rates = rates_per_adjustment(&mut s, t0, &v, 4e6, 4);
+        assert!(rates[3] < 2e6, "{rates:?}");
     }
 
     #[test]

@@ -275,7 +275,7 @@ fn failover_mid_transfer() {
 
 /// Two 10 Mbit/s links 100 ms apart in one-way delay (20 and 120 ms), rates configured: the
 /// spread sits on the default equalisation bound. Measured, medians of the five runs: CUBIC
-/// 80.7% / 65.6%, BBR 79.3% / 76.4% of the sum (upload / download; the first run alone 80.7% /
+/// 69.9% / 65.6%, BBR 79.3% / 76.4% of the sum (upload / download; the first run alone 80.7% /
 /// 68.5%, 79.3% / 80.7%). When a link
 /// just beyond the bound was not waited for at all, a measured spread a hair above 100 ms left
 /// the 120 ms link unused on upload (46-47%, the fast link alone), and in the lab the two ends
@@ -284,11 +284,17 @@ fn failover_mid_transfer() {
 /// bound, less and less beyond (`sched::equalize_wait`). The stalls are not bounded here: BBR v1's
 /// 2 x BDP at a 240 ms round trip overflows the 100 ms buffers and its recoveries stall 250-650
 /// ms (the lab shows MPTCP retransmitting as much, BENCHMARKS.md §4).
+///
+/// CUBIC upload here is bimodal: over 16 start offsets (`sim_tcp --scenario 6 --cc cubic --dir
+/// upload --no-single --start-offset 0..15`) 10 runs give 80.6-82.1% and 6 give 59.4-69.9%,
+/// before and after the queue thresholds in packets (`sched::HIGH_PACKETS`), which flipped one
+/// offset each way; the median of five lands in either mode (80.7% before, 69.9% after), so
+/// its floor is under the low mode and still far above the 46-47% of the fast link alone.
 #[test]
 fn delay_spread_on_the_equalisation_bound() {
     let base = sim::tcp_scenarios()[5].clone();
     for (cc, dir, floor) in [
-        (Cubic, Upload, 0.75),
+        (Cubic, Upload, 0.62),
         (Cubic, Download, 0.63),
         (Bbr, Upload, 0.74),
         (Bbr, Download, 0.75),
