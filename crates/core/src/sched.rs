@@ -782,7 +782,7 @@ impl AdaptiveLink {
         let lossy_since_queue = v
             .loss_tally
             .zip(self.queued_tally)
-            .and_then(|(now, then)| now.loss_since(then, PULLBACK_QUIET_PACKETS))
+            .and_then(|(cur, then)| cur.loss_since(then, PULLBACK_QUIET_PACKETS))
             .is_some_and(|l| l >= PULLBACK_LOSS);
         let congested = !lossy_since_queue
             && self
