@@ -1395,6 +1395,21 @@ mod tests {
             .collect()
     }
 
+    /// `n` picks of 1250 bytes, 100 us apart from `from`: every link picked, in order.
+    fn picks_over(s: &mut Adaptive, from: Instant, links: &[LinkView], n: u64) -> Vec<LinkId> {
+        let mut out = Vec::new();
+        for k in 0..n {
+            s.pick(
+                from + Duration::from_micros(100 * k),
+                1250,
+                0,
+                links,
+                &mut out,
+            );
+        }
+        out
+    }
+
     fn shares(bytes: &[u64]) -> Vec<f64> {
         let sum: u64 = bytes.iter().sum();
         bytes.iter().map(|&b| b as f64 / sum as f64).collect()
@@ -2303,18 +2318,10 @@ mod tests {
     fn adaptive_pulls_traffic_off_a_lossy_link_but_not_off_a_congested_one() {
         let t0 = Instant::now();
         let count = |links: &[LinkView], id| {
-            let mut s = Adaptive::default();
-            let mut out = Vec::new();
-            for k in 0..2000u64 {
-                s.pick(
-                    t0 + Duration::from_micros(100 * k),
-                    1250,
-                    0,
-                    links,
-                    &mut out,
-                );
-            }
-            out.iter().filter(|&&l| l == id).count()
+            picks_over(&mut Adaptive::default(), t0, links, 2000)
+                .iter()
+                .filter(|&&l| l == id)
+                .count()
         };
         // Full load on three links; link 3 (50 Mbit/s) loses 10% with no queue: its own loss.
         let mut links = three_links();
@@ -2337,32 +2344,14 @@ mod tests {
         links[2].loss = 0.10;
         s.pick(t0, 1250, 0, &links, &mut out);
         links[2].loss = 0.03;
-        out.clear();
-        for k in 0..2000u64 {
-            s.pick(
-                t0 + Duration::from_micros(100 * k),
-                1250,
-                0,
-                &links,
-                &mut out,
-            );
-        }
-        assert!(!out.contains(&3), "3% is above PULLBACK_RECOVER");
+        assert!(
+            !picks_over(&mut s, t0, &links, 2000).contains(&3),
+            "3% is above PULLBACK_RECOVER"
+        );
         // Under it, but within PULLBACK_HOLD of the last lossy estimate: still back.
         links[2].loss = 0.01;
-        let picks = |s: &mut Adaptive, from: Instant, links: &[LinkView]| {
-            let mut out = Vec::new();
-            for k in 0..2000u64 {
-                s.pick(
-                    from + Duration::from_micros(100 * k),
-                    1250,
-                    0,
-                    links,
-                    &mut out,
-                );
-            }
-            out
-        };
+        let picks =
+            |s: &mut Adaptive, from: Instant, links: &[LinkView]| picks_over(s, from, links, 2000);
         assert!(
             !picks(&mut s, t0 + ms(300), &links).contains(&3),
             "held back"
@@ -2392,17 +2381,7 @@ mod tests {
     fn adaptive_pulls_a_link_back_once_the_packets_after_its_queue_lose_too() {
         let t0 = Instant::now();
         let picks = |s: &mut Adaptive, from: Instant, links: &[LinkView]| {
-            let mut out = Vec::new();
-            for k in 0..200u64 {
-                s.pick(
-                    from + Duration::from_micros(100 * k),
-                    1250,
-                    0,
-                    links,
-                    &mut out,
-                );
-            }
-            out.contains(&3)
+            picks_over(s, from, links, 200).contains(&3)
         };
         let tally = |expected, lost| Some(LossTally { expected, lost });
         let mut s = Adaptive::default();
