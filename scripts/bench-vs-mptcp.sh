@@ -4,14 +4,14 @@
 # run's JSON in $OUT).
 #
 #   scripts/bench-vs-mptcp.sh [SECONDS] [SCENARIO...]     (as root; needs mptcpize)
-#   SCENARIOS: default 10-20-50 ratio7 lossy lte spread100   (default: all)
+#   SCENARIOS: default 10-20-50 ratio7 lossy lte spread100 mixed   (default: all)
 #   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" BRAID=/tmp/braid scripts/bench-vs-mptcp.sh 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-20}
 shift || true
 SCENARIOS=("$@")
-((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte spread100)
+((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte spread100 mixed)
 CCS=${CCS:-"cubic bbr"}
 DIRS=${DIRS:-"up down"}
 EXTRA=${EXTRA:-}
@@ -33,6 +33,8 @@ links() {
     lte) echo "--link 30mbit/30ms/0%/20ms --link 10mbit/15ms" ;;
     # Equal rates, one-way delays 100 ms apart: the spread on the default equalisation bound.
     spread100) echo "--link 10mbit/20ms --link 10mbit/120ms" ;;
+    # A fast line, a slower lossy one, a slow far one (BENCHMARKS.md §4, "Slow links").
+    mixed) echo "--link 40mbit/20ms --link 8mbit/50ms/1% --link 4mbit/80ms" ;;
     *) echo "unknown scenario $1" >&2; exit 2 ;;
   esac
 }
