@@ -702,13 +702,18 @@ struct Plateau {
     flat: u8,
 }
 
+/// Seconds `packets` full-size (1500-byte) packets take on a wire of `bps` bit/s.
+fn packets_time(packets: f64, bps: f64) -> f64 {
+    packets * 1500.0 * 8.0 / bps
+}
+
 /// [`QDELAY_LOW`] and [`QDELAY_HIGH`] for a link learned at `rate` bit/s, raised to
 /// [`LOW_PACKETS`] and [`HIGH_PACKETS`] full-size packets' time at that rate.
 fn queue_thresholds(rate: f64) -> (Duration, Duration) {
-    let pkt = 1500.0 * 8.0 / rate.max(RATE_FLOOR_BPS);
+    let rate = rate.max(RATE_FLOOR_BPS);
     (
-        QDELAY_LOW.max(Duration::from_secs_f64(LOW_PACKETS * pkt)),
-        QDELAY_HIGH.max(Duration::from_secs_f64(HIGH_PACKETS * pkt)),
+        QDELAY_LOW.max(Duration::from_secs_f64(packets_time(LOW_PACKETS, rate))),
+        QDELAY_HIGH.max(Duration::from_secs_f64(packets_time(HIGH_PACKETS, rate))),
     )
 }
 
@@ -719,7 +724,7 @@ fn queue_thresholds(rate: f64) -> (Duration, Duration) {
 fn standing_queue(delivered: f64, qdelay: Duration) -> bool {
     delivered > 0.0
         && qdelay >= STANDING_QDELAY
-        && qdelay.as_secs_f64() >= STANDING_PACKETS * 1500.0 * 8.0 / delivered
+        && qdelay.as_secs_f64() >= packets_time(STANDING_PACKETS, delivered)
 }
 
 impl Plateau {
