@@ -17,7 +17,7 @@ DIRS=${DIRS:-"up down"}
 EXTRA=${EXTRA:-}
 OUT=${OUT:-$(mktemp -d /tmp/braid-vs-mptcp.XXXXXX)}
 mkdir -p "$OUT"
-command -v mptcpize >/dev/null || { apt-get install -y -qq mptcpize >/dev/null; }
+command -v mptcpize >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mptcpize >/dev/null; }
 # BRAID=path runs that binary (e.g. a copy, so that a rebuild cannot change it mid-run).
 if [ -z "${BRAID:-}" ]; then
   cargo build --release -q
