@@ -37,6 +37,8 @@ pub struct Sent {
     pub seq: u64,
     /// The link it went out on first.
     pub link: LinkId,
+    /// Its link seq there (the low 32 bits of that link's counter), which a LINK-NACK names.
+    pub link_seq: u32,
     pub at: Instant,
     /// When it was last sent again (answers to NACKs are rate-limited by it).
     pub resent_at: Option<Instant>,
@@ -102,6 +104,7 @@ impl SentRing {
         self.entries.push_back(Sent {
             seq,
             link,
+            link_seq: 0,
             at: now,
             resent_at: None,
             resends: 0,
@@ -109,6 +112,24 @@ impl SentRing {
             flags: 0,
         });
         self.entries.back_mut()
+    }
+
+    /// Appends to `out`, in sequence order, the packets first sent on `link` with a link seq in
+    /// `first .. first + count` (modulo 2^32). Scans from the newest back to the first packet
+    /// of `link` sent before `first`: a loss is named soon after it, so only the last round
+    /// trip's packets are looked at.
+    pub fn lost_on(&self, link: LinkId, first: u32, count: u16, out: &mut Vec<u64>) {
+        let start = out.len();
+        for e in self.entries.iter().rev().filter(|e| e.link == link) {
+            let past = e.link_seq.wrapping_sub(first);
+            if past < u32::from(count) {
+                out.push(e.seq);
+            } else if past > u32::MAX / 2 {
+                // Before `first`: so is everything older on this link.
+                break;
+            }
+        }
+        out[start..].reverse();
     }
 
     /// Drops packets older than the age bound.
@@ -213,6 +234,34 @@ mod tests {
         on1.clear();
         r.sent_on(1, t0 + ms(4), t0, &mut on1);
         assert_eq!(on1, vec![10, 14, 18]);
+    }
+
+    /// A LINK-NACK's run of link seqs names the packets of that link only, across the wrap of
+    /// the 32-bit link seq; older packets of the link end the scan.
+    #[test]
+    fn lost_on_finds_a_links_packets_by_link_seq() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig::default());
+        // Link 1 numbered from u32::MAX - 2 on, link 2 interleaved with its own numbers.
+        let mut next = [u32::MAX - 2, 100];
+        for seq in 0..12u64 {
+            let link = 1 + (seq % 2) as LinkId;
+            let e = r.push(t0 + ms(seq), seq, link, &[0]).unwrap();
+            e.link_seq = next[seq as usize % 2];
+            next[seq as usize % 2] = next[seq as usize % 2].wrapping_add(1);
+        }
+        // Link 1's seqs 0, 2, 4, ... carry link seqs MAX-2, MAX-1, MAX, 0, 1, 2.
+        let mut out = Vec::new();
+        r.lost_on(1, u32::MAX - 1, 3, &mut out);
+        assert_eq!(out, vec![2, 4, 6]);
+        out.clear();
+        r.lost_on(2, 103, 64, &mut out);
+        assert_eq!(out, vec![7, 9, 11]);
+        out.clear();
+        r.lost_on(2, 200, 5, &mut out);
+        assert!(out.is_empty(), "beyond what was sent");
+        r.lost_on(3, 0, 64, &mut out);
+        assert!(out.is_empty(), "no such link");
     }
 
     /// The two parts of a reinjection never split a packet cut in pieces.

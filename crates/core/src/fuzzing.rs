@@ -966,6 +966,15 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             }),
         ),
         (
+            "link-nack",
+            Body::LinkNack(crate::wire::LinkNackRepr {
+                common,
+                link: 1,
+                count: 2,
+                first: 90,
+            }),
+        ),
+        (
             "nack",
             Body::Nack(
                 NackRepr::encode(

@@ -40,6 +40,7 @@
 //!                         | rx packets (4) | rx bytes (8) | qdelay us (4) | owd offset us (i32)
 //! CLOSE              (8): common
 //! NACK        (8 + 10k): common | k ranges of: first seq (8) | count (2), 1 <= k <= 64, count >= 1
+//! LINK-NACK         (16): common | link id (2) | count (2, 1..=64) | first link seq (4)
 //! ```
 //!
 //! Emitting is the caller's side of the contract: `emit` writes into a buffer of at least
@@ -98,6 +99,10 @@ pub const PROBE_LEN: usize = COMMON_LEN + 4;
 pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
 /// LINK-INFO body: the common prefix and the rate hint.
 pub const LINK_INFO_LEN: usize = COMMON_LEN + 8;
+/// LINK-NACK body: the common prefix, the link, the count and the first link seq lost.
+pub const LINK_NACK_LEN: usize = COMMON_LEN + 8;
+/// Most link seqs one LINK-NACK names (a longer run is no random loss).
+pub const MAX_LINK_NACK_COUNT: u16 = 64;
 /// Bytes of one NACK range: first missing bundle seq (8) + count (2).
 pub const NACK_RANGE_LEN: usize = 10;
 /// Most ranges in one NACK (a NACK body is at most 8 + 640 bytes).
@@ -149,6 +154,9 @@ pub enum PacketType {
     IdHelloAck = 10,
     /// What the sender knows of the link it travels on (docs/protocol.md §5.9).
     LinkInfo = 11,
+    /// The receiver names packets of one link it knows lost, by link seq (docs/protocol.md
+    /// §5.10).
+    LinkNack = 12,
 }
 
 impl PacketType {
@@ -166,6 +174,7 @@ impl PacketType {
             9 => PacketType::IdHello,
             10 => PacketType::IdHelloAck,
             11 => PacketType::LinkInfo,
+            12 => PacketType::LinkNack,
             _ => return None,
         })
     }
@@ -245,6 +254,11 @@ mod field {
 
     // LINK-INFO.
     pub const INFO_RATE_TO_YOU: Field = 8..16;
+
+    // LINK-NACK.
+    pub const LNACK_LINK: Field = 8..10;
+    pub const LNACK_COUNT: Field = 10..12;
+    pub const LNACK_FIRST: Field = 12..16;
 
     // NACK.
     pub const NACK_RANGES: Rest = 8..;
@@ -739,7 +753,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
 
     /// DATA: at least 17 bytes. PROBE: 12 to 12 + 65535. PROBE-ACK: exactly 44. CLOSE: exactly 8.
-    /// LINK-INFO: exactly 16.
+    /// LINK-INFO and LINK-NACK: exactly 16.
     /// NACK: 8 + 10k bytes, 1 <= k <= 64 (a length between two multiples: `Malformed`).
     /// HELLO / HELLO-ACK are not session bodies: `Malformed`.
     pub fn check_len(&self) -> Result<(), WireError> {
@@ -759,6 +773,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
             PacketType::ProbeAck => (PROBE_ACK_LEN, PROBE_ACK_LEN),
             PacketType::Close => (COMMON_LEN, COMMON_LEN),
             PacketType::LinkInfo => (LINK_INFO_LEN, LINK_INFO_LEN),
+            PacketType::LinkNack => (LINK_NACK_LEN, LINK_NACK_LEN),
             PacketType::Nack => {
                 if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(NACK_RANGE_LEN) {
                     return Err(WireError::Malformed);
@@ -832,6 +847,17 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     // LINK-INFO
     pub fn info_rate_to_you(&self) -> u64 {
         get_u64(self.buffer.as_ref(), field::INFO_RATE_TO_YOU)
+    }
+
+    // LINK-NACK
+    pub fn lnack_link(&self) -> LinkId {
+        get_u16(self.buffer.as_ref(), field::LNACK_LINK)
+    }
+    pub fn lnack_count(&self) -> u16 {
+        get_u16(self.buffer.as_ref(), field::LNACK_COUNT)
+    }
+    pub fn lnack_first(&self) -> u32 {
+        get_u32(self.buffer.as_ref(), field::LNACK_FIRST)
     }
 }
 
@@ -985,6 +1011,19 @@ pub struct LinkInfoRepr {
     pub rate_to_you_bps: u64,
 }
 
+/// LINK-NACK: the receiver names `count` packets of the sender's link `link`, from link seq
+/// `first` on, that it knows lost (that link's link seqs jumped while it had no queue). The
+/// sender sends again the DATA among them that it still holds, without waiting for the bundle's
+/// gap to be passed by every link (docs/protocol.md §5.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkNackRepr {
+    pub common: Common,
+    pub link: LinkId,
+    /// 1 to [`MAX_LINK_NACK_COUNT`].
+    pub count: u16,
+    pub first: u32,
+}
+
 /// A run of missing bundle sequence numbers: `first`, `first + 1`, ... (`count` of them, >= 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqRange {
@@ -1040,6 +1079,7 @@ pub enum Body<'a> {
     Nack(NackRepr<'a>),
     Feedback(FeedbackRepr<'a>),
     LinkInfo(LinkInfoRepr),
+    LinkNack(LinkNackRepr),
 }
 
 impl<'a> Body<'a> {
@@ -1086,6 +1126,18 @@ impl<'a> Body<'a> {
                 common,
                 rate_to_you_bps: p.info_rate_to_you(),
             }),
+            PacketType::LinkNack => {
+                let count = p.lnack_count();
+                if count == 0 || count > MAX_LINK_NACK_COUNT {
+                    return Err(WireError::Malformed);
+                }
+                Body::LinkNack(LinkNackRepr {
+                    common,
+                    link: p.lnack_link(),
+                    count,
+                    first: p.lnack_first(),
+                })
+            }
             PacketType::Nack => {
                 let ranges = p.nack_ranges();
                 let nack = NackRepr { common, ranges };
@@ -1112,6 +1164,7 @@ impl<'a> Body<'a> {
             Body::Nack(_) => PacketType::Nack,
             Body::Feedback(_) => PacketType::Feedback,
             Body::LinkInfo(_) => PacketType::LinkInfo,
+            Body::LinkNack(_) => PacketType::LinkNack,
         }
     }
 
@@ -1124,6 +1177,7 @@ impl<'a> Body<'a> {
             Body::Nack(n) => n.common,
             Body::Feedback(f) => f.common,
             Body::LinkInfo(i) => i.common,
+            Body::LinkNack(n) => n.common,
         }
     }
 
@@ -1137,6 +1191,7 @@ impl<'a> Body<'a> {
             Body::Nack(n) => COMMON_LEN + n.ranges.len(),
             Body::Feedback(f) => COMMON_LEN + f.entries.len(),
             Body::LinkInfo(_) => LINK_INFO_LEN,
+            Body::LinkNack(_) => LINK_NACK_LEN,
         }
     }
 
@@ -1169,6 +1224,11 @@ impl<'a> Body<'a> {
             Body::Nack(n) => buf[field::NACK_RANGES].copy_from_slice(n.ranges),
             Body::Feedback(f) => buf[field::FEEDBACK_ENTRIES].copy_from_slice(f.entries),
             Body::LinkInfo(i) => put_u64(buf, field::INFO_RATE_TO_YOU, i.rate_to_you_bps),
+            Body::LinkNack(n) => {
+                put_u16(buf, field::LNACK_LINK, n.link);
+                put_u16(buf, field::LNACK_COUNT, n.count);
+                put_u32(buf, field::LNACK_FIRST, n.first);
+            }
         }
     }
 }
@@ -1332,7 +1392,7 @@ mod tests {
             assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
         }
         b[0] = VERSION;
-        for t in [0u8, 12, 0x14, 255] {
+        for t in [0u8, 13, 0x14, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -1416,6 +1476,8 @@ mod tests {
         assert_eq!(Body::parse(LinkInfo, &[0; 15]), Err(WireError::Truncated));
         assert_eq!(Body::parse(LinkInfo, &[0; 17]), Err(WireError::Malformed));
         assert!(Body::parse(LinkInfo, &[0; 16]).is_ok());
+        assert_eq!(Body::parse(LinkNack, &[0; 15]), Err(WireError::Truncated));
+        assert_eq!(Body::parse(LinkNack, &[0; 17]), Err(WireError::Malformed));
         assert_eq!(Body::parse(Hello, &[0; 40]), Err(WireError::Malformed));
         assert_eq!(Body::parse(HelloAck, &[0; 40]), Err(WireError::Malformed));
     }
@@ -1438,6 +1500,38 @@ mod tests {
             [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0x02, 0xfa, 0xf0, 0x80]
         );
         assert_eq!(Body::parse(PacketType::LinkInfo, &b), Ok(info));
+    }
+
+    #[test]
+    fn link_nack_bytes_are_as_specified() {
+        let n = LinkNackRepr {
+            common: Common {
+                link_seq: 0x0102_0304,
+                ts: 0x0506_0708,
+            },
+            link: 0x0a0b,
+            count: 3,
+            first: 0xfffe_0001,
+        };
+        let body = Body::LinkNack(n);
+        assert_eq!(body.ptype(), PacketType::LinkNack);
+        assert_eq!(PacketType::from_u8(12), Some(PacketType::LinkNack));
+        let mut b = [0u8; LINK_NACK_LEN];
+        body.emit(&mut b);
+        assert_eq!(
+            b,
+            [1, 2, 3, 4, 5, 6, 7, 8, 0x0a, 0x0b, 0, 3, 0xff, 0xfe, 0, 1]
+        );
+        assert_eq!(Body::parse(PacketType::LinkNack, &b), Ok(body));
+        // A count of 0, or above the bound, names no random loss: malformed.
+        for count in [0u16, MAX_LINK_NACK_COUNT + 1, u16::MAX] {
+            b[10..12].copy_from_slice(&count.to_be_bytes());
+            assert_eq!(
+                Body::parse(PacketType::LinkNack, &b),
+                Err(WireError::Malformed),
+                "{count}"
+            );
+        }
     }
 
     #[test]

@@ -257,3 +257,33 @@ fn back_pressure_bounds_the_delay_of_traffic_that_never_backs_off() {
         r.delivered_ratio
     );
 }
+
+/// A random loss is repaired without waiting for every link to pass the hole: the receiver
+/// names the lost link seqs at once (LINK-NACK, docs/protocol.md §5.10) and the sender resends
+/// the DATA it put in them. The gap's own NACK waits for rule (b), i.e. for the slowest link of
+/// the reorder set to bring something sent after the hole (here the 60 ms link's probes), and
+/// the packets behind the hole wait with it. Measured (10 s): p99 reorder wait 38.9 ms, every
+/// loss repaired; with the gap's NACK alone 110.6 ms (added latency p99 68.8 against 124.5 ms).
+#[test]
+fn random_loss_is_repaired_without_waiting_for_the_slowest_link() {
+    let links = vec![
+        LinkSpec::new(10_000_000, ms(10)),
+        LinkSpec::new(10_000_000, ms(20)).loss(0.01),
+        LinkSpec::new(5_000_000, ms(60)),
+    ];
+    let sc = Scenario::new("1% loss on the 20 ms link", links)
+        .load(0.7)
+        .duration(Duration::from_secs(10));
+    let r = sim::run(&sc);
+    show(&r);
+    assert!(
+        r.links[1].random_losses >= 20,
+        "the link lost too little: {r:?}"
+    );
+    assert_eq!(r.lost, 0, "every loss repaired: {r:?}");
+    assert!(
+        r.reorder_wait_p99_ms < 60.0,
+        "p99 reorder wait {:.1} ms: holes waited for the slowest link",
+        r.reorder_wait_p99_ms
+    );
+}
