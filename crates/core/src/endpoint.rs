@@ -467,7 +467,7 @@ pub struct RepairStats {
     /// Sender: NACKed sequence numbers no longer (or never) in the ring, or resent too
     /// recently to send again.
     pub nack_unserved: u64,
-    /// NACK packets sent (receiver) and received (sender).
+    /// NACK and LINK-NACK packets sent (receiver) and received (sender).
     pub nacks_sent: u64,
     pub nacks_received: u64,
     /// Receiver: retransmitted DATA packets that arrived.
@@ -2561,7 +2561,8 @@ impl Endpoint {
 
     /// Sender: a LINK-NACK: the DATA first sent in the named link seqs of that link, sent again.
     fn handle_link_nack(&mut self, now: Instant, nack: &LinkNackRepr) {
-        if !self.cfg.repair {
+        // A link we do not have sent nothing to find (and would cost a scan of the whole ring).
+        if !self.cfg.repair || self.link_index(nack.link).is_none() {
             return;
         }
         self.repair.nacks_received += 1;
@@ -2588,13 +2589,13 @@ impl Endpoint {
             .unwrap_or(Duration::ZERO);
         let recent = min_rtt.max(MIN_RESEND_GAP);
         for &seq in seqs {
-            // A sequence number is sent again as often as the receiver asks at most (it stops
-            // asking after `REPAIR_TRIES`, and waits for each copy only while it asks: a copy
-            // refused would leave it waiting for nothing), never while its last copy may still
-            // be on its way (`recent`), and within the budget, which a congestion burst soon
-            // exceeds.
+            // A sequence number is sent again as often as the receiver asks at most (its gap's
+            // NACK up to `REPAIR_TRIES` times, and one LINK-NACK; it waits for each copy only
+            // while it asks: a copy refused would leave it waiting for nothing), never while
+            // its last copy may still be on its way (`recent`), and within the budget, which a
+            // congestion burst soon exceeds.
             let allowed = self.ring.get_mut(seq).is_some_and(|s| {
-                s.resends < crate::reorder::REPAIR_TRIES
+                s.resends < crate::reorder::REPAIR_TRIES + 1
                     && s.resent_at
                         .is_none_or(|t| now.saturating_duration_since(t) >= recent)
             });

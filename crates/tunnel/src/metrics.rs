@@ -281,12 +281,12 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         ),
         (
             "repair_nacks_sent",
-            "NACK packets sent (holes asked for again)",
+            "NACK and LINK-NACK packets sent (holes asked for again)",
             rp.nacks_sent,
         ),
         (
             "repair_nacks_received",
-            "NACK packets received",
+            "NACK and LINK-NACK packets received",
             rp.nacks_received,
         ),
         (
