@@ -2612,9 +2612,9 @@ impl Endpoint {
     /// ([`fastest_link`](Self::fastest_link), never `avoid` unless it is the only one), but
     /// another than `original` if that brings it at most [`COPY_SLACK`] later: a link that just
     /// lost a packet is the likeliest to lose the next (loss comes in bursts, and the loss
-    /// estimate lags a second behind), and a second loss costs a whole repair round. In the
-    /// lab's pull-back test (two 10 Mbit/s links of 10 ms, one losing 10%) the first copy went
-    /// on the lossy link about half the time.
+    /// estimate lags a second behind), and a second loss costs a whole repair round. Of two
+    /// links of equal delay (the lab's pull-back test: 10 Mbit/s at 10 ms, one losing 10%), the
+    /// fastest alone is whichever estimate is a hair lower at the moment.
     fn copy_link(&self, now: Instant, original: LinkId, avoid: Option<LinkId>) -> Option<usize> {
         let best = self.fastest_link(now, avoid)?;
         if self.links[best].id != original {
