@@ -143,6 +143,15 @@ impl SentRing {
         }
     }
 
+    /// Forgets every packet (a new session: its sequence numbers and link seqs start over, and
+    /// the old session's packets must neither answer its NACKs nor keep its packets out, since
+    /// [`push`](Self::push) takes only growing sequence numbers).
+    pub fn clear(&mut self) {
+        while !self.entries.is_empty() {
+            self.evict_front();
+        }
+    }
+
     fn evict_front(&mut self) {
         if let Some(e) = self.entries.pop_front() {
             self.bytes -= e.packet.len();
@@ -234,6 +243,24 @@ mod tests {
         on1.clear();
         r.sent_on(1, t0 + ms(4), t0, &mut on1);
         assert_eq!(on1, vec![10, 14, 18]);
+    }
+
+    /// A cleared ring holds nothing and takes sequence numbers from 0 again.
+    #[test]
+    fn clear_forgets_everything_and_takes_low_numbers_again() {
+        let t0 = Instant::now();
+        let mut r = SentRing::new(RingConfig::default());
+        for seq in 100..110u64 {
+            r.push(t0, seq, 1, &[7; 50]);
+        }
+        assert!(r.push(t0, 3, 1, &[0]).is_none(), "lower numbers refused");
+        r.clear();
+        assert_eq!((r.len(), r.bytes()), (0, 0));
+        assert!(r.get_mut(105).is_none());
+        assert!(
+            r.push(t0, 3, 1, &[0]).is_some(),
+            "a new session's numbers kept"
+        );
     }
 
     /// A LINK-NACK's run of link seqs names the packets of that link only, across the wrap of

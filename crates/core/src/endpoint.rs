@@ -1968,6 +1968,10 @@ impl Endpoint {
             link.peer_hint_bps = None;
         }
         self.next_data_seq = 0;
+        // The old session's packets: its numbers would match the new session's NACKs and
+        // LINK-NACKs (stale data sent again), and would keep the new packets out of the ring
+        // until they aged out.
+        self.ring.clear();
         self.reorder.reset(0);
         self.reassembler.abandon();
         self.direct.clear();
