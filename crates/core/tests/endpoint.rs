@@ -1591,6 +1591,39 @@ fn packets_cut_in_pieces_are_rebuilt_in_a_new_session_too() {
     assert_eq!((rx.rx_reassembled, rx.rx_late_pieces), (40, 0), "{rx:?}");
 }
 
+/// A new session starts with an empty sent ring: the old session's packets would match the new
+/// one's NACKs and LINK-NACKs by number (its sequence numbers and link seqs start over), and the
+/// ring, which takes only growing numbers, would keep the new packets out until they aged out.
+#[test]
+fn a_new_session_starts_with_an_empty_sent_ring() {
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    for i in 0..20u8 {
+        p.server.send_packet(p.now, &ip_packet(i));
+        p.exchange();
+    }
+    p.run_for(Duration::from_millis(100));
+    assert_eq!(p.delivered_to_client.len(), 20);
+    assert_eq!(p.server.stats(p.now).repair.ring_packets, 20);
+    let old = p.server.stats(p.now).session;
+    p.restart_client();
+    // The handshake, well within the ring's age bound (the old packets would still be there).
+    p.run_for(Duration::from_millis(20));
+    assert_ne!(p.server.stats(p.now).session, old, "a new session");
+    assert_eq!(
+        p.server.stats(p.now).repair.ring_packets,
+        0,
+        "the old session's packets are gone"
+    );
+    p.server.send_packet(p.now, &ip_packet(1));
+    p.exchange();
+    assert_eq!(
+        p.server.stats(p.now).repair.ring_packets,
+        1,
+        "the new session's first packet is kept"
+    );
+}
+
 /// Sends 30 packets of 1500 bytes cut in two pieces each over 2 links, losing the first piece
 /// of packets 10 and 20 on the wire; returns the pair after everything settled, and the packets.
 fn lose_two_pieces(nack: Nack) -> (Pair, Vec<Vec<u8>>) {
