@@ -2421,10 +2421,9 @@ impl Endpoint {
     /// The live link (not DOWN, and not `avoid` unless it is the only one) whose packets
     /// arrive soonest: lowest base one-way delay plus queueing, then lowest srtt.
     fn fastest_link(&self, now: Instant, avoid: Option<LinkId>) -> Option<usize> {
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let key = |li: usize| {
-            let v = self.link_view(&self.links[li], min_rtt_all);
-            (v.owd + v.qdelay, v.srtt.unwrap_or(Duration::MAX))
+            let srtt = self.links[li].health.srtt();
+            (self.arrival_delay(li), srtt.unwrap_or(Duration::MAX))
         };
         let pick = |allow_avoided: bool| {
             (0..self.links.len())
@@ -2438,6 +2437,14 @@ impl Endpoint {
                 .min_by_key(|&li| key(li))
         };
         pick(false).or_else(|| pick(true))
+    }
+
+    /// How long after it is sent a packet on link index `li` reaches the peer: its base one-way
+    /// delay and the queueing delay the peer last reported (as [`LinkView`] has them).
+    fn arrival_delay(&self, li: usize) -> Duration {
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
+        let v = self.link_view(&self.links[li], min_rtt_all);
+        v.owd + v.qdelay
     }
 
     /// How long a link may bring nothing before [`is_silent`](Self::is_silent) calls it silent:
@@ -2625,16 +2632,13 @@ impl Endpoint {
             return Some(best);
         }
         let other = self.fastest_link(now, Some(original))?;
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
-        let arrival = |li: usize| {
-            let v = self.link_view(&self.links[li], min_rtt_all);
-            v.owd + v.qdelay
-        };
-        Some(if arrival(other) <= arrival(best) + COPY_SLACK {
-            other
-        } else {
-            best
-        })
+        Some(
+            if self.arrival_delay(other) <= self.arrival_delay(best) + COPY_SLACK {
+                other
+            } else {
+                best
+            },
+        )
     }
 
     /// Sends ring entry `seq` again, marked as a retransmission, on [`copy_link`](Self::copy_link)
