@@ -598,6 +598,57 @@ fn lab_failover_reinjects_what_the_dead_link_carried() {
     );
 }
 
+/// A slower link coming back under a BBR transfer (`--fail`, then `--restore`): the flow keeps
+/// at least about the fast link's rate after the return. In the simulator a return lengthened
+/// the inner round trip under BBR v1 by the whole equalisation hold and it spiralled down to its
+/// 4-packet floor (`braid_core::equalize`, which now grows the hold by steps). In the lab
+/// without the steps, 25 s runs (`--fail link2@2 --restore link2@5`) fell in 2 of 4 (39 -> 4
+/// Mbit/s over the 8 s after the return; 66 -> 7 Mbit/s 11 s after it), while this shorter run
+/// passed 4 of 4 without them: a guard of the return path, not proof of the steps
+/// (BENCHMARKS.md §4, "A link coming back"). The bounds leave room for BBR's probe of the round
+/// trip (200 ms at 4 packets) and a loaded machine.
+#[test]
+fn lab_bbr_keeps_its_rate_when_a_slower_link_comes_back() {
+    require_root();
+    let _one = one_lab_at_a_time();
+    let v = lab_json(
+        &[
+            "--skip-single",
+            "--cc",
+            "bbr",
+            "--link",
+            "50mbit/10ms",
+            "--link",
+            "20mbit/60ms",
+            "--fail",
+            "link2@2",
+            "--restore",
+            "link2@4",
+            "--duration",
+            "12",
+        ],
+        Duration::from_secs(60),
+    );
+    let run = &v["bundle"]["run"];
+    assert_eq!(f(&v["bundle"]["fail"]["restored_at_s"]), 4.0, "{run}");
+    let seconds: Vec<f64> = run["per_second_bps"]
+        .as_array()
+        .expect("per-second goodput")
+        .iter()
+        .map(f)
+        .collect();
+    let after = &seconds[5.min(seconds.len())..];
+    assert!(after.len() >= 6, "{run}");
+    let least = after.iter().copied().fold(f64::MAX, f64::min);
+    let mean = after.iter().sum::<f64>() / after.len() as f64;
+    assert!(least > 20e6, "a second at {:.1} Mbit/s: {run}", least / 1e6);
+    assert!(
+        mean > 35e6,
+        "{:.1} Mbit/s after the return: {run}",
+        mean / 1e6
+    );
+}
+
 /// Issue 10 item 4 (loss pull-back): a link losing 10% of its packets is given no traffic (once
 /// its loss shows) while a clean link is up, so the bundle is not dragged below the clean link
 /// alone. Measured:

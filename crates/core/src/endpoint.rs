@@ -943,6 +943,10 @@ pub struct Endpoint {
     equalize_rel: Option<u32>,
     /// What the target adds to the fastest live link's base delay (for `stats`).
     equalize_add: Duration,
+    /// How far the hold may grow under traffic, as receiver (our hold) and as sender (the
+    /// scheduler's view of the peer's hold): [`crate::equalize`].
+    equalize_rx: crate::equalize::Ramp,
+    equalize_tx: crate::equalize::Ramp,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -1028,6 +1032,8 @@ impl Endpoint {
             frag: FragStats::default(),
             equalize_rel: None,
             equalize_add: Duration::ZERO,
+            equalize_rx: crate::equalize::Ramp::receiver(),
+            equalize_tx: crate::equalize::Ramp::sender(),
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -2220,6 +2226,9 @@ impl Endpoint {
         buf.push(piece.flags());
         // A copy sent again is late already: delivered as soon as its turn comes.
         let held = (piece != Piece::Whole || equalized(d.payload)) && !retransmit;
+        if held {
+            self.equalize_rx.on_traffic(now);
+        }
         let arrival = Arrival {
             seq: d.seq,
             link: self.links[li].id,
@@ -2979,6 +2988,9 @@ impl Endpoint {
         }
         self.tun_rx_packets += 1;
         self.tun_rx_bytes += packet.len() as u64;
+        if equalized(packet) {
+            self.equalize_tx.on_traffic(now);
+        }
         // The links as the scheduler sees them, once per packet (nothing here changes them).
         let mut views = std::mem::take(&mut self.views);
         self.usable_views(&mut views);
@@ -3454,10 +3466,6 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
-        (self.equalize_rel, self.equalize_add) = match self.equalize_target(&bases) {
-            Some((target, add)) => (Some(target), add),
-            None => (None, Duration::ZERO),
-        };
         // The inner flows' round trip: there on the fastest usable link held to the slowest's
         // delay, back on the fastest.
         let fastest = self
@@ -3466,6 +3474,19 @@ impl Endpoint {
             .filter(|l| l.health.state() != LinkState::Down && !l.silent)
             .filter_map(|l| l.health.min_rtt())
             .min();
+        let rtt = fastest.unwrap_or(Duration::ZERO);
+        (self.equalize_rel, self.equalize_add) = match self.equalize_target(&bases) {
+            Some((target, add)) => {
+                let allowed = self.equalize_rx.allowed(now, add, rtt);
+                let less = (add - allowed).as_micros() as u32;
+                (Some(target.wrapping_sub(less)), allowed)
+            }
+            None => {
+                self.equalize_rx.allowed(now, Duration::ZERO, rtt);
+                (None, Duration::ZERO)
+            }
+        };
+        self.cap_sender_equalization(now, rtt);
         self.queue
             .set_round_trip(fastest.map(|r| r + self.equalize_add));
         self.reorder
@@ -3480,6 +3501,21 @@ impl Endpoint {
                     .is_none_or(|t| now.saturating_duration_since(t) < forget)
             });
         }
+    }
+
+    /// The hold the peer applies for now, as we send: what our view of the links calls for,
+    /// grown under traffic only step by step ([`crate::equalize`]); the scheduler's to know.
+    /// Over the links we send on, as the peer counts every link that brings it something (a
+    /// DEGRADED link too: leaving it out here made a link's flaps restart the ramp).
+    fn cap_sender_equalization(&mut self, now: Instant, rtt: Duration) {
+        let mut views = std::mem::take(&mut self.views);
+        self.usable_views(&mut views);
+        let owds = views.iter().filter(|v| v.state != LinkState::Down);
+        let wanted = crate::sched::equalize_want(owds.map(|v| v.owd), self.cfg.equalize_max)
+            .map_or(Duration::ZERO, |(_, wait)| wait);
+        self.views = views;
+        let cap = self.equalize_tx.allowed(now, wanted, rtt);
+        self.sched.cap_equalization((cap < wanted).then_some(cap));
     }
 
     /// The equalisation target from the live links' base relative one-way delays: the smallest

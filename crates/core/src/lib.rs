@@ -18,6 +18,7 @@
 //! - [`reorder`]: the receiver's reorder buffer (and which gaps to ask for again).
 //! - [`arq`]: the sender's ring of sent packets for in-tunnel loss repair (NACK, reinjection).
 //! - [`bqueue`]: the bundle's one queue under back-pressure (waiting time bounded).
+//! - [`equalize`]: how fast delay equalisation may lengthen the inner round trip under traffic.
 //! - [`endpoint`]: the bundle state machine that ties them together (`handle_*` in, `poll_*` out).
 //! - [`netem`]: the link model (rate, drop-tail queue, delay, jitter, loss) of both the simulator
 //!   and the lab's emulator.
@@ -34,6 +35,7 @@ pub mod compress;
 pub mod concentrator;
 pub mod crypto;
 pub mod endpoint;
+pub mod equalize;
 pub mod frag;
 pub mod fuzzing;
 pub mod health;

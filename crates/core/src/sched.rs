@@ -169,6 +169,10 @@ pub trait Scheduler: Send {
     /// until the slowest link within `max` of the fastest would have brought it: such packets
     /// reach the peer's TUN no sooner on a faster link. Zero `max` turns this off.
     fn set_equalization(&mut self, _max: Duration, _min_len: usize) {}
+    /// For now the peer holds at most `cap` beyond the fastest link (none: what the links
+    /// call for): equalisation grows under traffic only step by step
+    /// ([`crate::equalize::Ramp`]), and a link slower than that is not waited for yet.
+    fn cap_equalization(&mut self, _cap: Option<Duration>) {}
     /// Back-pressure: some link's capacity is still being found (in start-up, or its last
     /// probe was carried or none was judged yet), so a full bundle may be the scheduler's
     /// ignorance rather than the path's limit.
@@ -985,6 +989,20 @@ pub fn equalize_wait(spread: Duration, bound: Duration) -> Duration {
     }
 }
 
+/// The least of some links' one-way delays (`owds`) and how long equalisation under `bound`
+/// waits beyond it for the slowest ([`equalize_wait`]); none without a link.
+pub fn equalize_want(
+    owds: impl Iterator<Item = Duration> + Clone,
+    bound: Duration,
+) -> Option<(Duration, Duration)> {
+    let lo = owds.clone().min()?;
+    let wait = owds
+        .map(|owd| equalize_wait(owd - lo, bound))
+        .max()
+        .unwrap_or(Duration::ZERO);
+    Some((lo, wait))
+}
+
 /// What a DEGRADED link adds to a predicted delivery, seconds.
 fn degraded_penalty(v: &LinkView) -> f64 {
     if v.state == LinkState::Degraded {
@@ -1007,8 +1025,10 @@ fn sane(x: f64) -> f64 {
 #[derive(Debug, Default)]
 pub struct Adaptive {
     table: LinkTable<AdaptiveLink>,
-    /// The peer's delay equalisation: bound, and the smallest packet it holds.
+    /// The peer's delay equalisation: bound, and the smallest packet it holds ...
     equalize: Option<(Duration, usize)>,
+    /// ... and the most it holds for now (see `Scheduler::cap_equalization`).
+    equalize_cap: Option<Duration>,
     /// The last time back-pressure found every link full (see `Held`).
     full_at: Option<Instant>,
 }
@@ -1032,15 +1052,13 @@ impl Adaptive {
         if len < min_len || links.len() < 2 {
             return 0.0;
         }
-        let up = || links.iter().filter(|v| v.state == LinkState::Up);
-        let Some(lo) = up().map(|v| v.owd).min() else {
-            return 0.0;
-        };
-        let wait = up()
-            .map(|v| equalize_wait(v.owd - lo, max))
-            .max()
-            .unwrap_or(Duration::ZERO);
-        lo.saturating_add(wait).as_secs_f64()
+        let up = links.iter().filter(|v| v.state == LinkState::Up);
+        match equalize_want(up.map(|v| v.owd), max) {
+            Some((lo, wait)) => lo
+                .saturating_add(wait.min(self.equalize_cap.unwrap_or(Duration::MAX)))
+                .as_secs_f64(),
+            None => 0.0,
+        }
     }
 
     /// These links were offered more than their assumed rates let us place on them.
@@ -1144,6 +1162,9 @@ impl Scheduler for Adaptive {
     }
     fn set_equalization(&mut self, max: Duration, min_len: usize) {
         self.equalize = (!max.is_zero()).then_some((max, min_len));
+    }
+    fn cap_equalization(&mut self, cap: Option<Duration>) {
+        self.equalize_cap = cap;
     }
     fn learning(&self) -> bool {
         // Only the links `ready_in` last saw (the usable ones): a link that died keeps its

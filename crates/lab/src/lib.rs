@@ -159,6 +159,10 @@ pub struct LabArgs {
     /// index), e.g. link2@10. Reports how long traffic stalled and whether TCP survived.
     #[arg(long, value_name = "NAME@SECONDS", value_parser = parse_fail)]
     pub fail: Option<FailSpec>,
+    /// Bring `--fail`'s link back during the run: NAME@SECONDS, the same link, later, e.g.
+    /// link2@16. Shows what a link returning does to the flow (the per-second goodput).
+    #[arg(long, value_name = "NAME@SECONDS", value_parser = parse_fail)]
+    pub restore: Option<FailSpec>,
     /// Print one JSON object with every figure instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -907,12 +911,18 @@ impl Lab {
             if Instant::now() > deadline {
                 bail!("the bundle did not come up within 15 s ({last})");
             }
-            match braid_linux::control::request(&client_ctl, &serde_json::json!({"cmd": "status"}))
-            {
-                Ok(st) => {
+            // Both ends: a flow started before the server knows a link's delay has its round
+            // trip lengthened under it when the server's equalisation takes that link in
+            // (`braid_core::equalize`), and measures the ramp, not the bundle.
+            let status = |ctl: &Path| {
+                braid_linux::control::request(ctl, &serde_json::json!({"cmd": "status"}))
+            };
+            match status(&client_ctl).and_then(|c| Ok((c, status(&server_ctl)?))) {
+                Ok((st, srv)) => {
                     let (up, total) = links_up(&st);
-                    last = format!("{up} of {total} links up");
-                    if total == self.specs.len() && up == total {
+                    let (srv_up, _) = links_up(&srv);
+                    last = format!("{up} of {total} links up ({srv_up} at the server)");
+                    if total == self.specs.len() && up == total && srv_up == total {
                         let p = ping(&self.topo.ns_a(), TUNNEL_B, 1, Duration::from_millis(200))?;
                         if p.received == 1 {
                             return Ok(());
@@ -1282,6 +1292,9 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
 
 fn check_fail(args: &LabArgs, links: usize) -> anyhow::Result<()> {
     let Some(f) = &args.fail else {
+        if args.restore.is_some() {
+            bail!("--restore brings back the link --fail takes down: give --fail too");
+        }
         return Ok(());
     };
     if f.link > links {
@@ -1296,6 +1309,23 @@ fn check_fail(args: &LabArgs, links: usize) -> anyhow::Result<()> {
     }
     if args.skip_bundle && args.compare.is_none() {
         bail!("--fail applies to the bundle run (and --compare's); it cannot go with --skip-bundle alone");
+    }
+    if let Some(r) = &args.restore {
+        if r.link != f.link {
+            bail!(
+                "--restore link{} is not the link --fail takes down (link{})",
+                r.link,
+                f.link
+            );
+        }
+        if r.at <= f.at || r.at.as_secs_f64() >= args.duration {
+            bail!(
+                "--restore at {:.1} s must come after --fail ({:.1} s) and inside the {} s run",
+                r.at.as_secs_f64(),
+                f.at.as_secs_f64(),
+                args.duration
+            );
+        }
     }
     Ok(())
 }
@@ -1323,7 +1353,8 @@ fn ping_links(lab: &Lab, specs: &[LinkSpec], queue_ms: u64) -> Vec<LinkReport> {
     links
 }
 
-/// One traffic run over several links, taking `--fail`'s link down at its time.
+/// One traffic run over several links, taking `--fail`'s link down at its time (and back up at
+/// `--restore`'s).
 fn run_with_fail(
     lab: &mut Lab,
     traffic: &Traffic,
@@ -1331,13 +1362,19 @@ fn run_with_fail(
     live: &mut Live,
     label: &str,
 ) -> anyhow::Result<(TcpRun, Option<FailReport>)> {
-    let mut failed = false;
-    let fail = args.fail.clone();
+    let (mut failed, mut restored) = (false, false);
+    let (fail, restore) = (args.fail.clone(), args.restore.clone());
     let run = lab.run_traffic(traffic, &mut |lab, t| {
         if let Some(f) = &fail {
             if !failed && t >= f.at.as_secs_f64() {
                 lab.fail_link(f.link)?;
                 failed = true;
+            }
+        }
+        if let Some(r) = &restore {
+            if failed && !restored && t >= r.at.as_secs_f64() {
+                lab.restore_link(r.link)?;
+                restored = true;
             }
         }
         lab.check_endpoints()?;
@@ -1348,6 +1385,7 @@ fn run_with_fail(
     let fail = args.fail.as_ref().map(|f| FailReport {
         link: format!("link{}", f.link),
         at_s: f.at.as_secs_f64(),
+        restored_at_s: args.restore.as_ref().map(|r| r.at.as_secs_f64()),
         longest_gap_ms: run.sink.longest_gap_ms,
         survived: run.survived(),
     });
@@ -1431,6 +1469,31 @@ mod tests {
         );
         for bad in ["link2", "x@1", "link0@1", "link1@-1", "link1@abc"] {
             assert!(parse_fail(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn restore_must_bring_back_the_failed_link_later() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            lab: LabArgs,
+        }
+        let check = |args: &str| {
+            let cli = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("lab").chain(args.split_whitespace()),
+            )
+            .unwrap();
+            check_fail(&cli.lab, 2).map_err(|e| e.to_string())
+        };
+        assert!(check("--duration 20 --fail link2@4 --restore link2@10").is_ok());
+        let err = check("--duration 20 --restore link2@10").unwrap_err();
+        assert!(err.contains("give --fail too"), "{err}");
+        let err = check("--duration 20 --fail link2@4 --restore link1@10").unwrap_err();
+        assert!(err.contains("not the link --fail takes down"), "{err}");
+        for late in ["link2@4", "link2@3", "link2@20"] {
+            let err = check(&format!("--duration 20 --fail link2@4 --restore {late}")).unwrap_err();
+            assert!(err.contains("must come after --fail"), "{late}: {err}");
         }
     }
 

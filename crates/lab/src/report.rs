@@ -143,6 +143,8 @@ pub struct BundleReport {
 pub struct FailReport {
     pub link: String,
     pub at_s: f64,
+    /// When it came back (`--restore`), if it did.
+    pub restored_at_s: Option<f64>,
     /// Longest time without a received byte during the run.
     pub longest_gap_ms: f64,
     pub survived: bool,
@@ -379,8 +381,11 @@ fn render_run(
         100.0 * run.tcp_retransmits as f64 / (run.tcp_segments.max(1)) as f64
     );
     if let Some(f) = fail {
+        let back = f
+            .restored_at_s
+            .map_or(String::new(), |t| format!(", back at {t:.1} s"));
         *out += &format!(
-            "  {} failed at {:.1} s: longest stall {:.0} ms, TCP connection {}\n",
+            "  {} failed at {:.1} s{back}: longest stall {:.0} ms, TCP connection {}\n",
             f.link,
             f.at_s,
             f.longest_gap_ms,

@@ -1,0 +1,196 @@
+//! How fast delay equalisation may lengthen the inner flows' round trip.
+//!
+//! Delay equalisation holds every bulk packet until the slowest usable link would have brought
+//! it (docs/scheduling.md), so the inner flows' round trip is the fastest link's plus the hold.
+//! When the hold grows while a flow runs (a slower link comes up or comes back, or is enslaved),
+//! the round trip grows under a flow that sized itself for the old one:
+//! - BBR (v1, Linux's) keeps at most 2 x its bandwidth estimate x its *minimum* round trip in
+//!   flight, and that minimum is kept for 10 s. A round trip more than twice that minimum caps
+//!   what it delivers below its estimate, the estimate follows what it delivers, and the flow
+//!   spirals down to its 4-packet floor until the minimum expires. Measured in the simulator
+//!   (50 Mbit/s at 10 ms, then a 20 Mbit/s, 60 ms link coming up 1.5 s into the flow): 65
+//!   Mbit/s without the late link, 0.5-0.8 Mbit/s from 6 to 15 s with it; once in CI's lab
+//!   run, 63 -> 18 Mbit/s over 8 s.
+//! - CUBIC's window, sized for the old round trip, gives 1/k of its rate when the round trip
+//!   grows k-fold, and regrows in CUBIC's own time (the same simulator case: 26-29 Mbit/s for
+//!   9 s, below the fast link alone).
+//!
+//! So while bulk traffic flows, [`Ramp`] lets the hold grow by at most [`GROWTH`] x the round
+//! trip at a time, and again only after [`STEP_EVERY`], which is BBR's minimum-round-trip
+//! window (10 s) and a margin: by then the flow has taken the longer round trip as its minimum.
+//! A shrinking hold applies at once (a shorter round trip harms no sender), and an idle bundle
+//! takes the full hold at once (a new flow measures its round trip afresh). Both ends run one:
+//! the receiver for the hold, the sender for the scheduler's view of it (a link beyond the
+//! allowed hold is not waited for, so the sender does not spread onto it yet); the sender's
+//! steps lag the receiver's by [`SENDER_LAG`] so that it never counts on a hold not yet there.
+//!
+//! A hold within [`SLACK`] of the last step follows at once (the links' delays are measured and
+//! wobble); small rises do not add up beyond it until the next step.
+//!
+//! The cost: a link that comes up during a transfer is used in full only after two or three
+//! steps (10 and 60 ms links, a 20 ms round trip: 12, then 28 ms of hold, then the full 50 ms,
+//! from about 25 s after it came up), not after a collapse and a 10-20 s regrowth.
+
+use std::time::{Duration, Instant};
+
+/// How much longer one step may make the inner round trip. BBR stays within its window up to
+/// 2 x, less the 1.25 x of its bandwidth probe.
+pub const GROWTH: f64 = 1.6;
+/// How long the hold stays at a step before the next: BBR v1's minimum-round-trip window (10 s)
+/// and a margin for its probe of the round trip (200 ms and a round trip).
+pub const STEP_EVERY: Duration = Duration::from_secs(11);
+/// The sender's steps come this much after the receiver's would.
+pub const SENDER_LAG: Duration = Duration::from_secs(1);
+/// A rise this small applies at once, whenever it comes (BBR takes 2 ms more on a 20 ms round
+/// trip in its stride; the links' delays are measured, and wobble by that much).
+pub const SLACK: Duration = Duration::from_millis(2);
+/// No bulk packet for this long: no flow keeps a round trip from before, the full hold applies.
+pub const IDLE: Duration = STEP_EVERY;
+
+/// The hold delay equalisation may apply now (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Ramp {
+    step_every: Duration,
+    /// The hold of the last step or fall (the hold follows freely up to [`SLACK`] above it),
+    /// and when a step last raised it (none since it last fell).
+    base: Duration,
+    raised_at: Option<Instant>,
+    /// The last bulk packet.
+    traffic_at: Option<Instant>,
+}
+
+impl Ramp {
+    /// A receiver's ramp.
+    pub fn receiver() -> Self {
+        Self::with_step(STEP_EVERY)
+    }
+    /// A sender's ramp (steps [`SENDER_LAG`] later).
+    pub fn sender() -> Self {
+        Self::with_step(STEP_EVERY + SENDER_LAG)
+    }
+    fn with_step(step_every: Duration) -> Self {
+        Ramp {
+            step_every,
+            base: Duration::ZERO,
+            raised_at: None,
+            traffic_at: None,
+        }
+    }
+
+    /// A bulk packet (one equalisation holds) went through.
+    pub fn on_traffic(&mut self, now: Instant) {
+        self.traffic_at = Some(now);
+    }
+
+    /// The hold to apply now, given the hold the links call for (`wanted`) and the fastest
+    /// link's round trip (`rtt`: the inner round trip is about `rtt` plus the hold).
+    pub fn allowed(&mut self, now: Instant, wanted: Duration, rtt: Duration) -> Duration {
+        let idle = self
+            .traffic_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= IDLE);
+        if idle || wanted < self.base {
+            // A fall below the last step (or a new flow) sets the flows' minimum round trip to
+            // the present one: the next rise may step at once.
+            self.base = wanted;
+            self.raised_at = None;
+        } else if wanted > self.base + SLACK {
+            let due = self
+                .raised_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.step_every);
+            if due {
+                // The hold after the step, slack included, lengthens the round trip at the last
+                // step's hold (the least the flows may have seen since) GROWTH-fold.
+                let step = (rtt + self.base).as_secs_f64() * GROWTH - rtt.as_secs_f64();
+                let step = Duration::from_micros((step * 1e6).round().max(0.0) as u64);
+                self.base = wanted.min(step).saturating_sub(SLACK).max(self.base);
+                self.raised_at = Some(now);
+            }
+        }
+        // Within SLACK of the last step the hold follows at once (the links' delays are
+        // measured, and wobble).
+        wanted.min(self.base + SLACK)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn an_idle_bundle_takes_the_full_hold_at_once() {
+        let t0 = Instant::now();
+        let mut r = Ramp::receiver();
+        assert_eq!(r.allowed(t0, ms(50), ms(20)), ms(50));
+        // Traffic long ago: idle again.
+        r.on_traffic(t0);
+        assert_eq!(r.allowed(t0 + ms(100), ms(0), ms(20)), ms(0));
+        assert_eq!(r.allowed(t0 + IDLE, ms(50), ms(20)), ms(50));
+    }
+
+    #[test]
+    fn a_rise_under_traffic_comes_in_steps_of_the_round_trip() {
+        let t0 = Instant::now();
+        let mut r = Ramp::receiver();
+        assert_eq!(r.allowed(t0, ms(0), ms(20)), ms(0));
+        r.on_traffic(t0);
+        // A 60 ms link joins a 10 ms one (20 ms round trip): 50 ms wanted. The round trip
+        // may grow 1.6 x: 20 -> 32 ms, a 12 ms hold (and the slack above it).
+        let t = t0 + ms(500);
+        r.on_traffic(t);
+        assert_eq!(r.allowed(t, ms(50), ms(20)), ms(12));
+        // Not again before a step's time, traffic or not.
+        let t = t + STEP_EVERY - ms(1);
+        r.on_traffic(t);
+        assert_eq!(r.allowed(t, ms(50), ms(20)), ms(12));
+        // Then from the 10 ms under the slack: 30 -> 48 ms, a 28 ms hold; then the 50 wanted.
+        let t = t + ms(1);
+        assert_eq!(r.allowed(t, ms(50), ms(20)), ms(28));
+        let t = t + STEP_EVERY;
+        r.on_traffic(t);
+        assert_eq!(r.allowed(t, ms(50), ms(20)), ms(50));
+    }
+
+    #[test]
+    fn a_fall_applies_at_once_and_small_rises_are_not_held_back() {
+        let t0 = Instant::now();
+        let mut r = Ramp::receiver();
+        assert_eq!(r.allowed(t0, ms(50), ms(20)), ms(50));
+        r.on_traffic(t0);
+        // The slow link goes: no hold.
+        assert_eq!(r.allowed(t0 + ms(10), ms(0), ms(20)), ms(0));
+        // It comes back under traffic: a step at once (the flows' minimum is the new 20 ms).
+        r.on_traffic(t0 + ms(20));
+        assert_eq!(r.allowed(t0 + ms(20), ms(50), ms(20)), ms(12));
+        // Small rises do not add up: at most SLACK over the step's hold until the next step.
+        let t = t0 + ms(30);
+        r.on_traffic(t);
+        assert_eq!(r.allowed(t, ms(11), ms(20)), ms(11));
+        assert_eq!(r.allowed(t + ms(1), ms(20), ms(20)), ms(12));
+        // A hold that wobbles by a little is followed whole, down and up.
+        assert_eq!(r.allowed(t + ms(2), ms(9), ms(20)), ms(9));
+        assert_eq!(r.allowed(t + ms(3), ms(11), ms(20)), ms(11));
+        assert_eq!(r.allowed(t + ms(4), ms(10), ms(20)), ms(10));
+    }
+
+    #[test]
+    fn the_sender_steps_after_the_receiver() {
+        let t0 = Instant::now();
+        let (mut rx, mut tx) = (Ramp::receiver(), Ramp::sender());
+        for r in [&mut rx, &mut tx] {
+            r.allowed(t0, ms(0), ms(20));
+            r.on_traffic(t0);
+            assert_eq!(r.allowed(t0, ms(50), ms(20)), ms(12));
+        }
+        let t = t0 + STEP_EVERY;
+        for r in [&mut rx, &mut tx] {
+            r.on_traffic(t);
+        }
+        assert!(rx.allowed(t, ms(50), ms(20)) > tx.allowed(t, ms(50), ms(20)));
+        let t = t + SENDER_LAG;
+        assert_eq!(rx.allowed(t, ms(50), ms(20)), tx.allowed(t, ms(50), ms(20)));
+    }
+}
