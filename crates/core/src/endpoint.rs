@@ -536,6 +536,9 @@ pub struct BundleStats {
     /// Delay equalisation: how long bulk-size packets from the fastest live link are held now
     /// (the spread of the live links' base one-way delays, within `equalize_max`); 0 when off.
     pub equalize_us: u64,
+    /// The hold the links call for: more than `equalize_us` while the hold grows by steps
+    /// under traffic after a slower link came up ([`crate::equalize`]).
+    pub equalize_wanted_us: u64,
     pub drops: DropStats,
     /// Loss repair; holes given up after repair are in `reorder.repair_given_up`.
     pub repair: RepairStats,
@@ -941,8 +944,10 @@ pub struct Endpoint {
     /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
     /// microseconds) a DATA packet is held until, when equalisation is on and measured.
     equalize_rel: Option<u32>,
-    /// What the target adds to the fastest live link's base delay (for `stats`).
+    /// What the target adds to the fastest live link's base delay, and what the links call
+    /// for (for `stats`).
     equalize_add: Duration,
+    equalize_wanted: Duration,
     /// How far the hold may grow under traffic, as receiver (our hold) and as sender (the
     /// scheduler's view of the peer's hold): [`crate::equalize`].
     equalize_rx: crate::equalize::Ramp,
@@ -1032,6 +1037,7 @@ impl Endpoint {
             frag: FragStats::default(),
             equalize_rel: None,
             equalize_add: Duration::ZERO,
+            equalize_wanted: Duration::ZERO,
             equalize_rx: crate::equalize::Ramp::receiver(),
             equalize_tx: crate::equalize::Ramp::sender(),
             next_data_seq: 0,
@@ -3475,10 +3481,12 @@ impl Endpoint {
             .filter_map(|l| l.health.min_rtt())
             .min();
         let rtt = fastest.unwrap_or(Duration::ZERO);
-        (self.equalize_rel, self.equalize_add) = match self.equalize_target(&bases) {
+        let target = self.equalize_target(&bases);
+        self.equalize_wanted = target.map_or(Duration::ZERO, |(_, add)| add);
+        (self.equalize_rel, self.equalize_add) = match target {
             Some((target, add)) => {
                 let allowed = self.equalize_rx.allowed(now, add, rtt);
-                let less = (add - allowed).as_micros() as u32;
+                let less = add.saturating_sub(allowed).as_micros() as u32;
                 (Some(target.wrapping_sub(less)), allowed)
             }
             None => {
@@ -3610,6 +3618,7 @@ impl Endpoint {
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
             equalize_us: self.equalize_add.as_micros() as u64,
+            equalize_wanted_us: self.equalize_wanted.as_micros() as u64,
             drops: self.drops.clone(),
             repair: RepairStats {
                 ring_packets: self.ring.len(),

@@ -237,6 +237,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "How long bulk-size packets of the fastest live link are held (delay equalisation)",
         &[(b.clone(), s.equalize_us as f64 / 1e6)],
     );
+    r.gauge(
+        "equalize_wanted_seconds",
+        "The hold the links call for (above equalize_seconds while it grows by steps)",
+        &[(b.clone(), s.equalize_wanted_us as f64 / 1e6)],
+    );
     r.counter(
         "reorder_delivered",
         "Packets delivered in order by the reorder buffer",

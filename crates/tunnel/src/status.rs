@@ -182,7 +182,7 @@ fn render_bundle(s: &Value) -> String {
     let tx_rate: f64 = links.iter().map(|l| f(l, "tx_rate_bps")).sum();
     let rx_rate: f64 = links.iter().map(|l| f(l, "rx_rate_bps")).sum();
     out.push_str(&format!(
-        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {} (timeout {:.1} ms); equalising {:.1} ms",
+        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {} (timeout {:.1} ms); equalising {:.1} ms{}",
         fmt_bps(tx_rate),
         fmt_bps(rx_rate),
         u(s, "tun_rx_packets").unwrap_or(0),
@@ -190,6 +190,13 @@ fn render_bundle(s: &Value) -> String {
         u(s, "reorder_depth").unwrap_or(0),
         u(s, "reorder_timeout_us").unwrap_or(0) as f64 / 1000.0,
         u(s, "equalize_us").unwrap_or(0) as f64 / 1000.0,
+        match (u(s, "equalize_wanted_us"), u(s, "equalize_us")) {
+            (Some(w), Some(e)) if w > e => format!(
+                " ({:.1} ms wanted: growing by steps)",
+                w as f64 / 1000.0
+            ),
+            _ => String::new(),
+        },
     ));
     if let Some(d) = s.get("drops").and_then(|d| d.as_object()) {
         let nz: Vec<String> = d
@@ -249,5 +256,21 @@ mod tests {
         assert!(lines[3].contains("DOWN"));
         assert!(lines[3].contains("4000000 bps, down 8000000 bps"), "{out}");
         assert!(lines[4].contains("drops: auth 3"), "{out}");
+        assert!(!out.contains("growing by steps"), "{out}");
+    }
+
+    /// While the equalisation hold grows by steps, the status says so (a new link is not used
+    /// in full yet, and the operator should know why).
+    #[test]
+    fn a_hold_growing_by_steps_is_shown() {
+        let s = serde_json::json!({
+            "kind": "tunnel", "name": "braid0", "role": "client", "links": [],
+            "equalize_us": 12000, "equalize_wanted_us": 50000
+        });
+        let out = render_status(&s);
+        assert!(
+            out.contains("equalising 12.0 ms (50.0 ms wanted: growing by steps)"),
+            "{out}"
+        );
     }
 }
