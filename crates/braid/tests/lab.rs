@@ -94,6 +94,36 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// What both ends of the bundle knew at the end, for a failure's message: per end the hold
+/// (in force / wanted, ms), and per link its state, learned rate, delivery rate (Mbit/s),
+/// reported queueing delay (ms) and loss.
+fn ends(v: &Value) -> String {
+    let mut out = String::new();
+    for side in ["client_status", "server_status"] {
+        let st = &v["bundle"][side];
+        let ms = |k: &str| st[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+        out += &format!(
+            "\n{side}: hold {:.1}/{:.1} ms, queued {}",
+            ms("equalize_us"),
+            ms("equalize_wanted_us"),
+            st["queued"]
+        );
+        for l in st["links"].as_array().into_iter().flatten() {
+            let mbit = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e6;
+            out += &format!(
+                "\n  {} {}: sched {:.1} dlv {:.1} qdelay {:.1} ms loss {}",
+                l["name"],
+                l["state"],
+                mbit("sched_rate_bps"),
+                mbit("delivery_rate_bps"),
+                l["qdelay_us"].as_f64().unwrap_or(f64::NAN) / 1e3,
+                l["loss"]
+            );
+        }
+    }
+    out
+}
+
 /// TCP payload per IP byte on a 1500-byte link: IPv4 + TCP with timestamps take 52 bytes.
 const TCP_EFFICIENCY: f64 = 1448.0 / 1500.0;
 
@@ -729,12 +759,18 @@ fn lab_bbr_does_not_overflow_the_links_under_back_pressure() {
     assert!(segments > 10_000.0, "too little traffic: {run}");
     assert!(
         retrans < 0.01 * segments,
-        "BBR retransmitted {retrans} of {segments} segments: {run}"
+        "BBR retransmitted {retrans} of {segments} segments: {run}{}",
+        ends(&v)
     );
     // Most of the 70 Mbit/s: 63-64 Mbit/s in 10 s with or without back-pressure; the bound is
     // loose for a loaded machine and the 10 s run's start-up.
     let goodput = f(&run["goodput_bps"]);
-    assert!(goodput > 0.6 * 70e6, "{:.1} Mbit/s: {run}", goodput / 1e6);
+    assert!(
+        goodput > 0.6 * 70e6,
+        "{:.1} Mbit/s: {run}{}",
+        goodput / 1e6,
+        ends(&v)
+    );
     // It did engage, at the sending end (the client, in an upload).
     let queued = &v["bundle"]["client_status"]["queued"];
     assert!(queued.as_u64().unwrap_or(0) > 0, "nothing queued: {queued}");
