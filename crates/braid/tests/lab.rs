@@ -634,9 +634,11 @@ fn lab_failover_reinjects_what_the_dead_link_carried() {
 /// 4-packet floor (`braid_core::equalize`, which now grows the hold by steps). In the lab
 /// without the steps, 25 s runs (`--fail link2@2 --restore link2@5`) fell in 2 of 4 (39 -> 4
 /// Mbit/s over the 8 s after the return; 66 -> 7 Mbit/s 11 s after it), while this shorter run
-/// passed 4 of 4 without them: a guard of the return path, not proof of the steps
-/// (BENCHMARKS.md §4, "A link coming back"). The bounds leave room for BBR's probe of the round
-/// trip (200 ms at 4 packets) and a loaded machine.
+/// passed 4 of 4 without them. With the steps' first form it failed (11-16 Mbit/s for 6 s): the
+/// slow link, not yet covered by the hold, took the fast link's overflow and stalled the reorder
+/// buffer; since it carries no held packet until covered, 42-58 Mbit/s every second after the
+/// return (BENCHMARKS.md §4, "A link coming back"). The bounds leave room for BBR's probe of the
+/// round trip (200 ms at 4 packets) and a loaded machine.
 #[test]
 fn lab_bbr_keeps_its_rate_when_a_slower_link_comes_back() {
     require_root();
