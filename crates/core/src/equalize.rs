@@ -9,8 +9,9 @@
 //!   what it delivers below its estimate, the estimate follows what it delivers, and the flow
 //!   spirals down to its 4-packet floor until the minimum expires. Measured in the simulator
 //!   (50 Mbit/s at 10 ms, then a 20 Mbit/s, 60 ms link coming up 1.5 s into the flow): 65
-//!   Mbit/s without the late link, 0.5-0.8 Mbit/s from 6 to 15 s with it; once in CI's lab
-//!   run, 63 -> 18 Mbit/s over 8 s.
+//!   Mbit/s without the late link, 0.5-0.8 Mbit/s from 6 to 15 s with it; in the lab, 3 of 8
+//!   runs of 25 s fell to 4-12 Mbit/s after such a return (BENCHMARKS.md §4, "A link coming
+//!   back"), and CI's lab run that fell 63 -> 18 Mbit/s over 8 s was likely one (not proven).
 //! - CUBIC's window, sized for the old round trip, gives 1/k of its rate when the round trip
 //!   grows k-fold, and regrows in CUBIC's own time (the same simulator case: 26-29 Mbit/s for
 //!   9 s, below the fast link alone).
