@@ -3542,14 +3542,9 @@ impl Endpoint {
             .map(|&o| o.wrapping_sub(first) as i32 as i64)
             .collect();
         let lo = rel.iter().copied().min().unwrap_or(0);
-        let wait = rel
-            .iter()
-            .map(|&r| {
-                let spread = Duration::from_micros((r - lo) as u64);
-                crate::sched::equalize_wait(spread, self.cfg.equalize_max)
-            })
-            .max()
-            .unwrap_or(Duration::ZERO);
+        // The same wait as the sender's placement computes (`sched::equalize_want`).
+        let spreads = rel.iter().map(|&r| Duration::from_micros((r - lo) as u64));
+        let (_, wait) = crate::sched::equalize_want(spreads, self.cfg.equalize_max)?;
         // At most `equalize_max` (clamped to i32 microseconds above).
         let add = (wait.as_micros() as i64).min(max_add);
         Some((
