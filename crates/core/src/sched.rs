@@ -674,7 +674,17 @@ impl Held {
             + (PROBE_GAIN - 1.0)
                 * (ADJUST_INTERVAL.as_secs_f64() / interval.as_secs_f64()).min(1.0);
         self.probe = match self.probe {
-            Probe::Cruise(n) if !full || qdelay >= PROBE_MAX_QDELAY => Probe::Cruise(n),
+            Probe::Cruise(n) if !full => Probe::Cruise(n),
+            // Full with a queue standing at it: the link carries all it can, as a probe that is
+            // not carried would show (and a probe would only deepen the queue). Settled: else a
+            // link the placement keeps queued (the faster links under equalisation) was never
+            // probed, never settled, and kept the bundle "learning" for good, so its queue never
+            // dropped a packet for waiting (a CUBIC flow over 10 Mbit/s at 20 and 120 ms: pings
+            // through the bundle at 600-940 ms).
+            Probe::Cruise(n) if qdelay >= PROBE_MAX_QDELAY => {
+                self.settled = true;
+                Probe::Cruise(n)
+            }
             Probe::Cruise(n) if n + 1 < PROBE_EVERY => Probe::Cruise(n + 1),
             Probe::Cruise(_) => Probe::Up {
                 base: self.max(),
@@ -1964,6 +1974,23 @@ mod tests {
         let (rates, probed) = held_rounds(10e6, 10e6, PROBE_MAX_QDELAY, 60);
         assert!(!probed);
         assert!(rates.iter().all(|&r| r == 10e6), "{rates:?}");
+    }
+
+    #[test]
+    fn held_link_full_behind_a_deep_queue_is_settled() {
+        // The placement keeps the faster links queued under equalisation, so they are never
+        // probed; full with that queue they carry all they can, and must not keep the bundle
+        // "learning" (its queue then never dropped a packet for waiting).
+        let mut h = Held::default();
+        h.adjust(10e6, true, 10e6, PROBE_MAX_QDELAY, ms(100));
+        assert!(h.settled);
+        // Not full, or with less queue than that: nothing is known yet.
+        for qdelay in [ms(0), PROBE_MAX_QDELAY - ms(1)] {
+            let mut h = Held::default();
+            h.adjust(10e6, false, 10e6, PROBE_MAX_QDELAY, ms(100));
+            h.adjust(10e6, true, 10e6, qdelay, ms(100));
+            assert!(!h.settled);
+        }
     }
 
     #[test]
