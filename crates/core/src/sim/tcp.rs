@@ -15,7 +15,8 @@
 //!   been delivered and `rack_rtt + reo_wnd` has passed since it was sent; `reo_wnd` is
 //!   `min_rtt / 4` once reordering has been seen, zero before that in recovery or once 3
 //!   segments are SACKed above the hole (the DupThresh rule); and with a retransmission timer
-//!   (RFC 6298, minimum 200 ms as Linux) that marks everything in flight lost;
+//!   (RFC 6298 estimators, the timeout srtt + max(4 rttvar, 200 ms) as Linux sets it) that
+//!   marks everything in flight lost;
 //! - delivery-rate samples per ACK as draft-cheng-iccrg-delivery-rate-estimation;
 //! - congestion control from [`super::cc`]: CUBIC (window-limited, unpaced, as Linux without
 //!   the fq qdisc) or BBR v1 (paced).
@@ -39,6 +40,12 @@ pub const ACK_LEN: usize = 52;
 const SACK_BLOCK_LEN: usize = 8;
 const MAX_SACK_BLOCKS: usize = 3;
 const DELAYED_ACK: Duration = Duration::from_millis(40);
+/// Linux's `tcp_rto_min`: the least of the RTO's variance term (`tcp_set_rto`: srtt + max(4 x
+/// rttvar, 200 ms)), not a floor of the whole RTO as RFC 6298 has it. With the RFC's rule a flow
+/// behind a standing queue of a few hundred ms (srtt 390-560 ms, rttvar small) timed out while
+/// its fast retransmission was still queued, and a timeout marks the whole window lost: the
+/// simulator's BBR over 10 Mbit/s links at 20/120 ms retransmitted 1433 / 2293 segments (median,
+/// up / down) where with Linux's rule 470 / 712 (lab: 86-88% of the sum).
 const MIN_RTO: Duration = Duration::from_millis(200);
 const INIT_RTO: Duration = Duration::from_secs(1);
 const MAX_RTO: Duration = Duration::from_secs(60);
@@ -425,7 +432,7 @@ impl Sender {
         })
     }
 
-    /// RFC 6298.
+    /// RFC 6298's estimators; the RTO as Linux sets it (see [`MIN_RTO`]).
     fn update_rtt(&mut self, r: Duration) {
         self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
         match self.srtt {
@@ -440,7 +447,7 @@ impl Sender {
             }
         }
         let srtt = self.srtt.unwrap_or(r);
-        self.rto = (srtt + self.rttvar * 4).clamp(MIN_RTO, MAX_RTO);
+        self.rto = (srtt + (self.rttvar * 4).max(MIN_RTO)).min(MAX_RTO);
     }
 
     fn reo_wnd(&self) -> Duration {
