@@ -45,9 +45,13 @@ fn runs(sc: &TcpScenario) -> Vec<sim::TcpReport> {
 
 /// The run with the median goodput of [`SEEDS`] (each with its start offset).
 fn median_run(sc: &TcpScenario) -> sim::TcpReport {
-    let mut runs = runs(sc);
+    median_goodput_run(runs(sc))
+}
+
+/// The run of `runs` with the median goodput.
+fn median_goodput_run(mut runs: Vec<sim::TcpReport>) -> sim::TcpReport {
     runs.sort_by(|a, b| a.of_sum.total_cmp(&b.of_sum));
-    runs.swap_remove(SEEDS.len() / 2)
+    runs.swap_remove(runs.len() / 2)
 }
 
 /// The median of `f` over `runs`.
@@ -63,13 +67,12 @@ fn check(index: usize, wants: &[Want]) {
         let sc = base.clone().cc(cc);
         let best = sim::best_single_link(&sc);
         for &(_, dir, min_of_sum, min_vs_best) in wants.iter().filter(|w| w.0 == cc) {
-            let mut all = runs(&sc.clone().direction(dir));
+            let all = runs(&sc.clone().direction(dir));
             // The stall's median over the runs, as the goodput's (the median-goodput run's own
             // stall is one draw: 437 ms in the 1%-loss BBR upload once the model's RTO became
             // Linux's; the median over scripts/sim-ensemble.sh's six offsets is 166).
             let stall = median(&all, |r| r.longest_stall_ms);
-            all.sort_by(|a, b| a.of_sum.total_cmp(&b.of_sum));
-            let mut r = all.swap_remove(SEEDS.len() / 2);
+            let mut r = median_goodput_run(all);
             r.best_single = Some(best.clone());
             eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
             let what = format!("{} {} {}", r.name, cc.name(), dir.name());
