@@ -11,7 +11,10 @@ cd "$(dirname "$0")/.."
 DUR=${1:-20}
 shift || true
 SCENARIOS=("$@")
-((${#SCENARIOS[@]})) || SCENARIOS=(default 10-20-50 ratio7 lossy lte spread100 mixed)
+# shellcheck source=scripts/lab-scenarios.sh
+. scripts/lab-scenarios.sh
+((${#SCENARIOS[@]})) || SCENARIOS=("${SCENARIO_NAMES[@]}")
+for sc in "${SCENARIOS[@]}"; do scenario_links "$sc" >/dev/null || exit 2; done
 CCS=${CCS:-"cubic bbr"}
 DIRS=${DIRS:-"up down"}
 EXTRA=${EXTRA:-}
@@ -24,21 +27,6 @@ if [ -z "${BRAID:-}" ]; then
   BRAID=target/release/braid
 fi
 
-links() {
-  case $1 in
-    default) echo "--link 1mbit/10ms --link 2mbit/10ms --link 3mbit/10ms" ;;
-    10-20-50) echo "--link 10mbit/5ms --link 20mbit/20ms --link 50mbit/40ms" ;;
-    ratio7) echo "--link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms" ;;
-    lossy) echo "--link 20mbit/10ms --link 20mbit/40ms/1.5%" ;;
-    lte) echo "--link 30mbit/30ms/0%/20ms --link 10mbit/15ms" ;;
-    # Equal rates, one-way delays 100 ms apart: the spread on the default equalisation bound.
-    spread100) echo "--link 10mbit/20ms --link 10mbit/120ms" ;;
-    # A fast line, a slower lossy one, a slow far one (BENCHMARKS.md §4, "Slow links").
-    mixed) echo "--link 40mbit/20ms --link 8mbit/50ms/1% --link 4mbit/80ms" ;;
-    *) echo "unknown scenario $1" >&2; exit 2 ;;
-  esac
-}
-
 echo "| scenario | cc | direction | best link alone | MPTCP | braid | braid / MPTCP | braid retrans | MPTCP retrans |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for sc in "${SCENARIOS[@]}"; do
@@ -48,7 +36,7 @@ for sc in "${SCENARIOS[@]}"; do
       f="$OUT/$sc-$cc-$dir.json"
       # shellcheck disable=SC2046
       if ! $BRAID lab --quiet --json --duration "$DUR" --cc "$cc" $rev --compare mptcp \
-          $(links "$sc") $EXTRA >"$f" 2>"$f.err"; then
+          $(scenario_links "$sc") $EXTRA >"$f" 2>"$f.err"; then
         echo "| $sc | $cc | $dir | failed: $(head -c 200 "$f.err") |"
         continue
       fi
