@@ -16,7 +16,8 @@
 #
 # Each run is `braid lab --quiet --json --skip-single --duration DUR --seed S --cc CC [--reverse]
 # <the scenario's links> EXTRA`, under `flock /tmp/braid-lab.lock` (lab runs must not overlap:
-# they are CPU-bound on this 2-core VM); the JSON of every run stays in OUT.
+# they are CPU-bound on this 2-core VM) and a timeout of 4 x DUR + 120 s; the JSON of every run
+# stays in OUT (SCENARIO-CC-DIR-SEED-A|B.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lab-scenarios.sh
@@ -57,7 +58,7 @@ for cell in "${CELLS[@]}"; do
       spec=$A; [ $label = B ] && spec=$B
       f="$OUT/$sc-$cc-$dir-$seed-$label.json"
       # shellcheck disable=SC2046,SC2086
-      env $(side_env "$spec") timeout $((DUR * 4 + 120)) flock /tmp/braid-lab.lock \
+      env $(side_env "$spec") flock /tmp/braid-lab.lock timeout $((DUR * 4 + 120)) \
         "$(side_bin "$spec")" lab --quiet --json --skip-single --duration "$DUR" --seed "$seed" \
         --cc "$cc" $rev $(scenario_links "$sc") $EXTRA >"$f" 2>"$f.err" ||
         echo "lab-ab: $cell seed $seed $label failed: $(head -c 300 "$f.err")" >&2
