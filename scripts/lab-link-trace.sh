@@ -51,7 +51,8 @@ with open(out, "w") as f:
         r = subprocess.run([braid, "status", "--json", "--control", sock],
                            capture_output=True, text=True)
         try:
-            links = json.loads(r.stdout)["links"]
+            st = json.loads(r.stdout)
+            links = st["links"]
         except (ValueError, KeyError):
             time.sleep(0.5)
             continue
@@ -62,7 +63,10 @@ with open(out, "w") as f:
             cols.append("%s:rate=%.1f,qdelay=%.1f,delivered=%.1f,sent=%.1f" % (
                 l["name"], (l.get("sched_rate_bps") or 0) / 1e6, q,
                 (l.get("delivery_rate_bps") or 0) / 1e6, (l.get("tx_rate_bps") or 0) / 1e6))
-        f.write("t=%.1f %s\n" % (time.monotonic() - t0, " ".join(cols)))
+        hold = "hold=%.1f/%.1f,queued=%s" % ((st.get("equalize_us") or 0) / 1e3,
+                                            (st.get("equalize_wanted_us") or 0) / 1e3,
+                                            st.get("queued"))
+        f.write("t=%.1f %s %s\n" % (time.monotonic() - t0, hold, " ".join(cols)))
         f.flush()
         time.sleep(0.5)
 for name, qs in sorted(qd.items()):

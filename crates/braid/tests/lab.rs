@@ -94,11 +94,54 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-/// What both ends of the bundle knew at the end, for a failure's message: per end the hold
-/// (in force / wanted, ms), and per link its state, learned rate, delivery rate (Mbit/s),
-/// reported queueing delay (ms) and loss.
+/// What both ends of the bundle knew, for a failure's message: through the run (every half
+/// second) per end the hold (in force / wanted, and counted on as the sender, ms) and per link
+/// its state, learned rate / delivery rate / send rate (Mbit/s) and queueing delay (ms); the
+/// sender's TCP (round trip, minimum, window, BBR's estimates); then at the end per end the hold
+/// and per link its state, learned rate, delivery rate, reported queueing delay and loss.
 fn ends(v: &Value) -> String {
     let mut out = String::new();
+    let g = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    // Through the run: both ends' view and the sender's TCP.
+    for e in v["bundle"]["timeline"].as_array().into_iter().flatten() {
+        out += &format!("\nt={:.1}", g(&e["t_s"]));
+        for side in ["client", "server"] {
+            let st = &e[side];
+            out += &format!(
+                " | {side} hold {:.1}/{:.1} send {:.1} queued {}:",
+                g(&st["hold_ms"]),
+                g(&st["wanted_ms"]),
+                g(&st["send_hold_ms"]),
+                st["queued"]
+            );
+            for l in st["links"].as_array().into_iter().flatten() {
+                out += &format!(
+                    " [{} {:.1}/{:.1}/{:.1} q{:.0}]",
+                    l["state"].as_str().unwrap_or("?"),
+                    g(&l["sched_mbps"]),
+                    g(&l["delivered_mbps"]),
+                    g(&l["sent_mbps"]),
+                    g(&l["qdelay_ms"])
+                );
+            }
+        }
+    }
+    for s in v["bundle"]["run"]["sender_tcp"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        out += &format!(
+            "\ntcp t={:.1} rtt {:.0} min {:.1} cwnd {} bbr {:.1} Mbit/s {:.1} ms retrans {}",
+            g(&s["t_s"]),
+            g(&s["rtt_ms"]),
+            g(&s["min_rtt_ms"]),
+            s["cwnd"],
+            s["bbr_bw_bps"].as_f64().unwrap_or(f64::NAN) / 1e6,
+            s["bbr_min_rtt_ms"].as_f64().unwrap_or(f64::NAN),
+            s["total_retrans"]
+        );
+    }
     for side in ["client_status", "server_status"] {
         let st = &v["bundle"][side];
         let ms = |k: &str| st[k].as_f64().unwrap_or(f64::NAN) / 1e3;
@@ -673,11 +716,17 @@ fn lab_bbr_keeps_its_rate_when_a_slower_link_comes_back() {
     assert!(after.len() >= 6, "{run}");
     let least = after.iter().copied().fold(f64::MAX, f64::min);
     let mean = after.iter().sum::<f64>() / after.len() as f64;
-    assert!(least > 20e6, "a second at {:.1} Mbit/s: {run}", least / 1e6);
+    assert!(
+        least > 20e6,
+        "a second at {:.1} Mbit/s: {run}{}",
+        least / 1e6,
+        ends(&v)
+    );
     assert!(
         mean > 35e6,
-        "{:.1} Mbit/s after the return: {run}",
-        mean / 1e6
+        "{:.1} Mbit/s after the return: {run}{}",
+        mean / 1e6,
+        ends(&v)
     );
 }
 

@@ -539,6 +539,10 @@ pub struct BundleStats {
     /// The hold the links call for: more than `equalize_us` while the hold grows by steps
     /// under traffic after a slower link came up ([`crate::equalize`]).
     pub equalize_wanted_us: u64,
+    /// As the sender: the hold this end counts on the peer applying (its own view of the
+    /// links' delays, grown by the same steps a little later); a link that needs more carries
+    /// no held packet. Equal to the wanted hold of that view when no step holds it back.
+    pub equalize_send_us: u64,
     pub drops: DropStats,
     /// Loss repair; holes given up after repair are in `reorder.repair_given_up`.
     pub repair: RepairStats,
@@ -948,6 +952,8 @@ pub struct Endpoint {
     /// for (for `stats`).
     equalize_add: Duration,
     equalize_wanted: Duration,
+    /// The hold the sender counts on ([`EndpointStatus::equalize_send_us`]).
+    equalize_send: Duration,
     /// How far the hold may grow under traffic, as receiver (our hold) and as sender (the
     /// scheduler's view of the peer's hold): [`crate::equalize`].
     equalize_rx: crate::equalize::Ramp,
@@ -1038,6 +1044,7 @@ impl Endpoint {
             equalize_rel: None,
             equalize_add: Duration::ZERO,
             equalize_wanted: Duration::ZERO,
+            equalize_send: Duration::ZERO,
             equalize_rx: crate::equalize::Ramp::receiver(),
             equalize_tx: crate::equalize::Ramp::sender(),
             next_data_seq: 0,
@@ -3523,6 +3530,7 @@ impl Endpoint {
             .map_or(Duration::ZERO, |(_, wait)| wait);
         self.views = views;
         let cap = self.equalize_tx.allowed(now, wanted, rtt);
+        self.equalize_send = cap;
         self.sched.cap_equalization((cap < wanted).then_some(cap));
     }
 
@@ -3614,6 +3622,7 @@ impl Endpoint {
             queued: self.queue.queued,
             equalize_us: self.equalize_add.as_micros() as u64,
             equalize_wanted_us: self.equalize_wanted.as_micros() as u64,
+            equalize_send_us: self.equalize_send.as_micros() as u64,
             drops: self.drops.clone(),
             repair: RepairStats {
                 ring_packets: self.ring.len(),

@@ -28,7 +28,10 @@ use anyhow::{bail, Context};
 
 use crate::emulator::EmuStats;
 use crate::netns::{Proc, Topology};
-use crate::report::{BundleReport, CompareReport, FailReport, LabReport, LinkReport, RunReport};
+use crate::report::{
+    BundleReport, CompareReport, EndSample, EndsSample, FailReport, LabReport, LinkReport,
+    RunReport,
+};
 pub use crate::spec::LinkSpec;
 
 /// Tunnel addresses (inside 198.18.0.0/15, outside the links' 198.18.<i>.0/24).
@@ -48,6 +51,8 @@ pub const MAX_TUNNEL_MTU: u32 = UNDERLAY_MTU - 28 - braid_core::wire::DATA_OVERH
 pub const MAX_LAB_MTU: u32 = 1500;
 /// IPv4 + TCP headers with timestamps: what each TCP segment carries besides payload.
 pub const TCP_IP_HEADERS: u32 = 52;
+/// How often a bundle run records both ends' view ([`report::BundleReport::timeline`]).
+pub const TIMELINE_EVERY: Duration = Duration::from_millis(500);
 
 fn parse_link_spec(s: &str) -> Result<LinkSpec, String> {
     s.parse()
@@ -580,6 +585,19 @@ impl Lab {
     }
 
     /// Control socket of the client endpoint, once started.
+    /// Both ends' view now (`t_s` into the run), from their `status` replies.
+    pub fn ends_sample(&self, t_s: f64) -> EndsSample {
+        let end = |p: Option<&Path>| {
+            let st = braid_linux::control::request(p?, &serde_json::json!({"cmd": "status"}));
+            EndSample::from_status(&st.ok()?)
+        };
+        EndsSample {
+            t_s,
+            client: end(self.client_control()),
+            server: end(self.server_control().as_deref()),
+        }
+    }
+
     pub fn client_control(&self) -> Option<&Path> {
         self.client_control.as_deref()
     }
@@ -1142,6 +1160,12 @@ fn run_report(run: &TcpRun) -> RunReport {
         tcp_retransmits: run.tcp_retrans_segs,
         link_queue_drops: run.link_drops().iter().map(|d| d.0).collect(),
         link_lost: run.link_drops().iter().map(|d| d.1).collect(),
+        sender_tcp: run
+            .source
+            .flows
+            .first()
+            .map(|f| f.tcp.clone())
+            .unwrap_or_default(),
     }
 }
 
@@ -1239,7 +1263,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
         Some(Compare::Mptcp) => {
             lab.enable_mptcp()?;
             let (capable0, joined0) = mptcp_counters(&lab.hosts(direction).0);
-            let (run, fail) = run_with_fail(
+            let (run, fail, _) = run_with_fail(
                 &mut lab,
                 &traffic(receiver(1), true),
                 args,
@@ -1359,17 +1383,23 @@ fn ping_links(lab: &Lab, specs: &[LinkSpec], queue_ms: u64) -> Vec<LinkReport> {
 }
 
 /// One traffic run over several links, taking `--fail`'s link down at its time (and back up at
-/// `--restore`'s).
+/// `--restore`'s); with the bundle's endpoints running, their view every [`TIMELINE_EVERY`].
 fn run_with_fail(
     lab: &mut Lab,
     traffic: &Traffic,
     args: &LabArgs,
     live: &mut Live,
     label: &str,
-) -> anyhow::Result<(TcpRun, Option<FailReport>)> {
+) -> anyhow::Result<(TcpRun, Option<FailReport>, Vec<EndsSample>)> {
     let (mut failed, mut restored) = (false, false);
     let (fail, restore) = (args.fail.clone(), args.restore.clone());
+    let mut timeline = Vec::new();
     let run = lab.run_traffic(traffic, &mut |lab, t| {
+        if lab.client_control().is_some()
+            && timeline.len() as f64 * TIMELINE_EVERY.as_secs_f64() <= t
+        {
+            timeline.push(lab.ends_sample(t));
+        }
         if let Some(f) = &fail {
             if !failed && t >= f.at.as_secs_f64() {
                 lab.fail_link(f.link)?;
@@ -1394,7 +1424,7 @@ fn run_with_fail(
         longest_gap_ms: run.sink.longest_gap_ms,
         survived: run.survived(),
     });
-    Ok((run, fail))
+    Ok((run, fail, timeline))
 }
 
 /// The bundle: two `braid up` endpoints, then the traffic through the tunnel.
@@ -1412,7 +1442,7 @@ fn run_bundle(
         _ => None,
     };
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
-    let (run, fail) = run_with_fail(lab, traffic, args, live, "bundle")?;
+    let (run, fail, timeline) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| {
         p.and_then(|p| braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok())
     };
@@ -1423,6 +1453,7 @@ fn run_bundle(
         run: run_report(&run),
         client_status: status(lab.client_control()),
         server_status: status(lab.server_control().as_deref()),
+        timeline,
     })
 }
 

@@ -125,6 +125,9 @@ pub struct RunReport {
     pub link_queue_drops: Vec<u64>,
     /// ...and random loss.
     pub link_lost: Vec<u64>,
+    /// The (first) sender's TCP state through the run: its round trip, the minimum it sizes
+    /// its window by, its window and rates (BBR's estimates when it runs BBR).
+    pub sender_tcp: Vec<crate::traffic::TcpSample>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -137,6 +140,73 @@ pub struct BundleReport {
     pub client_status: Option<serde_json::Value>,
     /// The server's `status` reply at the end of the run.
     pub server_status: Option<serde_json::Value>,
+    /// Both ends' view through the run, every [`crate::TIMELINE_EVERY`]: what the end-of-run
+    /// status cannot show (a hold that grew by steps, a rate learned too high for a while).
+    pub timeline: Vec<EndsSample>,
+}
+
+/// Both ends' view of the bundle at one moment of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndsSample {
+    /// Seconds since the traffic started.
+    pub t_s: f64,
+    pub client: Option<EndSample>,
+    pub server: Option<EndSample>,
+}
+
+/// One end's view (from its `status` reply).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EndSample {
+    /// Delay equalisation as the receiver: the hold in force and the one the links call for;
+    /// as the sender: the hold it counts on the peer applying (ms).
+    pub hold_ms: f64,
+    pub wanted_ms: f64,
+    pub send_hold_ms: f64,
+    /// Packets that waited in the bundle's queue so far (back-pressure).
+    pub queued: u64,
+    pub links: Vec<LinkSample>,
+}
+
+/// One link as one end sees it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LinkSample {
+    pub state: String,
+    /// The scheduler's rate, the delivery rate the peer reports, what this end sends (Mbit/s),
+    /// and the queueing delay the peer measures (ms).
+    pub sched_mbps: f64,
+    pub delivered_mbps: f64,
+    pub sent_mbps: f64,
+    pub qdelay_ms: f64,
+}
+
+impl EndSample {
+    /// From a `status` reply; `None` if it has no links array.
+    pub fn from_status(st: &serde_json::Value) -> Option<EndSample> {
+        let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+        let links = st
+            .get("links")?
+            .as_array()?
+            .iter()
+            .map(|l| LinkSample {
+                state: l
+                    .get("state")
+                    .and_then(|s| s.as_str())
+                    .unwrap_or("?")
+                    .to_string(),
+                sched_mbps: num(l, "sched_rate_bps") / 1e6,
+                delivered_mbps: num(l, "delivery_rate_bps") / 1e6,
+                sent_mbps: num(l, "tx_rate_bps") / 1e6,
+                qdelay_ms: num(l, "qdelay_us") / 1e3,
+            })
+            .collect();
+        Some(EndSample {
+            hold_ms: num(st, "equalize_us") / 1e3,
+            wanted_ms: num(st, "equalize_wanted_us") / 1e3,
+            send_hold_ms: num(st, "equalize_send_us") / 1e3,
+            queued: st.get("queued").and_then(|q| q.as_u64()).unwrap_or(0),
+            links,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -396,5 +466,42 @@ fn render_run(
             "  the TCP connection did not finish cleanly: {}\n",
             run.errors.join("; ")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_end_sample_reads_a_status_reply() {
+        let st = serde_json::json!({
+            "equalize_us": 12000, "equalize_wanted_us": 50000, "equalize_send_us": 11000,
+            "queued": 42,
+            "links": [
+                {"state": "up", "sched_rate_bps": 50e6, "delivery_rate_bps": 45e6,
+                 "tx_rate_bps": 48e6, "qdelay_us": 70000},
+                {"state": "down"}
+            ]
+        });
+        let e = EndSample::from_status(&st).expect("links");
+        assert_eq!(
+            (e.hold_ms, e.wanted_ms, e.send_hold_ms, e.queued),
+            (12.0, 50.0, 11.0, 42)
+        );
+        assert_eq!(
+            e.links[0],
+            LinkSample {
+                state: "up".into(),
+                sched_mbps: 50.0,
+                delivered_mbps: 45.0,
+                sent_mbps: 48.0,
+                qdelay_ms: 70.0
+            }
+        );
+        // A field missing reads as zero; no links array, no sample.
+        assert_eq!(e.links[1].state, "down");
+        assert_eq!(e.links[1].sched_mbps, 0.0);
+        assert!(EndSample::from_status(&serde_json::json!({"error": "x"})).is_none());
     }
 }

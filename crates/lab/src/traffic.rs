@@ -50,6 +50,21 @@ pub struct SourceReport {
 pub struct SourceFlow {
     pub bytes_sent: u64,
     pub error: Option<String>,
+    /// The sender's TCP state every [`TCP_SAMPLE_EVERY`] (empty if the kernel does not say,
+    /// as for an MPTCP socket on some kernels).
+    #[serde(default)]
+    pub tcp: Vec<TcpSample>,
+}
+
+/// How often the source reads its connection's TCP state.
+pub const TCP_SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+/// One reading of the sender's TCP state, seconds after the connection was made.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct TcpSample {
+    pub t_s: f64,
+    #[serde(flatten)]
+    pub info: braid_linux::tcp_info::TcpInfo,
 }
 
 /// One flow's reads: (nanoseconds since the sink's start, bytes).
@@ -198,8 +213,17 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
     };
     let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
     let buf = vec![0x5au8; 64 * 1024];
-    let end = Instant::now() + duration;
+    let connected = Instant::now();
+    let end = connected + duration;
+    let mut next_sample = connected;
     while Instant::now() < end {
+        if Instant::now() >= next_sample {
+            next_sample += TCP_SAMPLE_EVERY;
+            if let Some(info) = braid_linux::tcp_info::read(&s) {
+                let t_s = connected.elapsed().as_secs_f64();
+                flow.tcp.push(TcpSample { t_s, info });
+            }
+        }
         match s.write(&buf) {
             Ok(n) => flow.bytes_sent += n as u64,
             Err(e)

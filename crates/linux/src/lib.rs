@@ -17,7 +17,9 @@
 //!   back-off) for the two above;
 //! - [`service`]: readiness and shutdown notices to systemd (`Type=notify` units);
 //! - [`sysctl`]: `/proc/sys` keys, also inside a named network namespace, and [`sysctl::in_netns`]
-//!   (work done, a socket opened, inside a named network namespace).
+//!   (work done, a socket opened, inside a named network namespace);
+//! - [`tcp_info`]: what the kernel's TCP knows of a connection (round trip, window, BBR's
+//!   state), for the lab's sender.
 pub mod control;
 pub mod ethtool;
 pub mod fuzzing;
@@ -30,5 +32,6 @@ pub mod process;
 pub mod serve;
 pub mod service;
 pub mod sysctl;
+pub mod tcp_info;
 pub mod tun;
 pub mod udp;

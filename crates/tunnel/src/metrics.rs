@@ -12,9 +12,9 @@
 //! `braid_link_up` / `braid_link_state` (label `state`),
 //! `braid_link_{delivery_rate,sched_rate,bandwidth}_bytes_per_second`, `braid_link_priority`.
 //! Bundle: `braid_session_up`, `braid_links`, `braid_links_up`, `braid_reorder_depth`,
-//! `braid_reorder_max_depth`, `braid_reorder_timeout_seconds`, `braid_equalize_seconds`,
-//! `braid_reorder_*_total`, `braid_repair_*_total` and `braid_repair_ring_bytes` (in-tunnel
-//! loss repair), `braid_drops_total` (label `reason`),
+//! `braid_reorder_max_depth`, `braid_reorder_timeout_seconds`,
+//! `braid_equalize_{,wanted_,send_}seconds`, `braid_reorder_*_total`, `braid_repair_*_total`
+//! and `braid_repair_ring_bytes` (in-tunnel loss repair), `braid_drops_total` (label `reason`),
 //! `braid_tun_{rx,tx}_{packets,bytes}_total`. And `braid_build_info`.
 
 use std::sync::atomic::AtomicU64;
@@ -241,6 +241,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "equalize_wanted_seconds",
         "The hold the links call for (above equalize_seconds while it grows by steps)",
         &[(b.clone(), s.equalize_wanted_us as f64 / 1e6)],
+    );
+    r.gauge(
+        "equalize_send_seconds",
+        "The hold this end counts on the peer applying as it sends (links needing more carry no held packet)",
+        &[(b.clone(), s.equalize_send_us as f64 / 1e6)],
     );
     r.counter(
         "reorder_delivered",

@@ -1,0 +1,139 @@
+//! What the kernel's TCP knows of one of its connections (`TCP_INFO`, and BBR's own state from
+//! `TCP_CC_INFO`), for the lab's sender: the round trip it measures, the minimum it sizes its
+//! window by, its window and rates. A flow that slows down without loss (BBR whose round trip grew
+//! beyond twice the minimum it keeps) shows why here and nowhere else.
+//!
+//! `libc::tcp_info` is the kernel's struct; a kernel older than a field leaves it zero (the
+//! length it returns is shorter), which reads as "unknown" below.
+
+use std::os::fd::AsRawFd;
+
+/// One reading of a connection's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TcpInfo {
+    /// Smoothed round trip, ms.
+    pub rtt_ms: f64,
+    /// The connection's minimum round trip (the kernel's, over minutes), ms; 0 if unknown.
+    pub min_rtt_ms: f64,
+    /// Congestion window, segments.
+    pub cwnd: u32,
+    /// The last delivery-rate sample, and the pacing rate, bit/s.
+    pub delivery_rate_bps: f64,
+    pub pacing_rate_bps: f64,
+    /// Segments retransmitted so far.
+    pub total_retrans: u32,
+    /// BBR's bandwidth estimate (bit/s) and the minimum round trip it sizes its window by (ms,
+    /// kept 10 s), when the connection runs BBR.
+    pub bbr_bw_bps: Option<f64>,
+    pub bbr_min_rtt_ms: Option<f64>,
+}
+
+/// Reads `TCP_INFO` (and `TCP_CC_INFO` for BBR) of a connected TCP socket; `None` if the
+/// kernel refuses.
+pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
+    let fd = sock.as_raw_fd();
+    // SAFETY: tcp_info is plain data; the kernel writes at most `len` bytes into it.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid pointer and length to a live struct.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let mut info = TcpInfo {
+        rtt_ms: f64::from(ti.tcpi_rtt) / 1e3,
+        min_rtt_ms: if ti.tcpi_min_rtt == u32::MAX {
+            0.0
+        } else {
+            f64::from(ti.tcpi_min_rtt) / 1e3
+        },
+        cwnd: ti.tcpi_snd_cwnd,
+        delivery_rate_bps: ti.tcpi_delivery_rate as f64 * 8.0,
+        pacing_rate_bps: rate_bps(ti.tcpi_pacing_rate),
+        total_retrans: ti.tcpi_total_retrans,
+        ..TcpInfo::default()
+    };
+    if let Some((bw, min_rtt)) = bbr(fd) {
+        info.bbr_bw_bps = Some(bw);
+        info.bbr_min_rtt_ms = Some(min_rtt);
+    }
+    Some(info)
+}
+
+/// A rate in bytes per second as the kernel gives it (`u64::MAX`: unlimited), in bit/s.
+fn rate_bps(bytes_per_s: u64) -> f64 {
+    if bytes_per_s == u64::MAX {
+        0.0
+    } else {
+        bytes_per_s as f64 * 8.0
+    }
+}
+
+/// BBR's `struct tcp_bbr_info` (`TCP_CC_INFO`): bandwidth in bytes per second (two 32-bit
+/// halves), minimum round trip in µs, then the gains. `None` for another algorithm (its info
+/// is another struct, or none).
+fn bbr(fd: libc::c_int) -> Option<(f64, f64)> {
+    let mut name = [0u8; 16];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: a valid buffer and length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || !name.starts_with(b"bbr\0") {
+        return None;
+    }
+    let mut buf = [0u32; 5];
+    let mut len = std::mem::size_of_val(&buf) as libc::socklen_t;
+    // SAFETY: a valid buffer and length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CC_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || (len as usize) < 3 * 4 {
+        return None;
+    }
+    let bw = u64::from(buf[0]) | (u64::from(buf[1]) << 32);
+    Some((rate_bps(bw), f64::from(buf[2]) / 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn reads_a_loopback_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        c.write_all(&[7u8; 100_000]).unwrap();
+        let mut got = vec![0u8; 100_000];
+        s.read_exact(&mut got).unwrap();
+        let i = read(&c).expect("TCP_INFO");
+        assert!(i.cwnd > 0, "{i:?}");
+        assert!(i.rtt_ms > 0.0 && i.rtt_ms < 1000.0, "{i:?}");
+        // Not a TCP socket: refused.
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(read(&u).is_none());
+    }
+}
