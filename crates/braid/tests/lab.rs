@@ -3,6 +3,7 @@
 //! input, and clean-up (also after SIGINT). Every test bounds its time; every namespace is the
 //! lab's own (named after the lab's PID) and removed by it.
 
+use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -33,7 +34,9 @@ fn braid(args: &[&str], limit: Duration) -> Output {
     braid_with(args, |_| {}, limit)
 }
 
-/// [`braid`], the command first changed by `set` (its environment).
+/// [`braid`], the command first changed by `set` (its environment). Its output is read while it
+/// runs: a report longer than the pipe's 64 KiB (the lab's JSON with its timelines) would
+/// otherwise block it on a full pipe until the limit.
 fn braid_with(args: &[&str], set: impl FnOnce(&mut Command), limit: Duration) -> Output {
     let mut cmd = Command::new(BRAID);
     set(&mut cmd);
@@ -43,19 +46,41 @@ fn braid_with(args: &[&str], set: impl FnOnce(&mut Command), limit: Duration) ->
         .stderr(Stdio::piped())
         .spawn()
         .expect("start braid");
+    // Each pipe read to its end by a thread; waited for at most a few seconds after the child
+    // ended (a process it left behind may hold the pipe open).
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            let _ = tx.send(buf);
+        });
+        move || rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default()
+    };
+    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
     let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+            let _ = child.wait();
             panic!(
                 "braid {args:?} ran over {limit:?}; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&err())
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out(),
+        stderr: err(),
     }
-    child.wait_with_output().unwrap()
 }
 
 fn lab_json(args: &[&str], limit: Duration) -> Value {
