@@ -770,6 +770,8 @@ impl Lab {
         .map(|s| s.to_string())
         .collect();
         let mut source = self.spawn_tool("source", &sender_ns, src_args, traffic.mptcp)?;
+        // Its report (with a TCP reading every half second per flow) may outgrow the pipe.
+        source.read_output()?;
         let start = Instant::now();
         let t_emu_start = start.duration_since(self.emu_started).as_secs_f64();
         let emu_before = self.emu_stats();

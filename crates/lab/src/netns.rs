@@ -170,6 +170,8 @@ pub struct Proc {
     pub stdout: Option<BufReader<ChildStdout>>,
     pub stdin: Option<ChildStdin>,
     log: PathBuf,
+    /// All of stdout, read by a thread since [`Proc::read_output`].
+    reader: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Proc {
@@ -203,6 +205,7 @@ impl Proc {
             stdout,
             stdin,
             log,
+            reader: None,
         })
     }
 
@@ -249,22 +252,36 @@ impl Proc {
         }
     }
 
+    /// Reads all of stdout from now on, on a thread ([`Proc::wait_output`] returns it): a
+    /// process that prints more than a pipe holds (64 KiB) before it exits would otherwise
+    /// block on its write while the lab waits for it to exit.
+    pub fn read_output(&mut self) -> anyhow::Result<()> {
+        if self.reader.is_none() {
+            let mut out = self.stdout.take().context("stdout already taken")?;
+            self.reader = Some(std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = out.read_to_string(&mut s);
+                s
+            }));
+        }
+        Ok(())
+    }
+
     /// Waits for the process to exit by itself (at most `timeout`) and returns all of its stdout.
     pub fn wait_output(
         &mut self,
         timeout: Duration,
         stop: &dyn Fn() -> bool,
     ) -> anyhow::Result<String> {
-        let mut out = self.stdout.take().context("stdout already taken")?;
-        let reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
-        });
+        self.read_output()?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.try_wait() {
-                let text = reader.join().unwrap_or_default();
+                let text = self
+                    .reader
+                    .take()
+                    .and_then(|r| r.join().ok())
+                    .unwrap_or_default();
                 if !st.success() {
                     bail!("{} failed ({st}): {}", self.name, self.log_tail());
                 }
