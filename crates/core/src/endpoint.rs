@@ -952,7 +952,7 @@ pub struct Endpoint {
     /// for (for `stats`).
     equalize_add: Duration,
     equalize_wanted: Duration,
-    /// The hold the sender counts on ([`EndpointStatus::equalize_send_us`]).
+    /// The hold the sender counts on ([`BundleStats::equalize_send_us`]).
     equalize_send: Duration,
     /// How far the hold may grow under traffic, as receiver (our hold) and as sender (the
     /// scheduler's view of the peer's hold): [`crate::equalize`].

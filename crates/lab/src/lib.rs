@@ -584,7 +584,6 @@ impl Lab {
             .map(|_| self.dir.0.join("server.sock"))
     }
 
-    /// Control socket of the client endpoint, once started.
     /// Both ends' view now (`t_s` into the run), from their `status` replies.
     pub fn ends_sample(&self, t_s: f64) -> EndsSample {
         let end = |p: Option<&Path>| {
@@ -598,6 +597,7 @@ impl Lab {
         }
     }
 
+    /// Control socket of the client endpoint, once started.
     pub fn client_control(&self) -> Option<&Path> {
         self.client_control.as_deref()
     }
