@@ -32,22 +32,9 @@ pub struct TcpInfo {
 /// kernel refuses.
 pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
     let fd = sock.as_raw_fd();
-    // SAFETY: tcp_info is plain data; the kernel writes at most `len` bytes into it.
+    // SAFETY: tcp_info is plain data (integers), for which all zeroes is a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: a valid pointer and length to a live struct.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut ti as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return None;
-    }
+    tcp_opt(fd, libc::TCP_INFO, &mut ti)?;
     let mut info = TcpInfo {
         rtt_ms: f64::from(ti.tcpi_rtt) / 1e3,
         min_rtt_ms: if ti.tcpi_min_rtt == u32::MAX {
@@ -82,37 +69,27 @@ fn rate_bps(bytes_per_s: u64) -> f64 {
 /// is another struct, or none).
 fn bbr(fd: libc::c_int) -> Option<(f64, f64)> {
     let mut name = [0u8; 16];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: a valid buffer and length.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || !name.starts_with(b"bbr\0") {
+    tcp_opt(fd, libc::TCP_CONGESTION, &mut name)?;
+    if !name.starts_with(b"bbr\0") {
         return None;
     }
     let mut buf = [0u32; 5];
-    let mut len = std::mem::size_of_val(&buf) as libc::socklen_t;
-    // SAFETY: a valid buffer and length.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_CC_INFO,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || (len as usize) < 3 * 4 {
+    if tcp_opt(fd, libc::TCP_CC_INFO, &mut buf)? < 3 * 4 {
         return None;
     }
     let bw = u64::from(buf[0]) | (u64::from(buf[1]) << 32);
     Some((rate_bps(bw), f64::from(buf[2]) / 1e3))
+}
+
+/// `getsockopt(fd, IPPROTO_TCP, opt)` into `out` (plain data: integers, bytes); the length the
+/// kernel wrote, or `None` if it refused.
+fn tcp_opt<T: Copy>(fd: libc::c_int, opt: libc::c_int, out: &mut T) -> Option<usize> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `out` is a live, writable `T` of `len` bytes, and the kernel writes at most
+    // `len` bytes of integers into it.
+    let r =
+        unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, opt, (out as *mut T).cast(), &mut len) };
+    (r == 0).then_some(len as usize)
 }
 
 #[cfg(test)]
