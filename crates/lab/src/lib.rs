@@ -586,10 +586,7 @@ impl Lab {
 
     /// Both ends' view now (`t_s` into the run), from their `status` replies.
     pub fn ends_sample(&self, t_s: f64) -> EndsSample {
-        let end = |p: Option<&Path>| {
-            let st = braid_linux::control::request(p?, &serde_json::json!({"cmd": "status"}));
-            EndSample::from_status(&st.ok()?)
-        };
+        let end = |p: Option<&Path>| EndSample::from_status(&endpoint_status(p?).ok()?);
         EndsSample {
             t_s,
             client: end(self.client_control()),
@@ -934,10 +931,8 @@ impl Lab {
             // Both ends: a flow started before the server knows a link's delay has its round
             // trip lengthened under it when the server's equalisation takes that link in
             // (`braid_core::equalize`), and measures the ramp, not the bundle.
-            let status = |ctl: &Path| {
-                braid_linux::control::request(ctl, &serde_json::json!({"cmd": "status"}))
-            };
-            match status(&client_ctl).and_then(|c| Ok((c, status(&server_ctl)?))) {
+            match endpoint_status(&client_ctl).and_then(|c| Ok((c, endpoint_status(&server_ctl)?)))
+            {
                 Ok((st, srv)) => {
                     let (up, total) = links_up(&st);
                     let (srv_up, _) = links_up(&srv);
@@ -965,6 +960,11 @@ impl Lab {
         }
         Ok(())
     }
+}
+
+/// An endpoint's `status` reply, from its control socket.
+fn endpoint_status(ctl: &Path) -> anyhow::Result<serde_json::Value> {
+    braid_linux::control::request(ctl, &serde_json::json!({"cmd": "status"}))
 }
 
 fn toml_str(s: &str) -> String {
@@ -1445,9 +1445,7 @@ fn run_bundle(
     };
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail, timeline) = run_with_fail(lab, traffic, args, live, "bundle")?;
-    let status = |p: Option<&Path>| {
-        p.and_then(|p| braid_linux::control::request(p, &serde_json::json!({"cmd": "status"})).ok())
-    };
+    let status = |p: Option<&Path>| p.and_then(|p| endpoint_status(p).ok());
     Ok(BundleReport {
         scheduler: args.scheduler.clone().unwrap_or_else(|| "default".into()),
         tunnel_mtu: mtu,
