@@ -121,9 +121,10 @@ fn f(v: &Value) -> f64 {
 
 /// What both ends of the bundle knew, for a failure's message: through the run (every half
 /// second) per end the hold (in force / wanted, and counted on as the sender, ms) and per link
-/// its state, learned rate / delivery rate / send rate (Mbit/s) and queueing delay (ms); the
-/// sender's TCP (round trip, minimum, window, BBR's estimates); then at the end per end the hold
-/// and per link its state, learned rate, delivery rate, reported queueing delay and loss.
+/// its state, learned rate / delivery rate / send rate (Mbit/s) and queueing delay measured /
+/// believed by the scheduler (ms); the sender's TCP (round trip, minimum, window, in flight,
+/// rates, what held it back, BBR's estimates); then at the end per end the hold and per link its
+/// state, learned rate, delivery rate, reported queueing delay and loss.
 fn ends(v: &Value) -> String {
     let mut out = String::new();
     let g = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
@@ -141,12 +142,13 @@ fn ends(v: &Value) -> String {
             );
             for l in st["links"].as_array().into_iter().flatten() {
                 out += &format!(
-                    " [{} {:.1}/{:.1}/{:.1} q{:.0}]",
+                    " [{} {:.1}/{:.1}/{:.1} q{:.0}/{:.0}]",
                     l["state"].as_str().unwrap_or("?"),
                     g(&l["sched_mbps"]),
                     g(&l["delivered_mbps"]),
                     g(&l["sent_mbps"]),
-                    g(&l["qdelay_ms"])
+                    g(&l["qdelay_ms"]),
+                    g(&l["sched_queue_ms"])
                 );
             }
         }
@@ -157,14 +159,30 @@ fn ends(v: &Value) -> String {
         .flatten()
     {
         out += &format!(
-            "\ntcp t={:.1} rtt {:.0} min {:.1} cwnd {} bbr {:.1} Mbit/s {:.1} ms retrans {}",
+            "\ntcp t={:.1} rtt {:.0} min {:.1} cwnd {} unacked {} rwnd {}K unsent {}K \
+             pacing {:.1} delivery {:.1} bbr {:.1} Mbit/s {:.1} ms retrans {} \
+             limited rwnd/sndbuf {:.0}/{:.0} of busy {:.0} ms below-tcp {}K{}",
             g(&s["t_s"]),
             g(&s["rtt_ms"]),
             g(&s["min_rtt_ms"]),
             s["cwnd"],
+            s["unacked"],
+            g(&s["snd_wnd"]) / 1024.0,
+            g(&s["notsent_bytes"]) / 1024.0,
+            g(&s["pacing_rate_bps"]) / 1e6,
+            g(&s["delivery_rate_bps"]) / 1e6,
             s["bbr_bw_bps"].as_f64().unwrap_or(f64::NAN) / 1e6,
             s["bbr_min_rtt_ms"].as_f64().unwrap_or(f64::NAN),
-            s["total_retrans"]
+            s["total_retrans"],
+            g(&s["rwnd_limited_ms"]),
+            g(&s["sndbuf_limited_ms"]),
+            g(&s["busy_ms"]),
+            g(&s["wmem_alloc"]) / 1024.0,
+            if s["app_limited"] == true {
+                " app-limited"
+            } else {
+                ""
+            },
         );
     }
     for side in ["client_status", "server_status"] {

@@ -499,6 +499,8 @@ pub struct LinkStats {
     pub delivery_rate_bps: f64,
     /// The rate the scheduler currently assumes for this link (learned by `adaptive`).
     pub sched_rate_bps: Option<f64>,
+    /// The queue the scheduler believes the link holds, µs (its virtual queue; `adaptive`).
+    pub sched_queue_us: Option<u64>,
     pub qdelay_us: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
@@ -3600,6 +3602,7 @@ impl Endpoint {
                     loss: l.health.loss(),
                     delivery_rate_bps: l.health.delivery_rate_bps(),
                     sched_rate_bps: self.sched.link_rate_bps(l.id),
+                    sched_queue_us: us(self.sched.link_queue(l.id)),
                     qdelay_us: l.health.qdelay().as_micros() as u64,
                     tx_packets: l.tx_packets,
                     tx_bytes: l.tx_bytes,

@@ -157,6 +157,13 @@ pub trait Scheduler: Send {
     fn link_rate_bps(&self, _link: LinkId) -> Option<f64> {
         None
     }
+    /// The queue the scheduler believes `link` holds (its virtual queue at the assumed rate),
+    /// if it models one. Set against the queueing delay the peer measures, it shows a placement
+    /// working from a wrong picture (a rate learned too high drains the model faster than the
+    /// link).
+    fn link_queue(&self, _link: LinkId) -> Option<Duration> {
+        None
+    }
     /// Back-pressure: how long until a packet of `len` bytes could be placed on some link
     /// without being later than [`BACKPRESSURE_LATE`] behind the links' queues (`None`: now).
     /// The endpoint keeps the traffic waiting in the bundle's queue ([`crate::bqueue`], bounded
@@ -662,7 +669,11 @@ impl Held {
         // measures what the inner flow sent (BBR's "application-limited" samples), and counts
         // only if it beats the maximum. (Sampling every busy adjustment let a CUBIC download's
         // lull after a loss pull a 20 Mbit/s link's rate down to 12: lab 50/20/7 Mbit/s, 67%.)
-        if (full && self.was_full) || delivered > self.max() {
+        // Not while a queue stands on the link: it carries all it can, and a reading above
+        // the maximum then is the delivery rate's own noise (56 Mbit/s read on a 50 Mbit/s link
+        // kept the 20 Mbit/s link beside it idle for a second at a time, BBR at 50-57 of 70).
+        let beats = delivered > self.max() && qdelay < PROBE_MAX_QDELAY;
+        if (full && self.was_full) || beats {
             self.push(delivered);
         }
         self.was_full = full;
@@ -873,7 +884,22 @@ impl AdaptiveLink {
             // Full for this link too only if it was kept busy: one avoided meanwhile (DEGRADED,
             // pulled back) delivers next to nothing, and as a sample of its capacity that
             // nothing starved it for good.
-            let full = pushed && full_at.is_some_and(|t| t >= self.interval_start);
+            // A queue standing on the link itself is full by reality, whatever back-pressure's
+            // model says, and what the link delivers then is its capacity. Without it a rate
+            // learned too high stayed for good: one delivery sample above the capacity lifts
+            // the maximum, the model then drains the link faster than it does and no longer
+            // finds the bundle full, so no sample came to replace it, and the placement kept
+            // the slower links idle behind the fast link's real queue (lab, 50 Mbit/s at 10 ms
+            // and 20 at 60 ms under BBR with back-pressure: 58.5 learned on the 50 Mbit/s link,
+            // 60-90 ms queued on it, the other link carrying 0-7: 52.9 Mbit/s of 70). Only a
+            // rate further above the delivery than a carried probe lifts it (PROBE_SUCCESS) is
+            // corrected so: a jittery link reads queues of 30-60 ms that are not there (LTE, 30
+            // Mbit/s +- 20 ms), and sampled under them its rate slid 5% below its capacity (lab,
+            // LTE BBR upload -3.4 points).
+            let queued = v.qdelay >= PROBE_MAX_QDELAY
+                && delivered > 0.0
+                && delivered * PROBE_SUCCESS < self.rate;
+            let full = queued || (pushed && full_at.is_some_and(|t| t >= self.interval_start));
             self.rate = self
                 .hold
                 .adjust(self.rate, full, delivered, v.qdelay, interval);
@@ -1052,6 +1078,13 @@ impl Adaptive {
     pub fn backlog_bytes(&self, link: LinkId) -> Option<f64> {
         self.table.get(link).map(|l| l.backlog)
     }
+    /// The virtual queue of `link` in time at its assumed rate (as of its last drain).
+    pub fn queue(&self, link: LinkId) -> Option<Duration> {
+        let l = self.table.get(link)?;
+        Some(Duration::from_secs_f64(sane(
+            l.backlog * 8.0 / (l.rate * l.gain()),
+        )))
+    }
     /// The earliest the peer delivers a packet of `len` bytes whatever the link (its delay
     /// equalisation target, in our one-way-delay estimates), in seconds; 0 when it does not hold
     /// such packets.
@@ -1195,6 +1228,9 @@ impl Scheduler for Adaptive {
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.rate_bps(link)
+    }
+    fn link_queue(&self, link: LinkId) -> Option<Duration> {
+        self.queue(link)
     }
     fn set_equalization(&mut self, max: Duration, min_len: usize) {
         self.equalize = (!max.is_zero()).then_some((max, min_len));
@@ -1383,6 +1419,9 @@ impl Scheduler for Backup {
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.inner.rate_bps(link)
+    }
+    fn link_queue(&self, link: LinkId) -> Option<Duration> {
+        self.inner.queue(link)
     }
     fn learning(&self) -> bool {
         self.inner.learning()
@@ -2021,6 +2060,60 @@ mod tests {
         // Kept busy, the same delivery is its capacity: the rate follows it down.
         let busy = rate_after(0.1);
         assert!(busy < 1e6, "{busy}");
+    }
+
+    #[test]
+    fn held_link_learned_too_high_comes_down_under_its_own_queue() {
+        // A 50 Mbit/s link learned at 58.5 (one delivery sample above its capacity lifted the
+        // maximum): the model drains it faster than it does, so back-pressure never finds the
+        // bundle full, while the peer measures a queue standing on it. That queue is the link
+        // full: its delivery, 50, is its capacity, and the rate comes down to it once the
+        // sample from above has left the filter.
+        let t0 = Instant::now();
+        let rates_from = |rate: f64, qdelay: Duration| {
+            let v = LinkView {
+                delivery_rate_bps: 50e6,
+                srtt: Some(ms(80)),
+                qdelay,
+                ..view(1, None, 10)
+            };
+            let mut st = AdaptiveLink::new(t0, &v);
+            (st.startup, st.held, st.rate) = (false, true, rate);
+            let mut rates = Vec::new();
+            for k in 1..=30 {
+                let now = t0 + ms(100 * k);
+                st.busy = 0.1;
+                // Never found full by back-pressure.
+                st.adjust(now, &v, None);
+                rates.push(st.rate);
+            }
+            rates
+        };
+        let rates = rates_from(58.5e6, ms(60));
+        assert_eq!(*rates.last().unwrap(), 50e6, "{rates:?}");
+        assert!(rates[..5].iter().all(|&r| r == 58.5e6), "{rates:?}");
+        // No queue on it: the flow sends less than the link carries, which says nothing of its
+        // capacity, and the rate stays (as `held_link_keeps_its_rate_while_the_flow_sends_less`).
+        for qdelay in [ms(0), PROBE_MAX_QDELAY - ms(1)] {
+            let rates = rates_from(58.5e6, qdelay);
+            assert!(rates.iter().all(|&r| r == 58.5e6), "{qdelay:?}: {rates:?}");
+        }
+        // Nor is a reading above the rate while the queue stands: noise, not capacity.
+        let v = LinkView {
+            delivery_rate_bps: 56e6,
+            srtt: Some(ms(80)),
+            qdelay: ms(60),
+            ..view(1, None, 10)
+        };
+        let mut st = AdaptiveLink::new(t0, &v);
+        (st.startup, st.held, st.rate) = (false, true, 50e6);
+        st.busy = 0.1;
+        st.adjust(t0 + ms(100), &v, None);
+        assert_eq!(st.rate, 50e6);
+        // Within what a carried probe adds (PROBE_SUCCESS): a queue reading may be jitter, and
+        // the rate stays.
+        let rates = rates_from(53e6, ms(60));
+        assert!(rates.iter().all(|&r| r == 53e6), "{rates:?}");
     }
 
     #[test]

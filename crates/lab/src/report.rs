@@ -172,11 +172,12 @@ pub struct EndSample {
 pub struct LinkSample {
     pub state: String,
     /// The scheduler's rate, the delivery rate the peer reports, what this end sends (Mbit/s),
-    /// and the queueing delay the peer measures (ms).
+    /// and the queueing delay the peer measures against the one the scheduler believes (ms).
     pub sched_mbps: f64,
     pub delivered_mbps: f64,
     pub sent_mbps: f64,
     pub qdelay_ms: f64,
+    pub sched_queue_ms: f64,
 }
 
 impl EndSample {
@@ -197,6 +198,7 @@ impl EndSample {
                 delivered_mbps: num(l, "delivery_rate_bps") / 1e6,
                 sent_mbps: num(l, "tx_rate_bps") / 1e6,
                 qdelay_ms: num(l, "qdelay_us") / 1e3,
+                sched_queue_ms: num(l, "sched_queue_us") / 1e3,
             })
             .collect();
         Some(EndSample {
@@ -480,7 +482,7 @@ mod tests {
             "queued": 42,
             "links": [
                 {"state": "up", "sched_rate_bps": 50e6, "delivery_rate_bps": 45e6,
-                 "tx_rate_bps": 48e6, "qdelay_us": 70000},
+                 "tx_rate_bps": 48e6, "qdelay_us": 70000, "sched_queue_us": 25000},
                 {"state": "down"}
             ]
         });
@@ -496,7 +498,8 @@ mod tests {
                 sched_mbps: 50.0,
                 delivered_mbps: 45.0,
                 sent_mbps: 48.0,
-                qdelay_ms: 70.0
+                qdelay_ms: 70.0,
+                sched_queue_ms: 25.0
             }
         );
         // A field missing reads as zero; no links array, no sample.

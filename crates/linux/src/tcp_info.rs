@@ -26,6 +26,38 @@ pub struct TcpInfo {
     /// kept 10 s), when the connection runs BBR.
     pub bbr_bw_bps: Option<f64>,
     pub bbr_min_rtt_ms: Option<f64>,
+    /// Segments sent and not yet acknowledged (in flight, with the lost and SACKed ones).
+    #[serde(default)]
+    pub unacked: u32,
+    /// The window the receiver offers (bytes), and the bytes written but not yet sent.
+    #[serde(default)]
+    pub snd_wnd: u32,
+    #[serde(default)]
+    pub notsent_bytes: u32,
+    /// Since the connection began, ms: time with data in flight, and of that the time held back
+    /// by the receiver's window or by the socket's send buffer (the rest is the congestion
+    /// window, pacing or the application). A sender that sends below its pacing rate without
+    /// being window-limited shows which here.
+    #[serde(default)]
+    pub busy_ms: f64,
+    #[serde(default)]
+    pub rwnd_limited_ms: f64,
+    #[serde(default)]
+    pub sndbuf_limited_ms: f64,
+    /// Bytes sent so far, retransmissions included: two readings give the rate the sender
+    /// really sent at, to set against its pacing rate.
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// Whether the last delivery-rate sample was taken while the sender had too little to send
+    /// (BBR ignores such a sample when it is low).
+    #[serde(default)]
+    pub app_limited: bool,
+    /// Bytes of the connection's packets handed below TCP and not yet freed or orphaned (in a
+    /// qdisc, a device's ring): what TCP small queues bound to about a millisecond at the
+    /// pacing rate. A TUN device orphans a packet as it queues it, so this stays small unless
+    /// the packets wait before the device.
+    #[serde(default)]
+    pub wmem_alloc: u32,
 }
 
 /// Reads `TCP_INFO` (and `TCP_CC_INFO` for BBR) of a connected TCP socket; `None` if the
@@ -34,7 +66,20 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
     let fd = sock.as_raw_fd();
     // SAFETY: tcp_info is plain data (integers), for which all zeroes is a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    tcp_opt(fd, libc::TCP_INFO, &mut ti)?;
+    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti)?;
+    // `tcpi_delivery_rate_app_limited` is bit 0 of byte 7, a bitfield libc's struct leaves as
+    // padding: read the first 8 bytes again as bytes.
+    let mut head = [0u8; 8];
+    let app_limited =
+        sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut head) == Some(8) && head[7] & 1 == 1;
+    // SO_MEMINFO: the socket's memory counters (`SK_MEMINFO_*` indices).
+    let mut mem = [0u32; 9];
+    let wmem_alloc = match sockopt(fd, libc::SOL_SOCKET, SO_MEMINFO, &mut mem) {
+        Some(n) if n > 4 * libc::SK_MEMINFO_WMEM_ALLOC as usize => {
+            mem[libc::SK_MEMINFO_WMEM_ALLOC as usize]
+        }
+        _ => 0,
+    };
     let mut info = TcpInfo {
         rtt_ms: f64::from(ti.tcpi_rtt) / 1e3,
         min_rtt_ms: if ti.tcpi_min_rtt == u32::MAX {
@@ -46,6 +91,15 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
         delivery_rate_bps: ti.tcpi_delivery_rate as f64 * 8.0,
         pacing_rate_bps: rate_bps(ti.tcpi_pacing_rate),
         total_retrans: ti.tcpi_total_retrans,
+        unacked: ti.tcpi_unacked,
+        snd_wnd: ti.tcpi_snd_wnd,
+        notsent_bytes: ti.tcpi_notsent_bytes,
+        busy_ms: ti.tcpi_busy_time as f64 / 1e3,
+        rwnd_limited_ms: ti.tcpi_rwnd_limited as f64 / 1e3,
+        sndbuf_limited_ms: ti.tcpi_sndbuf_limited as f64 / 1e3,
+        bytes_sent: ti.tcpi_bytes_sent,
+        app_limited,
+        wmem_alloc,
         ..TcpInfo::default()
     };
     if let Some((bw, min_rtt)) = bbr(fd) {
@@ -69,26 +123,33 @@ fn rate_bps(bytes_per_s: u64) -> f64 {
 /// is another struct, or none).
 fn bbr(fd: libc::c_int) -> Option<(f64, f64)> {
     let mut name = [0u8; 16];
-    tcp_opt(fd, libc::TCP_CONGESTION, &mut name)?;
+    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, &mut name)?;
     if !name.starts_with(b"bbr\0") {
         return None;
     }
     let mut buf = [0u32; 5];
-    if tcp_opt(fd, libc::TCP_CC_INFO, &mut buf)? < 3 * 4 {
+    if sockopt(fd, libc::IPPROTO_TCP, libc::TCP_CC_INFO, &mut buf)? < 3 * 4 {
         return None;
     }
     let bw = u64::from(buf[0]) | (u64::from(buf[1]) << 32);
     Some((rate_bps(bw), f64::from(buf[2]) / 1e3))
 }
 
-/// `getsockopt(fd, IPPROTO_TCP, opt)` into `out` (plain data: integers, bytes); the length the
+/// `SO_MEMINFO` (asm-generic/socket.h; not exported by libc for every target).
+const SO_MEMINFO: libc::c_int = 55;
+
+/// `getsockopt(fd, level, opt)` into `out` (plain data: integers, bytes); the length the
 /// kernel wrote, or `None` if it refused.
-fn tcp_opt<T: Copy>(fd: libc::c_int, opt: libc::c_int, out: &mut T) -> Option<usize> {
+fn sockopt<T: Copy>(
+    fd: libc::c_int,
+    level: libc::c_int,
+    opt: libc::c_int,
+    out: &mut T,
+) -> Option<usize> {
     let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: `out` is a live, writable `T` of `len` bytes, and the kernel writes at most
     // `len` bytes of integers into it.
-    let r =
-        unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, opt, (out as *mut T).cast(), &mut len) };
+    let r = unsafe { libc::getsockopt(fd, level, opt, (out as *mut T).cast(), &mut len) };
     (r == 0).then_some(len as usize)
 }
 
@@ -109,6 +170,8 @@ mod tests {
         let i = read(&c).expect("TCP_INFO");
         assert!(i.cwnd > 0, "{i:?}");
         assert!(i.rtt_ms > 0.0 && i.rtt_ms < 1000.0, "{i:?}");
+        // The peer has offered a window; everything written went out.
+        assert!(i.snd_wnd > 0 && i.notsent_bytes == 0, "{i:?}");
         // Not a TCP socket: refused.
         let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         assert!(read(&u).is_none());

@@ -153,6 +153,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link_f(&|l| l.sched_rate_bps.map(|b| b / 8.0)),
     );
     r.gauge(
+        "link_sched_queue_seconds",
+        "Queue the scheduler believes the link holds (adaptive's virtual queue)",
+        &per_link_f(&|l| l.sched_queue_us.map(|us| us as f64 / 1e6)),
+    );
+    r.gauge(
         "link_queue_delay_seconds",
         "Queueing delay the peer reports on the link",
         &per_link_f(&|l| Some(l.qdelay_us as f64 / 1e6)),
