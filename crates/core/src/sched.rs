@@ -884,22 +884,8 @@ impl AdaptiveLink {
             // Full for this link too only if it was kept busy: one avoided meanwhile (DEGRADED,
             // pulled back) delivers next to nothing, and as a sample of its capacity that
             // nothing starved it for good.
-            // A queue standing on the link itself is full by reality, whatever back-pressure's
-            // model says, and what the link delivers then is its capacity. Without it a rate
-            // learned too high stayed for good: one delivery sample above the capacity lifts
-            // the maximum, the model then drains the link faster than it does and no longer
-            // finds the bundle full, so no sample came to replace it, and the placement kept
-            // the slower links idle behind the fast link's real queue (lab, 50 Mbit/s at 10 ms
-            // and 20 at 60 ms under BBR with back-pressure: 58.5 learned on the 50 Mbit/s link,
-            // 60-90 ms queued on it, the other link carrying 0-7: 52.9 Mbit/s of 70). Only a
-            // rate further above the delivery than a carried probe lifts it (PROBE_SUCCESS) is
-            // corrected so: a jittery link reads queues of 30-60 ms that are not there (LTE, 30
-            // Mbit/s +- 20 ms), and sampled under them its rate slid 5% below its capacity (lab,
-            // LTE BBR upload -3.4 points).
-            let queued = v.qdelay >= PROBE_MAX_QDELAY
-                && delivered > 0.0
-                && delivered * PROBE_SUCCESS < self.rate;
-            let full = queued || (pushed && full_at.is_some_and(|t| t >= self.interval_start));
+            let full = self.queued_too_high(v.qdelay, delivered)
+                || (pushed && full_at.is_some_and(|t| t >= self.interval_start));
             self.rate = self
                 .hold
                 .adjust(self.rate, full, delivered, v.qdelay, interval);
@@ -911,6 +897,21 @@ impl AdaptiveLink {
         self.busy = 0.0;
         self.demand = false;
         self.vq_prev = self.backlog * 8.0 / self.rate;
+    }
+
+    /// A held link full by reality, whatever back-pressure's model says: a queue stands on it
+    /// (`qdelay`), so what it `delivered` is its capacity, and its rate is further above that
+    /// than a carried probe lifts it ([`PROBE_SUCCESS`]). Without this a rate learned too high
+    /// stayed for good: one delivery sample above the capacity lifts the maximum, the model
+    /// then drains the link faster than it does and no longer finds the bundle full, so no
+    /// sample came to replace it, and the placement kept the slower links idle behind the fast
+    /// link's real queue (lab, 50 Mbit/s at 10 ms and 20 at 60 ms under BBR with back-pressure:
+    /// 58.5 learned on the 50 Mbit/s link, 60-90 ms queued on it, the other link carrying 0-7:
+    /// 52.9 Mbit/s of 70). Within the margin it is not: a jittery link reads queues of 30-60 ms
+    /// that are not there (LTE, 30 Mbit/s +- 20 ms), and sampled under them its rate slid 5%
+    /// below its capacity (lab, LTE BBR upload -3.4 points).
+    fn queued_too_high(&self, qdelay: Duration, delivered: f64) -> bool {
+        qdelay >= PROBE_MAX_QDELAY && delivered > 0.0 && delivered * PROBE_SUCCESS < self.rate
     }
 
     /// The rules of [`adjust`](Self::adjust) for links not held by back-pressure, or still in

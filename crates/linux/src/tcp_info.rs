@@ -67,19 +67,6 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
     // SAFETY: tcp_info is plain data (integers), for which all zeroes is a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti)?;
-    // `tcpi_delivery_rate_app_limited` is bit 0 of byte 7, a bitfield libc's struct leaves as
-    // padding: read the first 8 bytes again as bytes.
-    let mut head = [0u8; 8];
-    let app_limited =
-        sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut head) == Some(8) && head[7] & 1 == 1;
-    // SO_MEMINFO: the socket's memory counters (`SK_MEMINFO_*` indices).
-    let mut mem = [0u32; 9];
-    let wmem_alloc = match sockopt(fd, libc::SOL_SOCKET, SO_MEMINFO, &mut mem) {
-        Some(n) if n > 4 * libc::SK_MEMINFO_WMEM_ALLOC as usize => {
-            mem[libc::SK_MEMINFO_WMEM_ALLOC as usize]
-        }
-        _ => 0,
-    };
     let mut info = TcpInfo {
         rtt_ms: f64::from(ti.tcpi_rtt) / 1e3,
         min_rtt_ms: if ti.tcpi_min_rtt == u32::MAX {
@@ -98,8 +85,8 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
         rwnd_limited_ms: ti.tcpi_rwnd_limited as f64 / 1e3,
         sndbuf_limited_ms: ti.tcpi_sndbuf_limited as f64 / 1e3,
         bytes_sent: ti.tcpi_bytes_sent,
-        app_limited,
-        wmem_alloc,
+        app_limited: app_limited(fd),
+        wmem_alloc: wmem_alloc(fd),
         ..TcpInfo::default()
     };
     if let Some((bw, min_rtt)) = bbr(fd) {
@@ -107,6 +94,23 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
         info.bbr_min_rtt_ms = Some(min_rtt);
     }
     Some(info)
+}
+
+/// `tcpi_delivery_rate_app_limited`: bit 0 of `tcp_info`'s byte 7, a bitfield libc's struct
+/// leaves as padding, so the first 8 bytes are read again as bytes.
+fn app_limited(fd: libc::c_int) -> bool {
+    let mut head = [0u8; 8];
+    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut head) == Some(8) && head[7] & 1 == 1
+}
+
+/// `SK_MEMINFO_WMEM_ALLOC` of the socket's memory counters (`SO_MEMINFO`); 0 if refused.
+fn wmem_alloc(fd: libc::c_int) -> u32 {
+    let i = libc::SK_MEMINFO_WMEM_ALLOC as usize;
+    let mut mem = [0u32; 9];
+    match sockopt(fd, libc::SOL_SOCKET, SO_MEMINFO, &mut mem) {
+        Some(n) if n >= 4 * (i + 1) => mem[i],
+        _ => 0,
+    }
 }
 
 /// A rate in bytes per second as the kernel gives it (`u64::MAX`: unlimited), in bit/s.
