@@ -153,14 +153,22 @@ fn ends(v: &Value) -> String {
             }
         }
     }
+    // What the sender really sent since the sample before (bytes_sent): against its pacing
+    // rate it tells a sender that fell behind its own timer (BENCHMARKS.md §4, "The
+    // back-pressure BBR test's slide") from one that braid held back (window full).
+    let mut prev: Option<&Value> = None;
     for s in v["bundle"]["run"]["sender_tcp"]
         .as_array()
         .into_iter()
         .flatten()
     {
+        let sent = prev.map_or(f64::NAN, |p| {
+            (g(&s["bytes_sent"]) - g(&p["bytes_sent"])) * 8.0 / (g(&s["t_s"]) - g(&p["t_s"])) / 1e6
+        });
+        prev = Some(s);
         out += &format!(
             "\ntcp t={:.1} rtt {:.0} min {:.1} cwnd {} unacked {} rwnd {}K unsent {}K \
-             pacing {:.1} delivery {:.1} bbr {:.1} Mbit/s {:.1} ms retrans {} \
+             sent {:.1} pacing {:.1} delivery {:.1} bbr {:.1} Mbit/s {:.1} ms retrans {} \
              limited rwnd/sndbuf {:.0}/{:.0} of busy {:.0} ms below-tcp {}K{}",
             g(&s["t_s"]),
             g(&s["rtt_ms"]),
@@ -169,6 +177,7 @@ fn ends(v: &Value) -> String {
             s["unacked"],
             g(&s["snd_wnd"]) / 1024.0,
             g(&s["notsent_bytes"]) / 1024.0,
+            sent,
             g(&s["pacing_rate_bps"]) / 1e6,
             g(&s["delivery_rate_bps"]) / 1e6,
             s["bbr_bw_bps"].as_f64().unwrap_or(f64::NAN) / 1e6,
