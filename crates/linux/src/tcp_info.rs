@@ -60,13 +60,21 @@ pub struct TcpInfo {
     pub wmem_alloc: u32,
 }
 
+// `read` takes the struct out of 8-byte words.
+const _: () = assert!(std::mem::align_of::<libc::tcp_info>() <= 8);
+
 /// Reads `TCP_INFO` (and `TCP_CC_INFO` for BBR) of a connected TCP socket; `None` if the
 /// kernel refuses.
 pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
     let fd = sock.as_raw_fd();
-    // SAFETY: tcp_info is plain data (integers), for which all zeroes is a valid value.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti)?;
+    // Read as 8-byte words, so that byte 7 (`tcpi_delivery_rate_app_limited`, bit 0: a bitfield
+    // libc's struct leaves as padding) can be read too; a kernel older than a field leaves it 0.
+    let mut raw = [0u64; std::mem::size_of::<libc::tcp_info>().div_ceil(8)];
+    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut raw)?;
+    // SAFETY: `raw` is at least as large as tcp_info and 8-byte aligned (tcp_info's fields are
+    // at most 8 bytes wide), and tcp_info is plain integers, for which any bytes are valid.
+    let ti: libc::tcp_info = unsafe { std::ptr::read(raw.as_ptr().cast()) };
+    let app_limited = raw[0].to_ne_bytes()[7] & 1 == 1;
     let mut info = TcpInfo {
         rtt_ms: f64::from(ti.tcpi_rtt) / 1e3,
         min_rtt_ms: if ti.tcpi_min_rtt == u32::MAX {
@@ -85,7 +93,7 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
         rwnd_limited_ms: ti.tcpi_rwnd_limited as f64 / 1e3,
         sndbuf_limited_ms: ti.tcpi_sndbuf_limited as f64 / 1e3,
         bytes_sent: ti.tcpi_bytes_sent,
-        app_limited: app_limited(fd),
+        app_limited,
         wmem_alloc: wmem_alloc(fd),
         ..TcpInfo::default()
     };
@@ -94,13 +102,6 @@ pub fn read(sock: &impl AsRawFd) -> Option<TcpInfo> {
         info.bbr_min_rtt_ms = Some(min_rtt);
     }
     Some(info)
-}
-
-/// `tcpi_delivery_rate_app_limited`: bit 0 of `tcp_info`'s byte 7, a bitfield libc's struct
-/// leaves as padding, so the first 8 bytes are read again as bytes.
-fn app_limited(fd: libc::c_int) -> bool {
-    let mut head = [0u8; 8];
-    sockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut head) == Some(8) && head[7] & 1 == 1
 }
 
 /// `SK_MEMINFO_WMEM_ALLOC` of the socket's memory counters (`SO_MEMINFO`); 0 if refused.
