@@ -9,7 +9,7 @@
 #          --link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms
 #
 # Writes OUT.json (the lab's report), OUT.err and OUT.trace: one line per sample,
-#   t=<s since the run began> <link>:rate=<Mbit/s>,qdelay=<ms>,believed=<ms>,delivered=<Mbit/s>,sent=<Mbit/s> ...
+#   t=<s since the run began> <link>:rate=<Mbit/s>,qdelay=<ms>,believed=<ms>,delivered=<Mbit/s>,sent=<Mbit/s>,loss=<%>[,pulled-back] ...
 # and prints a summary of the queueing delay reported per link (median, 90th percentile).
 # BRAID=path runs that binary (default: a release build of this tree).
 set -euo pipefail
@@ -60,10 +60,11 @@ with open(out, "w") as f:
         for l in links:
             q = (l.get("qdelay_us") or 0) / 1e3
             qd.setdefault(l["name"], []).append(q)
-            cols.append("%s:rate=%.1f,qdelay=%.1f,believed=%.1f,delivered=%.1f,sent=%.1f" % (
+            cols.append("%s:rate=%.1f,qdelay=%.1f,believed=%.1f,delivered=%.1f,sent=%.1f,loss=%.1f%s" % (
                 l["name"], (l.get("sched_rate_bps") or 0) / 1e6, q,
                 (l.get("sched_queue_us") or 0) / 1e3,
-                (l.get("delivery_rate_bps") or 0) / 1e6, (l.get("tx_rate_bps") or 0) / 1e6))
+                (l.get("delivery_rate_bps") or 0) / 1e6, (l.get("tx_rate_bps") or 0) / 1e6,
+                100 * (l.get("loss") or 0), ",pulled-back" if l.get("pulled_back") else ""))
         hold = "hold=%.1f/%.1f,queued=%s" % ((st.get("equalize_us") or 0) / 1e3,
                                             (st.get("equalize_wanted_us") or 0) / 1e3,
                                             st.get("queued"))

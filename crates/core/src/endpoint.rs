@@ -501,6 +501,8 @@ pub struct LinkStats {
     pub sched_rate_bps: Option<f64>,
     /// The queue the scheduler believes the link holds, µs (its virtual queue; `adaptive`).
     pub sched_queue_us: Option<u64>,
+    /// Held back for its loss by the scheduler (`adaptive`): up, but carrying only its probes.
+    pub pulled_back: Option<bool>,
     pub qdelay_us: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
@@ -3603,6 +3605,7 @@ impl Endpoint {
                     delivery_rate_bps: l.health.delivery_rate_bps(),
                     sched_rate_bps: self.sched.link_rate_bps(l.id),
                     sched_queue_us: us(self.sched.link_queue(l.id)),
+                    pulled_back: self.sched.link_pulled_back(l.id),
                     qdelay_us: l.health.qdelay().as_micros() as u64,
                     tx_packets: l.tx_packets,
                     tx_bytes: l.tx_bytes,

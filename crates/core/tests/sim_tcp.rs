@@ -453,7 +453,9 @@ fn tcp_runs_are_deterministic() {
 /// inner retransmissions in the upload without, 0 with, and 79% -> 89% of the sum (CUBIC
 /// download 68% -> 86%). Measured with `sim_tcp --no-single [--backpressure] --scenario 6`; the
 /// medians of the five runs: BBR upload 79.3% (2469) -> 88.6% (0), CUBIC download 65.6% (15)
-/// -> 85.6% (7).
+/// -> 85.6% (7). Since the placement counts the queue the equalisation floor hides
+/// (`sched::HIDDEN_QUEUE_WEIGHT`): BBR upload 89.7% (605) -> 91.1% (1), CUBIC download 65.8%
+/// (18) -> 85.4% (6).
 #[test]
 fn back_pressure_keeps_the_links_from_overflowing() {
     let base = sim::tcp_scenarios()[5].clone();
@@ -488,9 +490,13 @@ fn back_pressure_keeps_the_links_from_overflowing() {
             retransmits(&off),
             retransmits(&on)
         );
+        // Goodput: at least what the links give without it (BBR's upload gained 10 points here
+        // until the placement counted the queue the equalisation floor hides, which took the
+        // run without back-pressure from 79% to 90%: the probes it lost in the 20 ms link's
+        // hidden queue now reach the 120 ms link).
         let (off, on) = (median(&off, |r| r.of_sum), median(&on, |r| r.of_sum));
         assert!(
-            on >= off + 0.05,
+            on >= off,
             "{} {}: {:.1}% -> {:.1}% of the sum (medians)",
             cc.name(),
             dir.name(),

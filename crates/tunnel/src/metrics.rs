@@ -158,6 +158,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link_f(&|l| l.sched_queue_us.map(|us| us as f64 / 1e6)),
     );
     r.gauge(
+        "link_pulled_back",
+        "1 while the scheduler holds the link back for its loss (adaptive): up, carrying only probes",
+        &per_link_f(&|l| l.pulled_back.map(|b| f64::from(u8::from(b)))),
+    );
+    r.gauge(
         "link_queue_delay_seconds",
         "Queueing delay the peer reports on the link",
         &per_link_f(&|l| Some(l.qdelay_us as f64 / 1e6)),
