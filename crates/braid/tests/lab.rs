@@ -194,6 +194,13 @@ fn ends(v: &Value) -> String {
             },
         );
     }
+    if let Some(share) = v["bundle"]["run"]["sender_behind_pacing"].as_f64() {
+        out += &format!(
+            "
+sender behind its own pacing rate in {:.0}% of the run (the lab's sender, not braid)",
+            share * 100.0
+        );
+    }
     for side in ["client_status", "server_status"] {
         let st = &v["bundle"][side];
         let ms = |k: &str| st[k].as_f64().unwrap_or(f64::NAN) / 1e3;

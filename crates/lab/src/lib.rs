@@ -1162,6 +1162,11 @@ fn run_report(run: &TcpRun) -> RunReport {
         tcp_retransmits: run.tcp_retrans_segs,
         link_queue_drops: run.link_drops().iter().map(|d| d.0).collect(),
         link_lost: run.link_drops().iter().map(|d| d.1).collect(),
+        sender_behind_pacing: run
+            .source
+            .flows
+            .first()
+            .and_then(|f| crate::traffic::behind_pacing(&f.tcp)),
         sender_tcp: run
             .source
             .flows

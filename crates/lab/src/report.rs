@@ -128,6 +128,9 @@ pub struct RunReport {
     /// The (first) sender's TCP state through the run: its round trip, the minimum it sizes
     /// its window by, its window and rates (BBR's estimates when it runs BBR).
     pub sender_tcp: Vec<crate::traffic::TcpSample>,
+    /// The share of the run in which that sender fell behind its own pacing rate
+    /// ([`crate::traffic::behind_pacing`]): the lab's sender, not the path, held it back.
+    pub sender_behind_pacing: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -67,6 +67,43 @@ pub struct TcpSample {
     pub info: braid_linux::tcp_info::TcpInfo,
 }
 
+/// A reading is paced, not window-limited, while fewer than this share of the sender's window
+/// is in flight (and it is not application-limited) ...
+pub const PACED_IN_FLIGHT: f64 = 0.8;
+/// ... and behind its pacing when it sent less than this share of its pacing rate since the
+/// reading before.
+pub const PACING_SHORTFALL: f64 = 0.8;
+
+/// The share of the run's readings after its first second in which the sender, paced (see
+/// [`PACED_IN_FLIGHT`]), sent less than [`PACING_SHORTFALL`] of its own pacing rate (`None`:
+/// fewer than two such readings). Linux paces TCP by its own timer where no `fq` qdisc does
+/// it, and on a loaded machine that timer falls behind: a BBR flow then delivers less than it
+/// paces for, its bandwidth estimate follows what it managed to send, and it spirals down
+/// whatever the path (BENCHMARKS.md §4: 20-27% short with braid, and with no braid on one
+/// emulated link). A high share tells a slide of the lab's own sender from one braid caused.
+pub fn behind_pacing(samples: &[TcpSample]) -> Option<f64> {
+    let readings: Vec<_> = samples
+        .windows(2)
+        .filter(|w| w[0].t_s >= 1.0 && w[1].t_s > w[0].t_s)
+        .collect();
+    if readings.len() < 2 {
+        return None;
+    }
+    let behind = readings
+        .iter()
+        .filter(|w| {
+            let (a, b) = (&w[0].info, &w[1].info);
+            let paced =
+                !b.app_limited && f64::from(b.unacked) < PACED_IN_FLIGHT * f64::from(b.cwnd);
+            let sent =
+                b.bytes_sent.saturating_sub(a.bytes_sent) as f64 * 8.0 / (w[1].t_s - w[0].t_s);
+            let pacing = (a.pacing_rate_bps + b.pacing_rate_bps) / 2.0;
+            paced && pacing > 0.0 && sent < PACING_SHORTFALL * pacing
+        })
+        .count();
+    Some(behind as f64 / readings.len() as f64)
+}
+
 /// One flow's reads: (nanoseconds since the sink's start, bytes).
 type Reads = Vec<(u64, u32)>;
 
@@ -277,6 +314,44 @@ pub fn run_source(
 
 #[cfg(test)]
 mod tests {
+    fn reading(t_s: f64, sent_mbit: f64, pacing_mbps: f64, in_flight: u32) -> TcpSample {
+        TcpSample {
+            t_s,
+            info: braid_linux::tcp_info::TcpInfo {
+                cwnd: 100,
+                unacked: in_flight,
+                pacing_rate_bps: pacing_mbps * 1e6,
+                bytes_sent: (sent_mbit * 1e6 / 8.0) as u64,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn behind_pacing_counts_paced_readings_that_sent_short() {
+        // Half-second readings; Mbit sent so far, pacing in Mbit/s, packets in flight.
+        let on_pace = [0.0, 1.0, 1.5, 2.0, 2.5]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| reading(t, 10.0 * t, 10.0, 40 + i as u32))
+            .collect::<Vec<_>>();
+        assert_eq!(behind_pacing(&on_pace), Some(0.0));
+        // Sending 6 Mbit/s at a pacing rate of 10 with a fifth of the window in flight: behind.
+        let short: Vec<_> = [0.0, 1.0, 1.5, 2.0, 2.5]
+            .iter()
+            .map(|&t| reading(t, 6.0 * t, 10.0, 20))
+            .collect();
+        assert_eq!(behind_pacing(&short), Some(1.0));
+        // The same rates with the window full: the window, not the pacing, held it.
+        let window: Vec<_> = [0.0, 1.0, 1.5, 2.0, 2.5]
+            .iter()
+            .map(|&t| reading(t, 6.0 * t, 10.0, 95))
+            .collect();
+        assert_eq!(behind_pacing(&window), Some(0.0));
+        // Before the first second (start-up) nothing counts; too few readings: unknown.
+        assert_eq!(behind_pacing(&short[..3]), None);
+    }
+
     use super::*;
 
     #[test]
