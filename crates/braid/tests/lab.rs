@@ -196,8 +196,7 @@ fn ends(v: &Value) -> String {
     }
     if let Some(share) = v["bundle"]["run"]["sender_behind_pacing"].as_f64() {
         out += &format!(
-            "
-sender behind its own pacing rate in {:.0}% of the run (the lab's sender, not braid)",
+            "\nsender behind its own pacing rate in {:.0}% of the run (the lab's sender, not braid)",
             share * 100.0
         );
     }

@@ -1906,9 +1906,9 @@ mod tests {
     fn adaptive_pushes_back_once_even_the_best_link_would_deliver_late() {
         // Equalised, the fast link's queue up to the planned 50 ms costs no lateness: the push
         // back starts once even the best link would deliver BACKPRESSURE_LATE beyond the floor
-        // (the fast one behind ~70 ms; the slow one, at the floor, behind ~26: its lateness
-        // weighed against an eighth of the fast one's hidden 50 ms, HIDDEN_QUEUE_WEIGHT), and
-        // lifts once they drained.
+        // (the fast one behind ~70 ms; the slow one, at the floor, behind ~21.6: its lateness
+        // weighed against HIDDEN_QUEUE_WEIGHT of the fast one's hidden 50 ms), and lifts once
+        // they drained.
         let t0 = Instant::now();
         let links = fast_and_slow();
         let mut s = Adaptive::default();

@@ -314,6 +314,8 @@ pub fn run_source(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     fn reading(t_s: f64, sent_mbit: f64, pacing_mbps: f64, in_flight: u32) -> TcpSample {
         TcpSample {
             t_s,
@@ -351,8 +353,6 @@ mod tests {
         // Before the first second (start-up) nothing counts; too few readings: unknown.
         assert_eq!(behind_pacing(&short[..3]), None);
     }
-
-    use super::*;
 
     #[test]
     fn summary_counts_window_and_longest_gap() {
