@@ -999,23 +999,31 @@ impl AdaptiveLink {
     /// link's queue matters only beyond that (up to [`PLANNED_QUEUE_MAX`] of it), and among the
     /// links that make it, the one that puts the packet on the wire soonest wins.
     fn delivery(&self, len: usize, v: &LinkView, floor: f64) -> f64 {
-        let queue = self.queue_time(len, v);
-        let wait = self.queue_time(0, v);
-        let tx = queue - wait;
+        self.delivery_behind(self.queue_time(0, v), len, v, floor)
+    }
+
+    /// [`delivery`](Self::delivery) behind a queue of `wait` seconds (`queue_time(0, v)`).
+    fn delivery_behind(&self, wait: f64, len: usize, v: &LinkView, floor: f64) -> f64 {
+        let tx = self.queue_time(len, v) - wait;
         let cap = PLANNED_QUEUE_MAX.as_secs_f64();
         let over = (wait - cap).max(0.0);
         (wait.min(cap) + v.owd.as_secs_f64()).max(floor) + over + tx + degraded_penalty(v)
     }
 
-    /// Under the peer's equalisation (`floor` > 0), the wait behind this link's queue that the
-    /// floor hides from [`delivery`](Self::delivery), seconds, weighed by [`HIDDEN_QUEUE_WEIGHT`]:
-    /// placement adds it to the predicted delivery (see there).
-    fn hidden_wait(&self, v: &LinkView, floor: f64) -> f64 {
+    /// Placement's key for a packet of `len` bytes, lowest wins: the predicted
+    /// [`delivery`](Self::delivery) plus, under the peer's equalisation (`floor` > 0), the wait
+    /// behind this link's queue that the floor hides from it, weighed by
+    /// [`HIDDEN_QUEUE_WEIGHT`]. The queue's wait is computed once for both.
+    fn placement_key(&self, len: usize, v: &LinkView, floor: f64) -> f64 {
+        let wait = self.queue_time(0, v);
+        let delivery = self.delivery_behind(wait, len, v, floor);
         if floor <= 0.0 {
-            return 0.0;
+            return delivery;
         }
-        let wait = self.queue_time(0, v).min(PLANNED_QUEUE_MAX.as_secs_f64());
-        HIDDEN_QUEUE_WEIGHT * wait.min((floor - v.owd.as_secs_f64()).max(0.0))
+        let hidden = wait
+            .min(PLANNED_QUEUE_MAX.as_secs_f64())
+            .min((floor - v.owd.as_secs_f64()).max(0.0));
+        delivery + HIDDEN_QUEUE_WEIGHT * hidden
     }
 
     /// The delivery [`delivery`](Self::delivery) predicts behind an empty queue.
@@ -1227,7 +1235,7 @@ impl Scheduler for Adaptive {
             // (least queued relative to its rate) wins. The bundle then fills its links in
             // proportion to their rates, as one link of their summed rate would, instead of
             // queueing on the fastest ones first.
-            let key = st.delivery(len, v, floor) + st.hidden_wait(v, floor);
+            let key = st.placement_key(len, v, floor);
             if best.is_none_or(|(_, k, _)| key < k) {
                 best = Some((i, key, queue));
             }
