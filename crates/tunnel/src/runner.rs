@@ -198,66 +198,157 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
     Ok(s)
 }
 
+/// The core endpoint's configuration from the file's.
+fn endpoint_config(cfg: &Config) -> EpConfig {
+    let mut ep_cfg = EpConfig::new(cfg.role, cfg.psk);
+    // `auto`: propose AES-256-GCM if this CPU runs it in hardware, and take the server's
+    // answer; a fixed cipher is insisted on.
+    ep_cfg.cipher_auto = cfg.cipher.is_none();
+    ep_cfg.cipher = cfg.cipher.unwrap_or(if ep_cfg.local_fast_aes {
+        CipherId::Aes256Gcm
+    } else {
+        CipherId::ChaCha20Poly1305
+    });
+    ep_cfg.scheduler = cfg.scheduler.clone();
+    if let Some(p) = cfg.probe_interval {
+        ep_cfg.health.probe_interval = p;
+    }
+    if let Some(d) = cfg.down_after {
+        ep_cfg.health.down_after = d;
+    }
+    if let Some(e) = cfg.equalize_max {
+        ep_cfg.equalize_max = e;
+    }
+    ep_cfg.compression = cfg.compression;
+    ep_cfg.route_id = cfg.route_id;
+    // Client with per-client keys: the server's key is the one peer.
+    ep_cfg.identity = cfg.identity.as_ref().and_then(|i| {
+        Some(braid_core::endpoint::Identity {
+            own: i.own.clone(),
+            peer: i.server?,
+            v4: None,
+            v6: None,
+        })
+    });
+    if let Some(m) = cfg.reorder_max {
+        ep_cfg.reorder.max_timeout = m;
+        ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
+    }
+    ep_cfg
+}
+
+/// The sans-I/O engine: one endpoint, or a concentrator with one per `[[client]]`.
+fn build_engine(cfg: &Config, now: Instant) -> anyhow::Result<Engine> {
+    use rand::SeedableRng;
+    let ep_cfg = endpoint_config(cfg);
+    let rng = Box::new(rand::rngs::StdRng::from_entropy());
+    let sites = cfg
+        .identity
+        .as_ref()
+        .filter(|i| cfg.role == Role::Server && !i.clients.is_empty());
+    let in_file = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", cfg.path.display());
+    Ok(match sites {
+        Some(id) => {
+            let mut c = braid_core::concentrator::Concentrator::new(ep_cfg, id.own.clone(), rng);
+            for spec in &id.clients {
+                c.add_client(now, spec.clone()).map_err(|e| in_file(&e))?;
+            }
+            Engine::Sites(Box::new(c))
+        }
+        None => Engine::Bundle(Box::new(
+            Endpoint::new(ep_cfg, now, rng).map_err(|e| in_file(&e))?,
+        )),
+    })
+}
+
+/// A client's link sockets, keyed by poll token from [`FIRST_SOCKET`] on, and its links by id
+/// (with their tokens); a server's one listening socket.
+#[allow(clippy::type_complexity)]
+fn open_sockets(
+    cfg: &Config,
+) -> anyhow::Result<(HashMap<Token, Sock>, BTreeMap<LinkId, (Token, LinkSpec)>)> {
+    let mut socks = HashMap::new();
+    let mut links = BTreeMap::new();
+    match cfg.role {
+        Role::Server => {
+            let listen = cfg.listen.expect("validated: server has listen");
+            // A wildcard listener on a multi-homed server must answer each link from the
+            // address the client sent to, or the client's connected socket drops the reply.
+            let opts = BindOptions {
+                addr: Some(listen),
+                buffer_bytes: DEFAULT_BUFFER,
+                pktinfo: listen.ip().is_unspecified(),
+                gro: true,
+                dont_fragment: true,
+                timestamps: true,
+                ..Default::default()
+            };
+            let s = UdpSocket::bind(&opts)
+                .map_err(|e| anyhow::anyhow!("{}: listen {listen}: {e}", cfg.path.display()))?;
+            socks.insert(Token(FIRST_SOCKET), Sock::new(s, None));
+        }
+        Role::Client => {
+            for (token, spec) in (FIRST_SOCKET..).map(Token).zip(&cfg.links) {
+                // Errors found only now (an address not on this host) name the file too.
+                let s = open_link_socket(spec)
+                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", cfg.path.display()))?;
+                let mut sock = Sock::new(s, Some(spec.id));
+                sock.binding = Binding::of(&sock.sock, spec);
+                socks.insert(token, sock);
+                links.insert(spec.id, (token, spec.clone()));
+            }
+        }
+    }
+    Ok((socks, links))
+}
+
+/// The TUN device, up with its addresses, MTU and queue length.
+fn open_tun(cfg: &Config) -> anyhow::Result<Tun> {
+    let tun = Tun::open(&cfg.name)?;
+    let addrs: Vec<_> = cfg.addresses.iter().map(|a| (a.ip, a.prefix)).collect();
+    let failed = |e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name);
+    braid_linux::netlink::configure(&cfg.name, &addrs, cfg.mtu).map_err(failed)?;
+    braid_linux::netlink::set_txqueuelen(&cfg.name, cfg.txqueuelen).map_err(failed)?;
+    Ok(tun)
+}
+
+/// A client's netlink monitor of address changes, registered with `poll`; none (with a
+/// warning) where the kernel refuses one.
+fn open_monitor(poll: &Poll) -> anyhow::Result<Option<braid_linux::netlink::Monitor>> {
+    match braid_linux::netlink::Monitor::open() {
+        Ok(m) => {
+            poll.registry()
+                .register(&mut SourceFd(&m.as_raw_fd()), NETLINK, Interest::READABLE)?;
+            Ok(Some(m))
+        }
+        Err(e) => {
+            tracing::warn!("no netlink notices of address changes ({e}): link sockets are reopened after send errors only");
+            Ok(None)
+        }
+    }
+}
+
+/// SIGINT and SIGTERM as bytes on a pipe registered with `poll` (its reading end).
+fn signal_pipe(poll: &Poll) -> anyhow::Result<UnixStream> {
+    let (signal_tx, signal_rx) = UnixStream::pair()?;
+    signal_rx.set_nonblocking(true)?;
+    signal_tx.set_nonblocking(true)?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::low_level::pipe::register(sig, signal_tx.try_clone()?)?;
+    }
+    poll.registry().register(
+        &mut SourceFd(&signal_rx.as_raw_fd()),
+        SIGNAL,
+        Interest::READABLE,
+    )?;
+    Ok(signal_rx)
+}
+
 impl Runner {
     /// Opens sockets, the TUN device (configured through netlink) and the core endpoint.
     pub fn new(cfg: Config) -> anyhow::Result<Runner> {
         let now = Instant::now();
-        let mut ep_cfg = EpConfig::new(cfg.role, cfg.psk);
-        // `auto`: propose AES-256-GCM if this CPU runs it in hardware, and take the server's
-        // answer; a fixed cipher is insisted on.
-        ep_cfg.cipher_auto = cfg.cipher.is_none();
-        ep_cfg.cipher = cfg.cipher.unwrap_or(if ep_cfg.local_fast_aes {
-            CipherId::Aes256Gcm
-        } else {
-            CipherId::ChaCha20Poly1305
-        });
-        ep_cfg.scheduler = cfg.scheduler.clone();
-        if let Some(p) = cfg.probe_interval {
-            ep_cfg.health.probe_interval = p;
-        }
-        if let Some(d) = cfg.down_after {
-            ep_cfg.health.down_after = d;
-        }
-        if let Some(e) = cfg.equalize_max {
-            ep_cfg.equalize_max = e;
-        }
-        ep_cfg.compression = cfg.compression;
-        ep_cfg.route_id = cfg.route_id;
-        // Client with per-client keys: the server's key is the one peer.
-        ep_cfg.identity = cfg.identity.as_ref().and_then(|i| {
-            Some(braid_core::endpoint::Identity {
-                own: i.own.clone(),
-                peer: i.server?,
-                v4: None,
-                v6: None,
-            })
-        });
-        if let Some(m) = cfg.reorder_max {
-            ep_cfg.reorder.max_timeout = m;
-            ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
-        }
-        use rand::SeedableRng;
-        let rng = Box::new(rand::rngs::StdRng::from_entropy());
-        let sites = cfg
-            .identity
-            .as_ref()
-            .filter(|i| cfg.role == Role::Server && !i.clients.is_empty());
-        let mut ep = match sites {
-            Some(id) => {
-                // A concentrator: one server endpoint per [[client]].
-                let mut c =
-                    braid_core::concentrator::Concentrator::new(ep_cfg, id.own.clone(), rng);
-                for spec in &id.clients {
-                    c.add_client(now, spec.clone())
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?;
-                }
-                Engine::Sites(Box::new(c))
-            }
-            None => Engine::Bundle(Box::new(
-                Endpoint::new(ep_cfg, now, rng)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", cfg.path.display()))?,
-            )),
-        };
+        let mut ep = build_engine(&cfg, now)?;
         // A concentrator's endpoints seal as they go (no deferred sealing there yet): helper
         // threads would only be woken for nothing.
         let threads = if matches!(ep, Engine::Sites(_)) {
@@ -282,47 +373,9 @@ impl Runner {
         let (handle, cmd_rx) = Handle::new(Arc::new(cfg.clone()), waker);
 
         // Sockets first: a bad interface or address fails before the TUN device exists.
-        let mut socks = HashMap::new();
-        let mut links = BTreeMap::new();
-        let mut next_token = FIRST_SOCKET;
-        match cfg.role {
-            Role::Server => {
-                let listen = cfg.listen.expect("validated: server has listen");
-                // A wildcard listener on a multi-homed server must answer each link from the
-                // address the client sent to, or the client's connected socket drops the reply.
-                let opts = BindOptions {
-                    addr: Some(listen),
-                    buffer_bytes: DEFAULT_BUFFER,
-                    pktinfo: listen.ip().is_unspecified(),
-                    gro: true,
-                    dont_fragment: true,
-                    timestamps: true,
-                    ..Default::default()
-                };
-                let s = UdpSocket::bind(&opts)
-                    .map_err(|e| anyhow::anyhow!("{}: listen {listen}: {e}", cfg.path.display()))?;
-                socks.insert(Token(next_token), Sock::new(s, None));
-                next_token += 1;
-            }
-            Role::Client => {
-                for spec in &cfg.links {
-                    // Errors found only now (an address not on this host) name the file too.
-                    let s = open_link_socket(spec)
-                        .map_err(|e| anyhow::anyhow!("{}: {e:#}", cfg.path.display()))?;
-                    let mut sock = Sock::new(s, Some(spec.id));
-                    sock.binding = Binding::of(&sock.sock, spec);
-                    socks.insert(Token(next_token), sock);
-                    links.insert(spec.id, (Token(next_token), spec.clone()));
-                    next_token += 1;
-                }
-            }
-        }
-        let tun = Tun::open(&cfg.name)?;
-        let addrs: Vec<_> = cfg.addresses.iter().map(|a| (a.ip, a.prefix)).collect();
-        braid_linux::netlink::configure(&cfg.name, &addrs, cfg.mtu)
-            .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
-        braid_linux::netlink::set_txqueuelen(&cfg.name, cfg.txqueuelen)
-            .map_err(|e| anyhow::anyhow!("cannot configure TUN device {}: {e}", cfg.name))?;
+        let (socks, links) = open_sockets(&cfg)?;
+        let next_token = FIRST_SOCKET + socks.len();
+        let tun = open_tun(&cfg)?;
         poll.registry()
             .register(&mut SourceFd(&tun.as_raw_fd()), TUN, Interest::READABLE)?;
         for (t, s) in &socks {
@@ -335,36 +388,11 @@ impl Runner {
                 .add_link(now, *id, link_config(spec))
                 .map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
         }
-
         let monitor = match cfg.role {
-            Role::Client => match braid_linux::netlink::Monitor::open() {
-                Ok(m) => {
-                    poll.registry().register(
-                        &mut SourceFd(&m.as_raw_fd()),
-                        NETLINK,
-                        Interest::READABLE,
-                    )?;
-                    Some(m)
-                }
-                Err(e) => {
-                    tracing::warn!("no netlink notices of address changes ({e}): link sockets are reopened after send errors only");
-                    None
-                }
-            },
+            Role::Client => open_monitor(&poll)?,
             Role::Server => None,
         };
-
-        let (signal_tx, signal_rx) = UnixStream::pair()?;
-        signal_rx.set_nonblocking(true)?;
-        signal_tx.set_nonblocking(true)?;
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_hook::low_level::pipe::register(sig, signal_tx.try_clone()?)?;
-        }
-        poll.registry().register(
-            &mut SourceFd(&signal_rx.as_raw_fd()),
-            SIGNAL,
-            Interest::READABLE,
-        )?;
+        let signal_rx = signal_pipe(&poll)?;
 
         let next_link_id = cfg.links.iter().map(|l| l.id).max().unwrap_or(0) + 1;
         let runner = Runner {
