@@ -124,15 +124,20 @@ impl Binding {
     }
 }
 
+/// The sockets polled, by token.
+type Sockets = HashMap<Token, Sock>;
+/// A client's links by id: the token of each one's socket, and its configuration.
+type LinkTable = BTreeMap<LinkId, (Token, LinkSpec)>;
+
 /// A running endpoint: its I/O and the sans-I/O core.
 pub struct Runner {
     cfg: Config,
     ep: Engine,
     poll: Poll,
     tun: Tun,
-    socks: HashMap<Token, Sock>,
+    socks: Sockets,
     /// Client: link id -> its socket's token and its spec.
-    links: BTreeMap<LinkId, (Token, LinkSpec)>,
+    links: LinkTable,
     next_token: usize,
     next_link_id: LinkId,
     cmd_rx: Commands,
@@ -263,10 +268,7 @@ fn build_engine(cfg: &Config, now: Instant) -> anyhow::Result<Engine> {
 
 /// A client's link sockets, keyed by poll token from [`FIRST_SOCKET`] on, and its links by id
 /// (with their tokens); a server's one listening socket.
-#[allow(clippy::type_complexity)]
-fn open_sockets(
-    cfg: &Config,
-) -> anyhow::Result<(HashMap<Token, Sock>, BTreeMap<LinkId, (Token, LinkSpec)>)> {
+fn open_sockets(cfg: &Config) -> anyhow::Result<(Sockets, LinkTable)> {
     let mut socks = HashMap::new();
     let mut links = BTreeMap::new();
     match cfg.role {
