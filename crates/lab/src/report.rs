@@ -130,6 +130,7 @@ pub struct RunReport {
     pub sender_tcp: Vec<crate::traffic::TcpSample>,
     /// The share of the run in which that sender fell behind its own pacing rate
     /// ([`crate::traffic::behind_pacing`]): the lab's sender, not the path, held it back.
+    /// `None` for a sender that does not pace (CUBIC) and for too short a run.
     pub sender_behind_pacing: Option<f64>,
 }
 

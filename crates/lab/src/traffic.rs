@@ -81,7 +81,14 @@ pub const PACING_SHORTFALL: f64 = 0.8;
 /// paces for, its bandwidth estimate follows what it managed to send, and it spirals down
 /// whatever the path (BENCHMARKS.md §4: 20-27% short with braid, and with no braid on one
 /// emulated link). A high share tells a slide of the lab's own sender from one braid caused.
+/// Only a BBR sender (one whose readings carry BBR's state) is paced at all: Linux paces by its
+/// timer only for a congestion control that asks for it, and CUBIC's pacing rate is advisory
+/// without `fq` (a CUBIC flow held by its receive window read 0.41 "behind" in the lab): `None`
+/// for the others.
 pub fn behind_pacing(samples: &[TcpSample]) -> Option<f64> {
+    if !samples.iter().any(|s| s.info.bbr_bw_bps.is_some()) {
+        return None;
+    }
     let readings: Vec<_> = samples
         .windows(2)
         .filter(|w| w[0].t_s >= 1.0 && w[1].t_s > w[0].t_s)
@@ -324,6 +331,7 @@ mod tests {
                 unacked: in_flight,
                 pacing_rate_bps: pacing_mbps * 1e6,
                 bytes_sent: (sent_mbit * 1e6 / 8.0) as u64,
+                bbr_bw_bps: Some(pacing_mbps * 1e6 / 1.25),
                 ..Default::default()
             },
         }
@@ -352,6 +360,16 @@ mod tests {
         assert_eq!(behind_pacing(&window), Some(0.0));
         // Before the first second (start-up) nothing counts; too few readings: unknown.
         assert_eq!(behind_pacing(&short[..3]), None);
+        // A sender that does not pace (CUBIC: no BBR state in its readings): unknown.
+        let unpaced: Vec<_> = short
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.info.bbr_bw_bps = None;
+                r
+            })
+            .collect();
+        assert_eq!(behind_pacing(&unpaced), None);
     }
 
     #[test]
