@@ -83,7 +83,8 @@ pub const PACING_SHORTFALL: f64 = 0.8;
 /// emulated link). A high share tells a slide of the lab's own sender from one braid caused.
 /// Only a BBR sender (one whose readings carry BBR's state) is paced at all: Linux paces by its
 /// timer only for a congestion control that asks for it, and CUBIC's pacing rate is advisory
-/// without `fq` (a CUBIC flow held by its receive window read 0.41 "behind" in the lab): `None`
+/// without `fq` (a CUBIC flow whose window ran far ahead of what it had to send read 0.41
+/// "behind" in the lab): `None`
 /// for the others.
 pub fn behind_pacing(samples: &[TcpSample]) -> Option<f64> {
     if !samples.iter().any(|s| s.info.bbr_bw_bps.is_some()) {
