@@ -84,8 +84,7 @@ pub const PACING_SHORTFALL: f64 = 0.8;
 /// Only a BBR sender (one whose readings carry BBR's state) is paced at all: Linux paces by its
 /// timer only for a congestion control that asks for it, and CUBIC's pacing rate is advisory
 /// without `fq` (a CUBIC flow whose window ran far ahead of what it had to send read 0.41
-/// "behind" in the lab): `None`
-/// for the others.
+/// "behind" in the lab): `None` for the others.
 pub fn behind_pacing(samples: &[TcpSample]) -> Option<f64> {
     if !samples.iter().any(|s| s.info.bbr_bw_bps.is_some()) {
         return None;
