@@ -156,16 +156,18 @@ fn ends(v: &Value) -> String {
     // What the sender really sent since the sample before (bytes_sent): against its pacing
     // rate it tells a sender that fell behind its own timer (BENCHMARKS.md §4, "The
     // back-pressure BBR test's slide") from one that braid held back (window full).
-    let mut prev: Option<&Value> = None;
+    let mut prev: Option<braid_lab::traffic::TcpSample> = None;
     for s in v["bundle"]["run"]["sender_tcp"]
         .as_array()
         .into_iter()
         .flatten()
     {
-        let sent = prev.map_or(f64::NAN, |p| {
-            (g(&s["bytes_sent"]) - g(&p["bytes_sent"])) * 8.0 / (g(&s["t_s"]) - g(&p["t_s"])) / 1e6
-        });
-        prev = Some(s);
+        let sample = serde_json::from_value::<braid_lab::traffic::TcpSample>(s.clone()).ok();
+        let sent = match (&sample, &prev) {
+            (Some(now), Some(before)) => now.sent_bps_since(before) / 1e6,
+            _ => f64::NAN,
+        };
+        prev = sample;
         out += &format!(
             "\ntcp t={:.1} rtt {:.0} min {:.1} cwnd {} unacked {} rwnd {}K unsent {}K \
              sent {:.1} pacing {:.1} delivery {:.1} bbr {:.1} Mbit/s {:.1} ms retrans {} \

@@ -67,6 +67,19 @@ pub struct TcpSample {
     pub info: braid_linux::tcp_info::TcpInfo,
 }
 
+impl TcpSample {
+    /// What the sender sent between `earlier` and this reading, bit/s (NaN when they are not
+    /// apart in time).
+    pub fn sent_bps_since(&self, earlier: &TcpSample) -> f64 {
+        let dt = self.t_s - earlier.t_s;
+        if dt > 0.0 {
+            self.info.bytes_sent.saturating_sub(earlier.info.bytes_sent) as f64 * 8.0 / dt
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 /// A reading is paced, not window-limited, while fewer than this share of the sender's window
 /// is in flight (and it is not application-limited) ...
 pub const PACED_IN_FLIGHT: f64 = 0.8;
@@ -102,8 +115,7 @@ pub fn behind_pacing(samples: &[TcpSample]) -> Option<f64> {
             let (a, b) = (&w[0].info, &w[1].info);
             let paced =
                 !b.app_limited && f64::from(b.unacked) < PACED_IN_FLIGHT * f64::from(b.cwnd);
-            let sent =
-                b.bytes_sent.saturating_sub(a.bytes_sent) as f64 * 8.0 / (w[1].t_s - w[0].t_s);
+            let sent = w[1].sent_bps_since(&w[0]);
             let pacing = (a.pacing_rate_bps + b.pacing_rate_bps) / 2.0;
             paced && pacing > 0.0 && sent < PACING_SHORTFALL * pacing
         })
