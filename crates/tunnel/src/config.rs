@@ -570,28 +570,7 @@ fn validate_identity(
         &mut warnings,
     )?;
     let Some(private) = private else {
-        if let Some(k) = &b.server_public_key {
-            return Err(src.at(
-                k,
-                "bundle.server_public_key",
-                "needs this end's private_key (make one with `braid keygen`)",
-            ));
-        }
-        if let Some(c) = file.client.first() {
-            return Err(src.at(
-                c,
-                "client",
-                "[[client]] needs the server's private_key in [bundle] (make one with `braid keygen`)",
-            ));
-        }
-        if let Some(p) = &b.address_pool {
-            return Err(src.at(
-                p,
-                "bundle.address_pool",
-                "needs the server's private_key and [[client]] tables",
-            ));
-        }
-        return Ok(None);
+        return no_identity(src, file).map(|()| None);
     };
     let own = braid_core::identity::KeyPair::from_private(private);
     match role {
@@ -612,147 +591,220 @@ fn validate_identity(
             }))
         }
         Role::Server => {
-            if file.client.is_empty() {
-                return Err(src.at(
-                    &file.bundle,
-                    "client",
-                    "missing: a server with a private_key needs a [[client]] (name, public_key, address) for each client",
-                ));
-            }
-            let mut pool = match &b.address_pool {
-                Some(p) => Some(src.value(p, "bundle.address_pool", |t| {
-                    let net: ipnet::IpNet = t
-                        .parse()
-                        .map_err(|_| format!("{t:?} is not a prefix (\"198.19.0.0/24\")"))?;
-                    Ok(braid_core::routes::AddressPool::new(
-                        net.trunc(),
-                        own_addresses.iter().map(|a| a.ip),
-                    ))
-                })?),
-                None => None,
-            };
-            // Fixed addresses first, so that the pool never hands one of them out.
-            let mut fixed = Vec::new();
-            for c in &file.client {
-                let r = c.get_ref();
-                let addrs = match &r.address {
-                    Some(a) => src.value(a, "client.address", parse_addresses)?,
-                    None => Vec::new(),
-                };
-                if let Some(pool) = pool.as_mut() {
-                    for a in &addrs {
-                        if pool.prefix().contains(&a.ip) && pool.claim(a.ip).is_err() {
-                            return Err(src.at(
-                                r.address.as_ref().expect("addresses came from it"),
-                                "client.address",
-                                format!("{} is given twice (or is the server's own)", a.ip),
-                            ));
-                        }
-                    }
-                }
-                fixed.push(addrs);
-            }
-            let mut clients: Vec<braid_core::concentrator::ClientSpec> = Vec::new();
-            for (c, mut addrs) in file.client.iter().zip(fixed) {
-                let r = c.get_ref();
-                let name = src.value(&r.name, "client.name", |n| {
-                    if n.is_empty()
-                        || n.len() > 32
-                        || n.contains(|ch: char| ch.is_whitespace() || ch == '/')
-                    {
-                        Err(format!("{n:?}: 1 to 32 characters, no spaces or '/'"))
-                    } else if clients.iter().any(|c| &c.name == n) {
-                        Err(format!("{n:?} is the name of another [[client]]"))
-                    } else {
-                        Ok(n.clone())
-                    }
-                })?;
-                let key = src.value(&r.public_key, "client.public_key", |k| {
-                    let k = public_key(k)?;
-                    if k == own.public() {
-                        return Err("is the server's own public key: give the client's (`braid pubkey` of the client's private key)".to_string());
-                    }
-                    match clients.iter().find(|c| c.public_key == k) {
-                        Some(o) => Err(format!("is also client {:?}'s key: each client needs its own", o.name)),
-                        None => Ok(k),
-                    }
-                })?;
-                if addrs.is_empty() {
-                    let Some(pool) = pool.as_mut() else {
-                        return Err(src.at(
-                            c,
-                            "client.address",
-                            format!("missing: client {name:?} needs an address, or [bundle] an address_pool to take one from"),
-                        ));
-                    };
-                    let ip = pool
-                        .allocate()
-                        .map_err(|e| src.at(c, "client.address", e.to_string()))?;
-                    addrs.push(TunAddress {
-                        ip,
-                        prefix: pool.prefix().prefix_len(),
-                    });
-                }
-                let mut lans = Vec::new();
-                for l in &r.lan {
-                    lans.push(src.value(l, "client.lan", |t| {
-                        t.parse::<ipnet::IpNet>()
-                            .map(|n| n.trunc())
-                            .map_err(|_| format!("{t:?} is not a prefix (\"198.18.10.0/24\")"))
-                    })?);
-                }
-                let reach = r.reach.iter().map(|x| x.get_ref().clone()).collect();
-                let v4 = addrs.iter().find_map(|a| match a.ip {
-                    IpAddr::V4(ip) => Some((ip, a.prefix)),
-                    _ => None,
-                });
-                let v6 = addrs.iter().find_map(|a| match a.ip {
-                    IpAddr::V6(ip) => Some((ip, a.prefix)),
-                    _ => None,
-                });
-                clients.push(braid_core::concentrator::ClientSpec {
-                    name,
-                    public_key: key,
-                    v4,
-                    v6,
-                    lans,
-                    reach,
-                });
-            }
-            // Every name in a reach list is a client (or "*").
-            for (c, spec) in file.client.iter().zip(&clients) {
-                for (x, name) in c.get_ref().reach.iter().zip(&spec.reach) {
-                    if name != "*" && !clients.iter().any(|o| &o.name == name) {
-                        return Err(src.at(
-                            x,
-                            "client.reach",
-                            format!("no [[client]] is named {name:?}"),
-                        ));
-                    }
-                }
-            }
-            // No prefix routed to two clients.
-            let mut seen: Vec<(ipnet::IpNet, &str)> = Vec::new();
-            for (c, spec) in file.client.iter().zip(&clients) {
-                for p in spec.prefixes() {
-                    if let Some((_, other)) = seen.iter().find(|(q, _)| *q == p) {
-                        return Err(src.at(
-                            c,
-                            "client.lan",
-                            format!("{p} is also client {other:?}'s"),
-                        ));
-                    }
-                    seen.push((p, &spec.name));
-                }
-            }
+            let (clients, pool) = validate_clients(src, file, &own, own_addresses)?;
             Ok(Some(IdentityConfig {
                 own,
                 server: None,
                 clients,
-                address_pool: pool.map(|p| p.prefix()),
+                address_pool: pool,
             }))
         }
     }
+}
+
+/// Without a private key: nothing of the identity handshake may be configured.
+fn no_identity(src: &Source, file: &FileRepr) -> Result<(), ConfigError> {
+    let b = file.bundle.get_ref();
+    if let Some(k) = &b.server_public_key {
+        return Err(src.at(
+            k,
+            "bundle.server_public_key",
+            "needs this end's private_key (make one with `braid keygen`)",
+        ));
+    }
+    if let Some(c) = file.client.first() {
+        return Err(src.at(
+            c,
+            "client",
+            "[[client]] needs the server's private_key in [bundle] (make one with `braid keygen`)",
+        ));
+    }
+    if let Some(p) = &b.address_pool {
+        return Err(src.at(
+            p,
+            "bundle.address_pool",
+            "needs the server's private_key and [[client]] tables",
+        ));
+    }
+    Ok(())
+}
+
+/// A server's `[[client]]` tables (and `bundle.address_pool`): each client's name, key,
+/// addresses (given, or taken from the pool) and LANs; then what concerns them together (reach
+/// lists name clients, no prefix routed to two clients). Returns the clients and the pool's
+/// prefix.
+fn validate_clients(
+    src: &Source,
+    file: &FileRepr,
+    own: &braid_core::identity::KeyPair,
+    own_addresses: &[TunAddress],
+) -> Result<
+    (
+        Vec<braid_core::concentrator::ClientSpec>,
+        Option<ipnet::IpNet>,
+    ),
+    ConfigError,
+> {
+    let b = file.bundle.get_ref();
+    if file.client.is_empty() {
+        return Err(src.at(
+            &file.bundle,
+            "client",
+            "missing: a server with a private_key needs a [[client]] (name, public_key, address) for each client",
+        ));
+    }
+    let mut pool = match &b.address_pool {
+        Some(p) => Some(src.value(p, "bundle.address_pool", |t| {
+            let net: ipnet::IpNet = t
+                .parse()
+                .map_err(|_| format!("{t:?} is not a prefix (\"198.19.0.0/24\")"))?;
+            Ok(braid_core::routes::AddressPool::new(
+                net.trunc(),
+                own_addresses.iter().map(|a| a.ip),
+            ))
+        })?),
+        None => None,
+    };
+    let fixed = fixed_client_addresses(src, file, pool.as_mut())?;
+    let mut clients: Vec<braid_core::concentrator::ClientSpec> = Vec::new();
+    for (c, addrs) in file.client.iter().zip(fixed) {
+        let spec = validate_client(src, c, addrs, own, &clients, pool.as_mut())?;
+        clients.push(spec);
+    }
+    check_client_routes(src, file, &clients)?;
+    Ok((clients, pool.map(|p| p.prefix())))
+}
+
+/// Each client's `address` as given, claimed from the pool when within it (fixed addresses
+/// first, so that the pool never hands one of them out).
+fn fixed_client_addresses(
+    src: &Source,
+    file: &FileRepr,
+    mut pool: Option<&mut braid_core::routes::AddressPool>,
+) -> Result<Vec<Vec<TunAddress>>, ConfigError> {
+    let mut fixed = Vec::new();
+    for c in &file.client {
+        let r = c.get_ref();
+        let addrs = match &r.address {
+            Some(a) => src.value(a, "client.address", parse_addresses)?,
+            None => Vec::new(),
+        };
+        if let Some(pool) = pool.as_deref_mut() {
+            for a in &addrs {
+                if pool.prefix().contains(&a.ip) && pool.claim(a.ip).is_err() {
+                    return Err(src.at(
+                        r.address.as_ref().expect("addresses came from it"),
+                        "client.address",
+                        format!("{} is given twice (or is the server's own)", a.ip),
+                    ));
+                }
+            }
+        }
+        fixed.push(addrs);
+    }
+    Ok(fixed)
+}
+
+/// One `[[client]]`: its name and key (each unlike the others' so far, `clients`, and the key
+/// unlike the server's own), its addresses (`addrs`, given; else one from the pool) and LANs.
+fn validate_client(
+    src: &Source,
+    c: &Spanned<ClientRepr>,
+    mut addrs: Vec<TunAddress>,
+    own: &braid_core::identity::KeyPair,
+    clients: &[braid_core::concentrator::ClientSpec],
+    pool: Option<&mut braid_core::routes::AddressPool>,
+) -> Result<braid_core::concentrator::ClientSpec, ConfigError> {
+    let r = c.get_ref();
+    let name = src.value(&r.name, "client.name", |n| {
+        if n.is_empty() || n.len() > 32 || n.contains(|ch: char| ch.is_whitespace() || ch == '/') {
+            Err(format!("{n:?}: 1 to 32 characters, no spaces or '/'"))
+        } else if clients.iter().any(|c| &c.name == n) {
+            Err(format!("{n:?} is the name of another [[client]]"))
+        } else {
+            Ok(n.clone())
+        }
+    })?;
+    let key = src.value(&r.public_key, "client.public_key", |k| {
+        let k = public_key(k)?;
+        if k == own.public() {
+            return Err("is the server's own public key: give the client's (`braid pubkey` of the client's private key)".to_string());
+        }
+        match clients.iter().find(|c| c.public_key == k) {
+            Some(o) => Err(format!("is also client {:?}'s key: each client needs its own", o.name)),
+            None => Ok(k),
+        }
+    })?;
+    if addrs.is_empty() {
+        let Some(pool) = pool else {
+            return Err(src.at(
+                c,
+                "client.address",
+                format!("missing: client {name:?} needs an address, or [bundle] an address_pool to take one from"),
+            ));
+        };
+        let ip = pool
+            .allocate()
+            .map_err(|e| src.at(c, "client.address", e.to_string()))?;
+        addrs.push(TunAddress {
+            ip,
+            prefix: pool.prefix().prefix_len(),
+        });
+    }
+    let mut lans = Vec::new();
+    for l in &r.lan {
+        lans.push(src.value(l, "client.lan", |t| {
+            t.parse::<ipnet::IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| format!("{t:?} is not a prefix (\"198.18.10.0/24\")"))
+        })?);
+    }
+    let v4 = addrs.iter().find_map(|a| match a.ip {
+        IpAddr::V4(ip) => Some((ip, a.prefix)),
+        _ => None,
+    });
+    let v6 = addrs.iter().find_map(|a| match a.ip {
+        IpAddr::V6(ip) => Some((ip, a.prefix)),
+        _ => None,
+    });
+    Ok(braid_core::concentrator::ClientSpec {
+        name,
+        public_key: key,
+        v4,
+        v6,
+        lans,
+        reach: r.reach.iter().map(|x| x.get_ref().clone()).collect(),
+    })
+}
+
+/// What the clients' routes must satisfy together: every name in a reach list is a client (or
+/// "*"), and no prefix is routed to two clients.
+fn check_client_routes(
+    src: &Source,
+    file: &FileRepr,
+    clients: &[braid_core::concentrator::ClientSpec],
+) -> Result<(), ConfigError> {
+    for (c, spec) in file.client.iter().zip(clients) {
+        for (x, name) in c.get_ref().reach.iter().zip(&spec.reach) {
+            if name != "*" && !clients.iter().any(|o| &o.name == name) {
+                return Err(src.at(
+                    x,
+                    "client.reach",
+                    format!("no [[client]] is named {name:?}"),
+                ));
+            }
+        }
+    }
+    let mut seen: Vec<(ipnet::IpNet, &str)> = Vec::new();
+    for (c, spec) in file.client.iter().zip(clients) {
+        for p in spec.prefixes() {
+            if let Some((_, other)) = seen.iter().find(|(q, _)| *q == p) {
+                return Err(src.at(c, "client.lan", format!("{p} is also client {other:?}'s")));
+            }
+            seen.push((p, &spec.name));
+        }
+    }
+    Ok(())
 }
 
 /// `bundle.address`: one "IP/PREFIX", several separated by commas, or an array of them (see
