@@ -31,9 +31,18 @@ use Direction::{Download, Upload};
 /// nothing on a clean link, ran the same run five times. The floors hold the median of five.
 const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
 
+/// Seeds of a cell whose five-run median is itself a draw ([`failover_high_delay_mix`]); a run
+/// there takes about 0.1 s.
+const FAILOVER_SEEDS: [u64; 15] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
 /// The runs of [`SEEDS`], each with its start offset.
 fn runs(sc: &TcpScenario) -> Vec<sim::TcpReport> {
-    SEEDS
+    runs_of(sc, &SEEDS)
+}
+
+/// The runs of `seeds`, run `s` started `s - 1` ms late.
+fn runs_of(sc: &TcpScenario, seeds: &[u64]) -> Vec<sim::TcpReport> {
+    seeds
         .iter()
         .map(|&s| {
             let mut sc = sc.clone().seed(s);
@@ -329,20 +338,25 @@ fn delay_spread_on_the_equalisation_bound() {
 }
 
 /// Failover on a high-delay mix (2 x 10 Mbit/s, 20 and 120 ms one way), either link dark, CUBIC
-/// both ways, no rates configured. Measured, medians of the five runs: the 20 ms link dark:
-/// stall 404 / 280 ms, 53 / 149 inner retransmissions (upload / download); the 120 ms link
-/// dark: 404 / 385 ms, 101 / 333 (the worst runs 445 / 385 and 445 / 904 ms). The first run
-/// alone, before the start offsets: 445 / 300 ms, 53 / 208; 445 / 421 ms, 92 / 333.
-/// Before the likely lost packets were reinjected first and late ones delivered
-/// (`Endpoint::reinject`, `reorder`): 636 / 420 ms and 445 / 275 ms (the last the one cell
-/// worse now); earlier still 718 / 744 and 483 / 490 ms. Above issue 10's 300 ms: the bounds
+/// both ways, no rates configured. This cell is chaotic (one run's inner window before the
+/// failure decides whether the link left overflows after it: 106 to 4624 retransmissions over
+/// the start offsets of one build), so it takes the median of [`FAILOVER_SEEDS`], not of five.
+/// Measured, medians of the fifteen runs: the 20 ms link dark: stall 425 / 332 ms, 77 / 126
+/// inner retransmissions (upload / download; the worst 383 / 350); the 120 ms link dark: 370 /
+/// 402 ms, 178 / 430 (the worst 4624 / 2683). Before the queue a report gives after a silence
+/// was the last packet's own (`LinkHealth::reported_qdelay`): 429 / 332 ms, 77 / 133; 429 /
+/// 383 ms, 183 / 436; the medians of the first five alone moved 265 -> 493 and 474 -> 593
+/// retransmissions with it, over the same fifteen 183 -> 178 and 436 -> 430 (BENCHMARKS.md §1,
+/// "Failover scenarios in the simulator"). Before the likely lost packets were reinjected first
+/// and late ones delivered (`Endpoint::reinject`, `reorder`), five runs: 636 / 420 ms and 445
+/// / 275 ms; earlier still 718 / 744 and 483 / 490 ms. Above issue 10's 300 ms: the bounds
 /// catch regressions only; the lab is in BENCHMARKS.md §4. BBR's figures are not bounded here.
 #[test]
 fn failover_high_delay_mix() {
     // The scenarios darken link 0 (20 ms), then link 1 (120 ms).
     for (dark, sc) in sim::failover_scenarios()[1..].iter().enumerate() {
         for dir in [Upload, Download] {
-            let rs = runs(&sc.clone().cc(Cubic).direction(dir));
+            let rs = runs_of(&sc.clone().cc(Cubic).direction(dir), &FAILOVER_SEEDS);
             eprintln!("{}", sim::TcpReport::TABLE_HEADER);
             for r in &rs {
                 eprintln!("{}\n{:?}", r.table_row(), r.repair);
