@@ -11,6 +11,8 @@
 //! - `--backpressure` / `--no-backpressure`: both ends push back (or not) as `braid up` with
 //!   `backpressure = true` (or `false`); default braid's (off)
 //! - `--no-single`: skip the single-link baseline runs (faster)
+//! - `--start MS`: the inner flow starts this long after the bundle (default the scenario's,
+//!   1000): earlier, it may start before either end has measured every link
 //! - `--start-offset MS`: start the inner flow this much later (default 0). The runs are
 //!   deterministic but chaotic: a shift of a millisecond can move a cell by 20 points, so judge
 //!   a change over several offsets (`scripts/sim-ensemble.sh`), not by one run
@@ -38,6 +40,7 @@ struct Opts {
     failover: bool,
     equalize_max: Option<Duration>,
     backpressure: Option<bool>,
+    start: Option<Duration>,
     start_offset: Duration,
 }
 
@@ -92,6 +95,16 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     .parse()
                     .map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
                 o.equalize_max = Some(Duration::from_millis(ms));
+            }
+            "--start" => {
+                let v = value()?;
+                o.start = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|ms| ms.is_finite() && (100.0..=10_000.0).contains(ms))
+                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                    .map(Some)
+                    .ok_or_else(|| format!("--start: {v:?} (ms, 100 to 10000)"))?;
             }
             "--start-offset" => {
                 let v = value()?;
@@ -160,7 +173,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--start-offset MS] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--start MS] [--start-offset MS] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
@@ -205,6 +218,9 @@ fn main() -> ExitCode {
             }
             if let Some(s) = o.seed {
                 sc = sc.seed(s);
+            }
+            if let Some(start) = o.start {
+                sc.start = start;
             }
             sc.start += o.start_offset;
             if sc.warmup >= sc.duration {

@@ -56,8 +56,12 @@ pub struct Ramp {
     /// and when a step last raised it (none since it last fell).
     base: Duration,
     raised_at: Option<Instant>,
-    /// The last bulk packet.
+    /// The last bulk packet, and the first of the traffic it belongs to (none for [`IDLE`]
+    /// between them).
     traffic_at: Option<Instant>,
+    began: Option<Instant>,
+    /// The next call takes the hold wanted at once ([`Self::take_next`]).
+    take_next: bool,
 }
 
 impl Ramp {
@@ -75,20 +79,40 @@ impl Ramp {
             base: Duration::ZERO,
             raised_at: None,
             traffic_at: None,
+            began: None,
+            take_next: false,
         }
     }
 
     /// A bulk packet (one equalisation holds) went through.
     pub fn on_traffic(&mut self, now: Instant) {
+        if self.idle(now) {
+            self.began = Some(now);
+        }
         self.traffic_at = Some(now);
+    }
+
+    /// When the bulk traffic going on now began (none if the bundle is idle).
+    pub fn began(&self) -> Option<Instant> {
+        self.began.filter(|_| self.traffic_at.is_some())
+    }
+
+    /// The next [`allowed`](Self::allowed) takes the hold it is given at once, as when idle:
+    /// the flows going on most likely had it from their start (the sender's view of the peer's
+    /// hold catching up with it, `Endpoint::offset_heard`).
+    pub fn take_next(&mut self) {
+        self.take_next = true;
+    }
+
+    fn idle(&self, now: Instant) -> bool {
+        self.traffic_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= IDLE)
     }
 
     /// The hold to apply now, given the hold the links call for (`wanted`) and the fastest
     /// link's round trip (`rtt`: the inner round trip is about `rtt` plus the hold).
     pub fn allowed(&mut self, now: Instant, wanted: Duration, rtt: Duration) -> Duration {
-        let idle = self
-            .traffic_at
-            .is_none_or(|t| now.saturating_duration_since(t) >= IDLE);
+        let idle = self.idle(now) || std::mem::take(&mut self.take_next);
         if idle || wanted < self.base {
             // A fall below the last step (or a new flow) sets the flows' minimum round trip to
             // the present one: the next rise may step at once.
@@ -175,6 +199,27 @@ mod tests {
         assert_eq!(r.allowed(t + ms(2), ms(9), ms(20)), ms(9));
         assert_eq!(r.allowed(t + ms(3), ms(11), ms(20)), ms(11));
         assert_eq!(r.allowed(t + ms(4), ms(10), ms(20)), ms(10));
+    }
+
+    #[test]
+    fn a_hold_the_flows_had_from_their_start_is_taken_at_once() {
+        let t0 = Instant::now();
+        let mut r = Ramp::sender();
+        assert_eq!(r.began(), None);
+        r.on_traffic(t0);
+        r.on_traffic(t0 + ms(300));
+        assert_eq!(r.began(), Some(t0));
+        assert_eq!(r.allowed(t0 + ms(300), ms(0), ms(40)), ms(0));
+        // Told so, the next call takes the whole hold under traffic, once.
+        r.take_next();
+        assert_eq!(r.allowed(t0 + ms(400), ms(100), ms(40)), ms(100));
+        assert_eq!(r.allowed(t0 + ms(500), ms(0), ms(40)), ms(0));
+        r.on_traffic(t0 + ms(500));
+        assert_eq!(r.allowed(t0 + ms(600), ms(100), ms(40)), ms(24));
+        // Traffic after an idle spell begins afresh.
+        let t = t0 + ms(500) + IDLE;
+        r.on_traffic(t);
+        assert_eq!(r.began(), Some(t));
     }
 
     #[test]

@@ -517,12 +517,13 @@ impl Bundle {
     fn trace_side(&self, now: Duration, side: &str, dir: usize, st: &BundleStats) {
         let inst = self.base + now;
         let mut line = format!(
-            "t={:6.2} {side} bq {:4} drop {:4} queued {:6} eq {:5.1}ms",
+            "t={:6.2} {side} bq {:4} drop {:4} queued {:6} eq {:5.1}ms send {:5.1}ms",
             now.as_secs_f64(),
             st.queue_depth,
             st.drops.queue_delay,
             st.queued,
-            st.equalize_us as f64 / 1e3
+            st.equalize_us as f64 / 1e3,
+            st.equalize_send_us as f64 / 1e3
         );
         for l in &st.links {
             // Link ids are 1-based indices into the simulated links (the server lists its links
