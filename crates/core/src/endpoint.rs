@@ -955,19 +955,12 @@ pub struct Endpoint {
     /// Packets cut into pieces, put back together after the reorder buffer.
     reassembler: Reassembler,
     frag: FragStats,
-    /// Delay equalisation target: the relative one-way delay (`local_ts - send_ts`, wrapping
-    /// microseconds) a DATA packet is held until, when equalisation is on and measured.
-    equalize_rel: Option<u32>,
-    /// What the target adds to the fastest live link's base delay, and what the links call
-    /// for (for `stats`).
-    equalize_add: Duration,
-    equalize_wanted: Duration,
-    /// The hold the sender counts on ([`BundleStats::equalize_send_us`]).
-    equalize_send: Duration,
-    /// How far the hold may grow under traffic, as receiver (our hold) and as sender (the
-    /// scheduler's view of the peer's hold): [`crate::equalize`].
-    equalize_rx: crate::equalize::Ramp,
+    /// Delay equalisation ([`crate::equalize`]): our hold as receiver, and as sender the
+    /// scheduler's view of the peer's hold (how far it may have grown under traffic) and the
+    /// hold we count on ([`BundleStats::equalize_send_us`]).
+    hold: crate::equalize::Hold,
     equalize_tx: crate::equalize::Ramp,
+    equalize_send: Duration,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -1051,12 +1044,9 @@ impl Endpoint {
             reorder,
             reassembler: Reassembler::new(config.max_packet),
             frag: FragStats::default(),
-            equalize_rel: None,
-            equalize_add: Duration::ZERO,
-            equalize_wanted: Duration::ZERO,
-            equalize_send: Duration::ZERO,
-            equalize_rx: crate::equalize::Ramp::receiver(),
+            hold: crate::equalize::Hold::new(config.equalize_max),
             equalize_tx: crate::equalize::Ramp::sender(),
+            equalize_send: Duration::ZERO,
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -2257,7 +2247,7 @@ impl Endpoint {
         // A copy sent again is late already: delivered as soon as its turn comes.
         let held = (piece != Piece::Whole || equalized(d.payload)) && !retransmit;
         if held {
-            self.equalize_rx.on_traffic(now);
+            self.hold.on_traffic(now);
         }
         let arrival = Arrival {
             seq: d.seq,
@@ -2273,19 +2263,9 @@ impl Endpoint {
         self.send_nacks(now);
     }
 
-    /// Equalised delivery: a packet sent at `t.data_ts` is held until `send_ts + target` in our
-    /// clock (counted from its arrival, not from when we read it), at most `equalize_max` from
-    /// now (`now` when equalisation is off or measures nothing yet, or the packet is not timed).
+    /// Equalised delivery: when the hold releases a packet with this timing.
     fn release_at(&self, now: Instant, t: RxTiming) -> Instant {
-        match (self.equalize_rel, t.data_ts) {
-            (Some(target), Some(ts)) => {
-                let rel = t.local_ts.wrapping_sub(ts);
-                let early = target.wrapping_sub(rel) as i32;
-                let early = Duration::from_micros(early.max(0) as u64);
-                (t.arrived + early).clamp(now, now + self.cfg.equalize_max)
-            }
-            _ => now,
-        }
+        self.hold.release_at(now, t.arrived, t.local_ts, t.data_ts)
     }
 
     /// PROBE-ACK: the peer hears us; a path MTU probe may be answered; the link's health
@@ -3505,22 +3485,10 @@ impl Endpoint {
             .filter_map(|l| l.health.min_rtt())
             .min();
         let rtt = fastest.unwrap_or(Duration::ZERO);
-        let target = self.equalize_target(&bases);
-        self.equalize_wanted = target.map_or(Duration::ZERO, |(_, add)| add);
-        (self.equalize_rel, self.equalize_add) = match target {
-            Some((target, add)) => {
-                let allowed = self.equalize_rx.allowed(now, add, rtt);
-                let less = add.saturating_sub(allowed).as_micros() as u32;
-                (Some(target.wrapping_sub(less)), allowed)
-            }
-            None => {
-                self.equalize_rx.allowed(now, Duration::ZERO, rtt);
-                (None, Duration::ZERO)
-            }
-        };
+        self.hold.update(now, &bases, rtt);
         self.cap_sender_equalization(now, rtt);
         self.queue
-            .set_round_trip(fastest.map(|r| r + self.equalize_add));
+            .set_round_trip(fastest.map(|r| r + self.hold.add()));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
@@ -3590,33 +3558,6 @@ impl Endpoint {
             .is_some_and(|k| began.is_none_or(|b| k <= b))
     }
 
-    /// The equalisation target from the live links' base relative one-way delays: the smallest
-    /// plus the longest [`crate::sched::equalize_wait`] for any of them (the largest spread up
-    /// to `equalize_max`; a link somewhat slower than that is waited for up to the bound, a
-    /// much slower one not at all: its packets arrive late and wait in the reorder buffer as
-    /// usual). Also returns how much the target adds to the smallest.
-    fn equalize_target(&self, bases: &[u32]) -> Option<(u32, Duration)> {
-        let max_add = self.cfg.equalize_max.as_micros().min(i32::MAX as u128) as i64;
-        let &first = bases.first()?;
-        if max_add == 0 || bases.len() < 2 {
-            return None;
-        }
-        let rel: Vec<i64> = bases
-            .iter()
-            .map(|&o| o.wrapping_sub(first) as i32 as i64)
-            .collect();
-        let lo = rel.iter().copied().min().unwrap_or(0);
-        // The same wait as the sender's placement computes (`sched::equalize_want`).
-        let spreads = rel.iter().map(|&r| Duration::from_micros((r - lo) as u64));
-        let (_, wait) = crate::sched::equalize_want(spreads, self.cfg.equalize_max)?;
-        // At most `equalize_max` (clamped to i32 microseconds above).
-        let add = (wait.as_micros() as i64).min(max_add);
-        Some((
-            first.wrapping_add((lo + add) as u32),
-            Duration::from_micros(add as u64),
-        ))
-    }
-
     /// Says goodbye (CLOSE on every link); drain `poll_transmit` afterwards.
     pub fn close(&mut self, now: Instant) {
         if self.session.is_some() {
@@ -3678,8 +3619,8 @@ impl Endpoint {
             backpressure: self.queue.on,
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
-            equalize_us: self.equalize_add.as_micros() as u64,
-            equalize_wanted_us: self.equalize_wanted.as_micros() as u64,
+            equalize_us: self.hold.add().as_micros() as u64,
+            equalize_wanted_us: self.hold.wanted().as_micros() as u64,
             equalize_send_us: self.equalize_send.as_micros() as u64,
             drops: self.drops.clone(),
             repair: RepairStats {

@@ -137,6 +137,116 @@ impl Ramp {
     }
 }
 
+/// The receiver's delay equalisation: the target its held packets are released at, grown under
+/// traffic by its [`Ramp`].
+#[derive(Debug, Clone)]
+pub struct Hold {
+    /// The bound (`Config::equalize_max`).
+    max: Duration,
+    /// The relative one-way delay (`local_ts - send_ts`, wrapping microseconds) a held packet
+    /// waits for, once measured.
+    rel: Option<u32>,
+    /// What the target adds to the fastest live link's base delay now, and what the links
+    /// call for (the ramp may allow less).
+    add: Duration,
+    wanted: Duration,
+    ramp: Ramp,
+}
+
+impl Hold {
+    pub fn new(max: Duration) -> Self {
+        Hold {
+            max,
+            rel: None,
+            add: Duration::ZERO,
+            wanted: Duration::ZERO,
+            ramp: Ramp::receiver(),
+        }
+    }
+
+    /// A held packet arrived.
+    pub fn on_traffic(&mut self, now: Instant) {
+        self.ramp.on_traffic(now);
+    }
+
+    /// Sets the target from the base relative one-way delays of the links that bring data
+    /// (`bases`), `rtt` being the fastest link's round trip.
+    pub fn update(&mut self, now: Instant, bases: &[u32], rtt: Duration) {
+        let target = target(bases, self.max);
+        self.wanted = target.map_or(Duration::ZERO, |(_, add)| add);
+        (self.rel, self.add) = match target {
+            Some((target, add)) => {
+                let allowed = self.ramp.allowed(now, add, rtt);
+                let less = add.saturating_sub(allowed).as_micros() as u32;
+                (Some(target.wrapping_sub(less)), allowed)
+            }
+            None => {
+                self.ramp.allowed(now, Duration::ZERO, rtt);
+                (None, Duration::ZERO)
+            }
+        };
+    }
+
+    /// When a packet sent at `send_ts` (our clock read `local_ts` when it `arrived`) is
+    /// released: at `send_ts + target` in our clock, counted from its arrival, not from when
+    /// we read it, at most the bound from now; `now` when nothing is measured yet or the packet
+    /// is not timed.
+    pub fn release_at(
+        &self,
+        now: Instant,
+        arrived: Instant,
+        local_ts: u32,
+        send_ts: Option<u32>,
+    ) -> Instant {
+        match (self.rel, send_ts) {
+            (Some(target), Some(ts)) => {
+                let rel = local_ts.wrapping_sub(ts);
+                let early = target.wrapping_sub(rel) as i32;
+                let early = Duration::from_micros(early.max(0) as u64);
+                (arrived + early).clamp(now, now + self.max)
+            }
+            _ => now,
+        }
+    }
+
+    /// What the hold adds to the fastest link's delay now.
+    pub fn add(&self) -> Duration {
+        self.add
+    }
+
+    /// What the links call for (the ramp may allow less for now).
+    pub fn wanted(&self) -> Duration {
+        self.wanted
+    }
+}
+
+/// The equalisation target from the live links' base relative one-way delays: the smallest plus
+/// the longest [`crate::sched::equalize_wait`] for any of them (the largest spread up to `max`;
+/// a link somewhat slower than that is waited for up to the bound, a much slower one not at
+/// all: its packets arrive late and wait in the reorder buffer as usual). Also returns how much
+/// the target adds to the smallest. `None` with fewer than two links or equalisation off.
+fn target(bases: &[u32], max: Duration) -> Option<(u32, Duration)> {
+    let max_add = max.as_micros().min(i32::MAX as u128) as i64;
+    let &first = bases.first()?;
+    if max_add == 0 || bases.len() < 2 {
+        return None;
+    }
+    let rel: Vec<i64> = bases
+        .iter()
+        .map(|&o| o.wrapping_sub(first) as i32 as i64)
+        .collect();
+    let lo = rel.iter().copied().min().unwrap_or(0);
+    // The same wait as the sender's placement computes (`sched::equalize_want`).
+    let spreads = rel.iter().map(|&r| Duration::from_micros((r - lo) as u64));
+    let (_, wait) = crate::sched::equalize_want(spreads, max)?;
+    // At most `max` (clamped to i32 microseconds above).
+    let add = (wait.as_micros() as i64).min(max_add);
+    Some((
+        first.wrapping_add((lo + add) as u32),
+        Duration::from_micros(add as u64),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +330,46 @@ mod tests {
         let t = t0 + ms(500) + IDLE;
         r.on_traffic(t);
         assert_eq!(r.began(), Some(t));
+    }
+
+    #[test]
+    fn the_hold_releases_each_link_s_packets_when_the_slowest_would_have_brought_them() {
+        let t0 = Instant::now();
+        let mut h = Hold::new(ms(100));
+        // Nothing measured: released at once.
+        assert_eq!(h.release_at(t0, t0, 0, Some(0)), t0);
+        // A 10 ms and a 70 ms link (base relative delays in microseconds, any offset): the
+        // idle bundle takes the whole 60 ms at once.
+        let fast = 5_000_000u32;
+        let slow = fast.wrapping_add(60_000);
+        h.update(t0, &[fast, slow], ms(20));
+        assert_eq!((h.add(), h.wanted()), (ms(60), ms(60)));
+        // A packet sent at ts 1000 over the fast link, read 2 ms after it arrived: held until
+        // the slow link would have brought it, from its arrival.
+        let ts = 1_000u32;
+        let arrived = t0 + ms(10);
+        let now = arrived + ms(2);
+        assert_eq!(
+            h.release_at(now, arrived, ts.wrapping_add(fast), Some(ts)),
+            arrived + ms(60)
+        );
+        // Over the slow link: due already.
+        assert_eq!(
+            h.release_at(now, arrived, ts.wrapping_add(slow), Some(ts)),
+            now
+        );
+        // Untimed: at once.
+        assert_eq!(h.release_at(now, arrived, ts.wrapping_add(fast), None), now);
+        // A link beyond the bound is waited for up to the bound at most, and a lone link or a
+        // zero bound holds nothing.
+        let far = fast.wrapping_add(110_000);
+        h.update(t0, &[fast, far], ms(20));
+        assert!(h.add() <= ms(100), "{:?}", h.add());
+        h.update(t0, &[fast], ms(20));
+        assert_eq!((h.add(), h.wanted()), (ms(0), ms(0)));
+        let mut off = Hold::new(ms(0));
+        off.update(t0, &[fast, slow], ms(20));
+        assert_eq!(off.add(), ms(0));
     }
 
     #[test]
