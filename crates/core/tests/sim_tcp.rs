@@ -63,6 +63,25 @@ fn median_goodput_run(mut runs: Vec<sim::TcpReport>) -> sim::TcpReport {
     runs.swap_remove(runs.len() / 2)
 }
 
+/// The median run of `sc` reaches `floor` of the sum, every link carrying more than
+/// `min_share` of the data.
+fn median_carries(sc: &TcpScenario, floor: f64, min_share: f64) {
+    let r = median_run(sc);
+    eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
+    let what = format!("{} {}", sc.cc.name(), sc.direction.name());
+    assert!(
+        r.of_sum >= floor,
+        "{what}: goodput {:.1}% of the sum < {:.0}%",
+        r.of_sum * 100.0,
+        floor * 100.0
+    );
+    assert!(
+        r.links.iter().all(|l| l.share > min_share),
+        "{what}: shares {:?}",
+        r.links.iter().map(|l| l.share).collect::<Vec<_>>()
+    );
+}
+
 /// The median of `f` over `runs`.
 fn median(runs: &[sim::TcpReport], f: impl Fn(&sim::TcpReport) -> f64) -> f64 {
     let mut v: Vec<f64> = runs.iter().map(f).collect();
@@ -316,24 +335,8 @@ fn delay_spread_on_the_equalisation_bound() {
         (Bbr, Upload, 0.74),
         (Bbr, Download, 0.75),
     ] {
-        let r = median_run(&base.clone().cc(cc).direction(dir));
-        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
-        assert!(
-            r.of_sum >= floor,
-            "{} {}: goodput {:.1}% of the sum < {:.0}%",
-            cc.name(),
-            dir.name(),
-            r.of_sum * 100.0,
-            floor * 100.0
-        );
         // Both links carry data.
-        assert!(
-            r.links.iter().all(|l| l.share > 0.15),
-            "{} {}: shares {:?}",
-            cc.name(),
-            dir.name(),
-            r.links.iter().map(|l| l.share).collect::<Vec<_>>()
-        );
+        median_carries(&base.clone().cc(cc).direction(dir), floor, 0.15);
     }
 }
 
@@ -356,20 +359,7 @@ fn a_flow_begun_before_the_slow_link_is_measured_still_uses_it() {
         (Bbr, Upload, 0.80),
         (Bbr, Download, 0.80),
     ] {
-        let r = median_run(&base.clone().cc(cc).direction(dir));
-        eprintln!("{}\n{}", sim::TcpReport::TABLE_HEADER, r.table_row());
-        let what = format!("{} {}", cc.name(), dir.name());
-        assert!(
-            r.of_sum >= floor,
-            "{what}: goodput {:.1}% of the sum < {:.0}%",
-            r.of_sum * 100.0,
-            floor * 100.0
-        );
-        assert!(
-            r.links.iter().all(|l| l.share > 0.25),
-            "{what}: shares {:?}",
-            r.links.iter().map(|l| l.share).collect::<Vec<_>>()
-        );
+        median_carries(&base.clone().cc(cc).direction(dir), floor, 0.25);
     }
 }
 
