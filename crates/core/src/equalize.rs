@@ -112,7 +112,9 @@ impl Ramp {
     /// The hold to apply now, given the hold the links call for (`wanted`) and the fastest
     /// link's round trip (`rtt`: the inner round trip is about `rtt` plus the hold).
     pub fn allowed(&mut self, now: Instant, wanted: Duration, rtt: Duration) -> Duration {
-        let idle = self.idle(now) || std::mem::take(&mut self.take_next);
+        // Consumed whether or not the bundle is idle: it is for the next call only.
+        let take = std::mem::take(&mut self.take_next);
+        let idle = self.idle(now) || take;
         if idle || wanted < self.base {
             // A fall below the last step (or a new flow) sets the flows' minimum round trip to
             // the present one: the next rise may step at once.
@@ -316,7 +318,12 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Ramp::sender();
         assert_eq!(r.began(), None);
+        // Told so while idle: no effect beyond the next call.
+        r.take_next();
+        assert_eq!(r.allowed(t0, ms(0), ms(40)), ms(0));
         r.on_traffic(t0);
+        assert_eq!(r.allowed(t0, ms(100), ms(40)), ms(24));
+        assert_eq!(r.allowed(t0, ms(0), ms(40)), ms(0));
         r.on_traffic(t0 + ms(300));
         assert_eq!(r.began(), Some(t0));
         assert_eq!(r.allowed(t0 + ms(300), ms(0), ms(40)), ms(0));
