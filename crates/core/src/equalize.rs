@@ -92,14 +92,15 @@ impl Ramp {
         self.traffic_at = Some(now);
     }
 
-    /// When the bulk traffic going on now began (none if the bundle is idle).
+    /// When the latest run of bulk traffic began (none before the first bulk packet; after an
+    /// idle spell, the run before it until the next packet).
     pub fn began(&self) -> Option<Instant> {
-        self.began.filter(|_| self.traffic_at.is_some())
+        self.began
     }
 
     /// The next [`allowed`](Self::allowed) takes the hold it is given at once, as when idle:
     /// the flows going on most likely had it from their start (the sender's view of the peer's
-    /// hold catching up with it, `Endpoint::offset_heard`).
+    /// hold catching up with it, `Endpoint::new_in_hold_view`).
     pub fn take_next(&mut self) {
         self.take_next = true;
     }
