@@ -52,6 +52,15 @@ fn secs(v: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("not a positive number of seconds: {v:?}"))
 }
 
+/// `flag`'s value `v`: milliseconds from `lo` to `hi`, fractions allowed.
+fn millis(flag: &str, v: &str, lo: u32, hi: u32) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|ms| ms.is_finite() && (f64::from(lo)..=f64::from(hi)).contains(ms))
+        .map(|ms| Duration::from_secs_f64(ms / 1e3))
+        .ok_or_else(|| format!("{flag}: {v:?} (ms, {lo} to {hi})"))
+}
+
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
         single: true,
@@ -96,25 +105,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     .map_err(|_| format!("--equalize-max: {v:?} (ms)"))?;
                 o.equalize_max = Some(Duration::from_millis(ms));
             }
-            "--start" => {
-                let v = value()?;
-                o.start = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|ms| ms.is_finite() && (100.0..=10_000.0).contains(ms))
-                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
-                    .map(Some)
-                    .ok_or_else(|| format!("--start: {v:?} (ms, 100 to 10000)"))?;
-            }
-            "--start-offset" => {
-                let v = value()?;
-                o.start_offset = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|ms| ms.is_finite() && (0.0..=1000.0).contains(ms))
-                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
-                    .ok_or_else(|| format!("--start-offset: {v:?} (ms, 0 to 1000)"))?;
-            }
+            "--start" => o.start = Some(millis(a, value()?, 100, 10_000)?),
+            "--start-offset" => o.start_offset = millis(a, value()?, 0, 1000)?,
             "--no-single" => o.single = false,
             "--list" => o.list = true,
             "--failover" => o.failover = true,

@@ -859,11 +859,8 @@ struct Link {
     /// Server: the client's hint of the link's rate towards it (LINK-INFO), for this session;
     /// the link's bandwidth unless one is configured here.
     peer_hint_bps: Option<u64>,
-    /// When this end first measured the link's one-way delay towards it (from the peer's
-    /// probes; the peer measures the other direction from ours at about the same time), and
-    /// whether our view of the peer's hold has counted the link yet
-    /// ([`Endpoint::cap_sender_equalization`]).
-    delay_known_at: Option<Instant>,
+    /// Whether our view of the peer's hold has counted the link yet this session
+    /// ([`Endpoint::new_in_hold_view`]).
     in_hold_view: bool,
 }
 
@@ -1114,7 +1111,6 @@ impl Endpoint {
             pmtu_probe: None,
             info_sent: None,
             peer_hint_bps: None,
-            delay_known_at: None,
             in_hold_view: false,
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
@@ -1987,7 +1983,6 @@ impl Endpoint {
             link.rx_qpeak = PeakHold::default();
             // A hint lasts one session: the client tells each new one.
             link.peer_hint_bps = None;
-            link.delay_known_at = None;
             link.in_hold_view = false;
         }
         self.next_data_seq = 0;
@@ -2172,9 +2167,6 @@ impl Endpoint {
         if t.timed {
             link.health
                 .on_packet_received(now, &common, len + IP_UDP_OVERHEAD, t.local_ts);
-            if link.delay_known_at.is_none() && link.health.base_rel_owd().is_some() {
-                link.delay_known_at = Some(now);
-            }
         } else {
             link.health
                 .on_untimed_packet_received(now, common.link_seq, len + IP_UDP_OVERHEAD);
@@ -3554,7 +3546,8 @@ impl Endpoint {
             return false;
         }
         link.in_hold_view = true;
-        link.delay_known_at
+        link.health
+            .base_known_at()
             .is_some_and(|k| began.is_none_or(|b| k <= b))
     }
 

@@ -248,6 +248,8 @@ pub struct LinkHealth {
     /// come without a silence of [`ARRIVALS_RESTART`].
     rx_gap: Duration,
     arrivals_since: Option<Instant>,
+    /// When the base one-way delay was first known ([`Self::base_known_at`]).
+    base_known_at: Option<Instant>,
     /// Samples in `rel_smooth` (saturating), for its warm-up.
     rel_samples: u32,
 }
@@ -310,6 +312,7 @@ impl LinkHealth {
             rel_smooth: 0.0,
             rx_gap: Duration::MAX,
             arrivals_since: None,
+            base_known_at: None,
             rel_samples: 0,
         }
     }
@@ -582,6 +585,9 @@ impl LinkHealth {
                 }
             }
         }
+        if self.base_known_at.is_none() && self.rel_min.is_some() {
+            self.base_known_at = Some(now);
+        }
     }
     /// A packet arrived whose send time is not known (a DATA packet before the session's first
     /// full timestamp): counted for loss and rate, not for one-way delay.
@@ -625,27 +631,14 @@ impl LinkHealth {
         if !settled || self.rx_gap <= smoothed {
             return smoothed;
         }
-        let q = self.rel_smooth.min(last as f64) - m.get() as f64;
-        if q.is_finite() && q > 0.0 {
-            Duration::from_micros(q.min(u32::MAX as f64) as u64)
-        } else {
-            Duration::ZERO
-        }
+        above_base(self.rel_smooth.min(last as f64), m)
     }
     /// Queueing delay seen by this receiver on this link: smoothed recent relative one-way delay
     /// minus its windowed minimum (what [`fill_report`](Self::fill_report) reports).
     pub fn rx_qdelay(&self) -> Duration {
-        match &self.rel_min {
-            None => Duration::ZERO,
-            Some(m) => {
-                let q = self.rel_smooth - m.get() as f64;
-                if q.is_finite() && q > 0.0 {
-                    Duration::from_micros(q.min(u32::MAX as f64) as u64)
-                } else {
-                    Duration::ZERO
-                }
-            }
-        }
+        self.rel_min
+            .as_ref()
+            .map_or(Duration::ZERO, |m| above_base(self.rel_smooth, m))
     }
     /// Smoothed recent `local_ts - send_ts` (wrapping microseconds): the base one-way delay plus
     /// the current queueing delay plus the clock offset. The spread of this value over the links
@@ -659,6 +652,11 @@ impl LinkHealth {
     /// links with `wrapping_sub` as i32.
     pub fn base_rel_owd(&self) -> Option<u32> {
         self.rel_min.map(|m| m.get() as u32)
+    }
+    /// When [`base_rel_owd`](Self::base_rel_owd) was first known: the peer measures the other
+    /// direction from our probes at about the same time.
+    pub fn base_known_at(&self) -> Option<Instant> {
+        self.base_known_at
     }
 
     // ----- timers -----
@@ -778,6 +776,17 @@ impl LinkHealth {
     }
     pub fn rx_bytes(&self) -> u64 {
         self.rx_bytes
+    }
+}
+
+/// How far a relative one-way delay `rel` (microseconds) lies above the link's base (its
+/// windowed minimum): the queueing delay it carries, zero when at or below the base.
+fn above_base(rel: f64, base: &WindowedMin) -> Duration {
+    let q = rel - base.get() as f64;
+    if q.is_finite() && q > 0.0 {
+        Duration::from_micros(q.min(u32::MAX as f64) as u64)
+    } else {
+        Duration::ZERO
     }
 }
 
