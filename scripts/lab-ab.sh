@@ -13,9 +13,11 @@
 #   CC: cubic|bbr; DIR: up|down. Default cells: lte:cubic:up lte:cubic:down.
 #   SEEDS="1 2 3 4" DUR=20 OUT=/tmp/ab EXTRA="--backpressure --no-bandwidth-hint" \
 #     scripts/lab-ab.sh /tmp/braid-main /tmp/braid-new lte:cubic:up ratio7:bbr:down
+#   EXTRA_A, EXTRA_B: lab arguments for one side only (one binary, two settings:
+#     EXTRA_B="--equalize-max 150" scripts/lab-ab.sh /tmp/braid /tmp/braid ratio7:cubic:up)
 #
 # Each run is `braid lab --quiet --json --skip-single --duration DUR --seed S --cc CC [--reverse]
-# <the scenario's links> EXTRA`, under `flock /tmp/braid-lab.lock` (lab runs must not overlap:
+# <the scenario's links> EXTRA EXTRA_A|EXTRA_B`, under `flock /tmp/braid-lab.lock` (lab runs must not overlap:
 # they are CPU-bound on this 2-core VM) and a timeout of 4 x DUR + 120 s; the JSON of every run
 # stays in OUT (SCENARIO-CC-DIR-SEED-A|B.json).
 set -euo pipefail
@@ -33,6 +35,8 @@ CELLS=("$@")
 SEEDS=${SEEDS:-"1 2 3 4"}
 DUR=${DUR:-20}
 EXTRA=${EXTRA:-}
+EXTRA_A=${EXTRA_A:-}
+EXTRA_B=${EXTRA_B:-}
 OUT=${OUT:-$(mktemp -d /tmp/braid-ab.XXXXXX)}
 mkdir -p "$OUT"
 
@@ -55,19 +59,20 @@ for cell in "${CELLS[@]}"; do
   rev=""; [ "$dir" = down ] && rev="--reverse"
   for seed in $SEEDS; do
     for label in A B; do
-      spec=$A; [ $label = B ] && spec=$B
+      spec=$A side_extra=$EXTRA_A
+      [ $label = B ] && spec=$B side_extra=$EXTRA_B
       f="$OUT/$sc-$cc-$dir-$seed-$label.json"
       # shellcheck disable=SC2046,SC2086
       env $(side_env "$spec") flock /tmp/braid-lab.lock timeout $((DUR * 4 + 120)) \
         "$(side_bin "$spec")" lab --quiet --json --skip-single --duration "$DUR" --seed "$seed" \
-        --cc "$cc" $rev $(scenario_links "$sc") $EXTRA >"$f" 2>"$f.err" ||
+        --cc "$cc" $rev $(scenario_links "$sc") $EXTRA $side_extra >"$f" 2>"$f.err" ||
         echo "lab-ab: $cell seed $seed $label failed: $(head -c 300 "$f.err")" >&2
     done
   done
 done
 
 python3 - "$OUT" "$A" "$B" "$SEEDS" "${CELLS[@]}" <<'PY'
-import json, math, statistics as st, sys
+import json, math, os, statistics as st, sys
 out, a, b, seeds, cells = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5:]
 
 def run(cell, seed, label):
@@ -80,7 +85,8 @@ def run(cell, seed, label):
     return (100 * x["goodput_bps"] / r["nominal_sum_bps"], x["longest_gap_ms"],
             100 * x["tcp_retransmits"] / max(1, x["tcp_segments"]))
 
-print(f"A = {a}\nB = {b}\nseeds: {' '.join(seeds)}\n")
+extra = {k: os.environ.get(k, "") for k in ("EXTRA", "EXTRA_A", "EXTRA_B")}
+print(f"A = {a} {extra['EXTRA_A']}\nB = {b} {extra['EXTRA_B']}\nboth: {extra['EXTRA']}\nseeds: {' '.join(seeds)}\n")
 print("| cell | A: mean (least-most) | B: mean (least-most) | B - A (s.e.) | stall ms A / B | retrans A / B | runs |")
 print("|---|---|---|---|---|---|---|")
 for cell in cells:

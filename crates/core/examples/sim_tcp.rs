@@ -7,9 +7,10 @@
 //! - `--scenario N` (from 1, see `--list`) or `--scenario TEXT` (every name containing TEXT)
 //! - `--cc cubic|bbr`, `--dir upload|download`
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
-//! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation bound)
+//! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation
+//!   bound; default 100 ms, not braid's 150: `sim::tcp::SIM_EQUALIZE_MAX`)
 //! - `--backpressure` / `--no-backpressure`: both ends push back (or not) as `braid up` with
-//!   `backpressure = true` (or `false`); default braid's (off)
+//!   `backpressure = true` (or `false`); default off (`sim::tcp::SIM_BACKPRESSURE`; braid's is on)
 //! - `--no-single`: skip the single-link baseline runs (faster)
 //! - `--start MS`: the inner flow starts this long after the bundle (default the scenario's,
 //!   1000): earlier, it may start before either end has measured every link

@@ -672,15 +672,24 @@ pub fn equalized(packet: &[u8]) -> bool {
         packet.len() >= EQUALIZE_MIN_LEN
     }
 }
-/// Default bound of delay equalisation ([`Config::equalize_max`]).
-pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(100);
+/// Default bound of delay equalisation ([`Config::equalize_max`]): 150 ms, so that a link up to
+/// 150 ms slower than the fastest (one-way) is waited for in full, and up to 225 ms in part
+/// (`sched::equalize_wait`). At 100 ms, a 7 Mbit/s link at 150 ms beside 50 at 10 and 20 at 60
+/// carried nothing and braid stayed at 0.92-0.96x kernel MPTCP there; the longer equalised
+/// round trip pays only with back-pressure on ([`DEFAULT_BACKPRESSURE`]), which gives BBR's
+/// excess room (without it: 20-32% of BBR's segments retransmitted; BENCHMARKS.md §4,
+/// "Back-pressure and the 150 ms bound by default").
+pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(150);
 /// Whether a bundle pushes back by default ([`Endpoint::set_backpressure`], `[bundle]
-/// backpressure`): off. With it on the bundle's excess waits in the bundle's queue instead of
-/// the links' buffers (docs/scheduling.md, "Back-pressure"), but with one usable link left it
-/// stops (the window it let grow then overflows that link), and the simulator, whose ACK model
-/// doubles the inner round trip under equalisation, cannot judge the 150 ms bound that
-/// back-pressure makes worth having.
-pub const DEFAULT_BACKPRESSURE: bool = false;
+/// backpressure`): on. The bundle's excess then waits in the bundle's queue (bounded in time:
+/// `bqueue`) instead of the links' buffers (docs/scheduling.md, "Back-pressure"). A BBR flow
+/// keeps one equalised round trip more than the path in flight: without the queue it overflowed
+/// 100 ms link buffers, 2-9% of its segments retransmitted and 3-5 points of goodput lost on
+/// the lossy and mixed scenarios; a loss-based flow gains on the lossy mixes (lab, BENCHMARKS.md
+/// §4). The cost is the queue's delay under a loss-based flow (up to three inner round trips)
+/// and, with one usable link left, no push-back at all (the window it let grow then overflows
+/// that link).
+pub const DEFAULT_BACKPRESSURE: bool = true;
 /// Default [`Config::max_packet`]: the largest IP packet plus a full compression header.
 pub const DEFAULT_MAX_PACKET: usize = 65_535 + 2;
 /// Default [`Config::reassembly_timeout`]: pieces come through the reorder buffer, which waits
@@ -2981,8 +2990,9 @@ impl Endpoint {
         }
     }
 
-    /// An IP packet from the TUN device, to be carried to the peer. Under back-pressure it may
-    /// wait in the bundle's queue first ([`Self::set_backpressure`]).
+    /// An IP packet from the TUN device, to be carried to the peer. Under back-pressure a bulk
+    /// packet (one equalisation holds, [`equalized`]) may wait in the bundle's queue first
+    /// ([`Self::set_backpressure`]); the others never do.
     pub fn send_packet(&mut self, now: Instant, packet: &[u8]) {
         if self.session.is_none() || self.links.is_empty() {
             self.drops.no_session += 1;
@@ -2990,13 +3000,19 @@ impl Endpoint {
         }
         self.tun_rx_packets += 1;
         self.tun_rx_bytes += packet.len() as u64;
-        if equalized(packet) {
+        let bulk = equalized(packet);
+        if bulk {
             self.equalize_tx.on_traffic(now);
         }
         // The links as the scheduler sees them, once per packet (nothing here changes them).
         let mut views = std::mem::take(&mut self.views);
         self.usable_views(&mut views);
-        if self.queue.on {
+        // What equalisation does not hold (pure TCP ACKs, DNS, keystrokes, pings) does not wait
+        // behind the bulk either: a loss-based flow keeps the queue full, up to three of its
+        // round trips, and a ping or the ACKs of the other direction's flow would wait that
+        // long (fq_codel's sparse flows, by packet kind). It goes on the links at once, as
+        // without back-pressure; bulk that floods in small packets meets the links' buffers.
+        if self.queue.on && bulk {
             if !self.queue.is_empty() {
                 self.drain_queue(now, &views);
             }
@@ -3025,7 +3041,8 @@ impl Endpoint {
     /// that a packet placed now would arrive late (see [`crate::sched::Scheduler::ready_in`]),
     /// the packets given to [`Self::send_packet`] wait in one queue before the bundle
     /// ([`crate::bqueue`]: bounded in time and size) rather than overfill the links' buffers.
-    /// Off by default ([`DEFAULT_BACKPRESSURE`]); turned off, what waits goes at the next
+    /// A new endpoint starts without it; a configured bundle has it unless told otherwise
+    /// ([`DEFAULT_BACKPRESSURE`]). Turned off, what waits goes at the next
     /// [`Self::handle_timeout`].
     pub fn set_backpressure(&mut self, on: bool) {
         self.queue.on = on;

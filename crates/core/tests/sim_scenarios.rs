@@ -258,6 +258,33 @@ fn back_pressure_bounds_the_delay_of_traffic_that_never_backs_off() {
     );
 }
 
+/// Under back-pressure a ping does not wait behind the bulk in the bundle's queue: what
+/// equalisation does not hold (pings, DNS, pure TCP ACKs) goes on the links at once, so a
+/// stream that never backs off, which keeps the queue at its limit, delays it by the links'
+/// own queues only.
+#[test]
+fn under_back_pressure_a_ping_passes_the_bundle_queue() {
+    let sc = sim::standard_scenarios()[1]
+        .clone()
+        .load(1.5)
+        .backpressure(true)
+        .pings(Duration::from_millis(20));
+    let r = sim::run(&sc);
+    show(&r);
+    println!("ping p99 {:.1} ms", r.ping_latency_p99_ms);
+    assert!(
+        r.added_latency_p50_ms > 100.0,
+        "the bulk waits in the queue: p50 {:.0} ms",
+        r.added_latency_p50_ms
+    );
+    assert!(
+        r.ping_latency_p99_ms < r.added_latency_p50_ms / 2.0,
+        "ping p99 {:.0} ms against the bulk's p50 {:.0} ms",
+        r.ping_latency_p99_ms,
+        r.added_latency_p50_ms
+    );
+}
+
 /// A random loss is repaired without waiting for every link to pass the hole: the receiver
 /// names the lost link seqs at once (LINK-NACK, docs/protocol.md §5.10) and the sender resends
 /// the DATA it put in them. The gap's own NACK waits for rule (b), i.e. for the slowest link of

@@ -189,14 +189,15 @@ pub struct LabArgs {
     #[arg(long)]
     pub no_bandwidth_hint: bool,
     /// Bound of the endpoints' delay equalisation, milliseconds (`equalize_max_ms`; 0 turns it
-    /// off; default braid's, 100).
+    /// off; default braid's, 150).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub equalize_max: Option<u64>,
-    /// Turn the endpoints' back-pressure on (`backpressure = true`): while every link is full,
-    /// packets wait in the bundle's queue instead of overflowing the links' buffers.
+    /// Turn the endpoints' back-pressure on (`backpressure = true`, braid's default): while
+    /// every link is full, packets wait in the bundle's queue instead of overflowing the links'
+    /// buffers.
     #[arg(long, conflicts_with = "no_backpressure")]
     pub backpressure: bool,
-    /// Turn the endpoints' back-pressure off (`backpressure = false`, braid's default).
+    /// Turn the endpoints' back-pressure off (`backpressure = false`).
     #[arg(long)]
     pub no_backpressure: bool,
     /// Seed of the emulator's random loss and jitter.

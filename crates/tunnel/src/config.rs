@@ -1093,11 +1093,11 @@ mod tests {
         );
         assert!(parse(&client("compression = \"no\"", LINKS)).is_err());
         assert!(
-            !parse(&client("", LINKS)).unwrap().backpressure,
-            "off by default"
+            parse(&client("", LINKS)).unwrap().backpressure,
+            "on by default"
         );
         assert!(
-            parse(&client("backpressure = true", LINKS))
+            !parse(&client("backpressure = false", LINKS))
                 .unwrap()
                 .backpressure
         );

@@ -118,6 +118,9 @@ pub struct Scenario {
     /// reordering and failover at a fixed offered load that never backs off, and back-pressure
     /// would only move its excess from the links' buffers into the bundle's queue).
     pub backpressure: bool,
+    /// A ping (a 64-byte packet of its own, which equalisation does not hold) this often beside
+    /// the stream, its latency reported apart ([`Report::ping_latency_p99_ms`]).
+    pub ping_every: Option<Duration>,
 }
 
 impl Scenario {
@@ -135,10 +138,15 @@ impl Scenario {
             probe_interval: None,
             equalize_max: None,
             backpressure: false,
+            ping_every: None,
         }
     }
     pub fn backpressure(mut self, on: bool) -> Self {
         self.backpressure = on;
+        self
+    }
+    pub fn pings(mut self, every: Duration) -> Self {
+        self.ping_every = Some(every);
         self
     }
     pub fn scheduler(mut self, s: &str) -> Self {
@@ -241,6 +249,9 @@ pub struct Report {
     /// End-to-end latency minus the fastest link's one-way delay.
     pub added_latency_p50_ms: f64,
     pub added_latency_p99_ms: f64,
+    /// The pings' ([`Scenario::pings`]) added latency, 99th percentile, ms (0 without pings);
+    /// a lost ping counts as 2 s.
+    pub ping_latency_p99_ms: f64,
     /// Longest time without any delivery inside the measured window.
     pub longest_stall_ms: f64,
     pub links: Vec<LinkReport>,
@@ -315,6 +326,27 @@ struct Stream {
     added: Vec<f64>,
     last_delivery: Option<Duration>,
     longest_stall: Duration,
+    pings: Pings,
+}
+
+/// The pings beside the stream: ids with the top bit set, counted apart.
+struct Pings {
+    packet: Vec<u8>,
+    every: Option<Duration>,
+    next: Duration,
+    /// Pings sent from the warm-up to a second before the end are measured.
+    window: (Duration, Duration),
+    sent: u64,
+    /// Added latency of each measured ping, ms.
+    added: Vec<f64>,
+}
+
+const PING_ID: u64 = 1 << 63;
+
+impl Pings {
+    fn measured(&self, sent: Duration) -> bool {
+        sent >= self.window.0 && sent < self.window.1
+    }
 }
 
 impl Stream {
@@ -326,7 +358,7 @@ impl Stream {
         packet[12..16].copy_from_slice(&[198, 19, 0, 2]);
         packet[16..20].copy_from_slice(&[198, 19, 0, 1]);
         Stream {
-            packet,
+            packet: packet.clone(),
             gap: Duration::from_secs_f64(1.0 / sc.offered_pps()),
             warmup: sc.warmup,
             min_delay: sc.links.iter().map(|l| l.delay).min().unwrap_or_default(),
@@ -342,6 +374,17 @@ impl Stream {
             added: Vec::new(),
             last_delivery: None,
             longest_stall: Duration::ZERO,
+            pings: Pings {
+                packet: packet[..64.min(packet.len())].to_vec(),
+                every: sc.ping_every,
+                next: Duration::from_millis(500),
+                window: (
+                    sc.warmup,
+                    sc.duration.saturating_sub(Duration::from_secs(1)),
+                ),
+                sent: 0,
+                added: Vec::new(),
+            },
         }
     }
 
@@ -382,6 +425,10 @@ impl Stream {
             eprintln!("client: {client:#?}\nserver: {stats:#?}");
         }
         self.added.sort_by(|a, b| a.total_cmp(b));
+        let mut pings = std::mem::take(&mut self.pings.added);
+        // Pings never delivered count as 2 s late.
+        pings.resize(pings.len().max(self.pings.sent as usize), 2000.0);
+        pings.sort_by(|a, b| a.total_cmp(b));
         let measured_window = sc.duration.saturating_sub(sc.warmup).as_secs_f64();
         let sum_rate = sc.sum_rate_bps();
         let delivered_bps = self.delivered as f64 * sc.packet_size as f64 * 8.0 / measured_window;
@@ -407,6 +454,11 @@ impl Stream {
             reorder_wait_p99_ms: server.reorder_wait_percentile(99.0).as_secs_f64() * 1e3,
             added_latency_p50_ms: percentile(&self.added, 50.0),
             added_latency_p99_ms: percentile(&self.added, 99.0),
+            ping_latency_p99_ms: if pings.is_empty() {
+                0.0
+            } else {
+                percentile(&pings, 99.0)
+            },
             longest_stall_ms: self.longest_stall.as_secs_f64() * 1e3,
             links: bundle.link_reports(Side::Client),
         }
@@ -415,10 +467,22 @@ impl Stream {
 
 impl Traffic for Stream {
     fn next_wakeup(&self) -> Option<Duration> {
-        Some(self.next_send)
+        let ping = self.pings.every.map(|_| self.pings.next);
+        Some(ping.map_or(self.next_send, |p| p.min(self.next_send)))
     }
 
     fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
+        if let Some(every) = self.pings.every.filter(|_| self.pings.next <= now) {
+            let id = PING_ID | self.pings.sent;
+            let p = &mut self.pings.packet;
+            p[20..28].copy_from_slice(&id.to_be_bytes());
+            p[28..36].copy_from_slice(&(now.as_nanos() as u64).to_be_bytes());
+            if self.pings.measured(now) {
+                self.pings.sent += 1;
+            }
+            path.send(now, Side::Client, &self.pings.packet);
+            self.pings.next += every;
+        }
         if self.next_send > now {
             return;
         }
@@ -440,6 +504,14 @@ impl Traffic for Stream {
         }
         let id = u64::from_be_bytes(p[20..28].try_into().expect("8 bytes"));
         let sent_ns = u64::from_be_bytes(p[28..36].try_into().expect("8 bytes"));
+        let sent = Duration::from_nanos(sent_ns);
+        if id & PING_ID != 0 {
+            if self.pings.measured(sent) {
+                let lat = now.saturating_sub(sent).saturating_sub(self.min_delay);
+                self.pings.added.push(lat.as_secs_f64() * 1e3);
+            }
+            return;
+        }
         if !self.first_delivery(id) {
             self.duplicates += 1;
         } else if self.first_measured_id.is_some_and(|f| id >= f) {

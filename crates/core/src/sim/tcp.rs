@@ -703,8 +703,8 @@ pub struct TcpScenario {
     /// The flow starts here (the bundle's handshake is done by then).
     pub start: Duration,
     pub seed: u64,
-    /// Bound of delay equalisation at both ends (default
-    /// [`crate::endpoint::DEFAULT_EQUALIZE_MAX`]; zero turns it off).
+    /// Bound of delay equalisation at both ends (default [`SIM_EQUALIZE_MAX`], not braid's;
+    /// zero turns it off).
     pub equalize_max: Option<Duration>,
     /// Links going dark and coming back (failover), at instants from the start of the run.
     pub events: Vec<(Duration, super::LinkEvent)>,
@@ -712,10 +712,20 @@ pub struct TcpScenario {
     /// [`crate::endpoint::Nack::RandomLoss`]).
     pub nack: Option<crate::endpoint::Nack>,
     /// Both ends push back as `braid up` does with `backpressure = true`
-    /// ([`super::net::BundleOptions::backpressure`]; default braid's,
-    /// [`crate::endpoint::DEFAULT_BACKPRESSURE`]).
+    /// ([`super::net::BundleOptions::backpressure`]; default [`SIM_BACKPRESSURE`], not braid's).
     pub backpressure: bool,
 }
+
+/// The equalisation bound the scenarios run at unless told otherwise: 100 ms, not braid's
+/// default ([`crate::endpoint::DEFAULT_EQUALIZE_MAX`], 150 ms). The model's ACKs carry no TCP
+/// header and are held like segments, which doubles the inner round trip under equalisation
+/// (wip/README.md, `sim-real-tcp-acks.patch`): at 150 ms its CUBIC flows run at a quarter to a
+/// third of the 50/20/7 Mbit/s mix where the lab's reach 85-90%, so the scenario tests, which
+/// guard the scheduler, keep the bound the model can judge. The lab runs braid's defaults.
+pub const SIM_EQUALIZE_MAX: Duration = Duration::from_millis(100);
+/// Back-pressure in the scenarios unless told otherwise: off, for the same reason (it pays with
+/// the 150 ms bound), and so that the tests keep guarding the links' own buffers.
+pub const SIM_BACKPRESSURE: bool = false;
 
 impl TcpScenario {
     pub fn new(name: &str, links: Vec<LinkSpec>) -> Self {
@@ -729,10 +739,10 @@ impl TcpScenario {
             warmup: Duration::from_secs(5),
             start: Duration::from_secs(1),
             seed: 1,
-            equalize_max: None,
+            equalize_max: Some(SIM_EQUALIZE_MAX),
             events: Vec::new(),
             nack: None,
-            backpressure: crate::endpoint::DEFAULT_BACKPRESSURE,
+            backpressure: SIM_BACKPRESSURE,
         }
     }
     pub fn backpressure(mut self, on: bool) -> Self {
