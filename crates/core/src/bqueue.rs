@@ -3,9 +3,10 @@
 //!
 //! While every link is full (`Scheduler::ready_in`), the endpoint keeps the bulk packets it is
 //! given (those delay equalisation holds: `endpoint::equalized`) here instead of overfilling the
-//! links' own buffers, and hands them on, oldest first, as the links take them; pings, DNS and
-//! pure TCP ACKs pass at once, as fq_codel lets sparse flows pass. The inner flows then see one bottleneck at the bundle's rate with one
-//! bounded buffer in front of it, as if the bundle were one link:
+//! links' own buffers, and hands them on, oldest first, as the links take them. Pings, DNS and
+//! pure TCP ACKs pass at once, as fq_codel lets sparse flows pass. The inner flows then see one
+//! bottleneck at the bundle's rate with one bounded buffer in front of it, as if the bundle were
+//! one link:
 //!
 //! - a packet that has waited longer than the limit ([`QUEUE_ROUND_TRIPS`] inner round trips)
 //!   is dropped at the head (a loss-based sender learns of it a queue sooner than from a tail

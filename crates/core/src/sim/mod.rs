@@ -329,23 +329,46 @@ struct Stream {
     pings: Pings,
 }
 
-/// The pings beside the stream: ids with the top bit set, counted apart.
+/// The pings beside the stream, counted apart: a measured ping's id is [`PING_ID`] and its
+/// index in `added`, an unmeasured one's [`PING_ID`] and [`PING_UNMEASURED`].
 struct Pings {
     packet: Vec<u8>,
     every: Option<Duration>,
     next: Duration,
     /// Pings sent from the warm-up to a second before the end are measured.
     window: (Duration, Duration),
-    sent: u64,
-    /// Added latency of each measured ping, ms.
-    added: Vec<f64>,
+    /// Added latency of each measured ping, ms (`None`: not delivered yet).
+    added: Vec<Option<f64>>,
 }
 
 const PING_ID: u64 = 1 << 63;
+const PING_UNMEASURED: u64 = 1 << 62;
 
 impl Pings {
-    fn measured(&self, sent: Duration) -> bool {
-        sent >= self.window.0 && sent < self.window.1
+    /// The id of a ping sent `now`.
+    fn next_id(&mut self, now: Duration) -> u64 {
+        if now >= self.window.0 && now < self.window.1 {
+            self.added.push(None);
+            PING_ID | (self.added.len() as u64 - 1)
+        } else {
+            PING_ID | PING_UNMEASURED
+        }
+    }
+
+    /// A ping arrived (its first copy counts).
+    fn delivered(&mut self, id: u64, added_ms: f64) {
+        if id & PING_UNMEASURED == 0 {
+            if let Some(slot @ None) = self.added.get_mut((id & !PING_ID) as usize) {
+                *slot = Some(added_ms);
+            }
+        }
+    }
+
+    /// The measured pings' added latencies, sorted, a lost one as 2 s.
+    fn sorted(&self) -> Vec<f64> {
+        let mut v: Vec<f64> = self.added.iter().map(|a| a.unwrap_or(2000.0)).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v
     }
 }
 
@@ -382,7 +405,6 @@ impl Stream {
                     sc.warmup,
                     sc.duration.saturating_sub(Duration::from_secs(1)),
                 ),
-                sent: 0,
                 added: Vec::new(),
             },
         }
@@ -425,10 +447,7 @@ impl Stream {
             eprintln!("client: {client:#?}\nserver: {stats:#?}");
         }
         self.added.sort_by(|a, b| a.total_cmp(b));
-        let mut pings = std::mem::take(&mut self.pings.added);
-        // Pings never delivered count as 2 s late.
-        pings.resize(pings.len().max(self.pings.sent as usize), 2000.0);
-        pings.sort_by(|a, b| a.total_cmp(b));
+        let pings = self.pings.sorted();
         let measured_window = sc.duration.saturating_sub(sc.warmup).as_secs_f64();
         let sum_rate = sc.sum_rate_bps();
         let delivered_bps = self.delivered as f64 * sc.packet_size as f64 * 8.0 / measured_window;
@@ -473,13 +492,10 @@ impl Traffic for Stream {
 
     fn on_timer<P: Path>(&mut self, now: Duration, path: &mut P) {
         if let Some(every) = self.pings.every.filter(|_| self.pings.next <= now) {
-            let id = PING_ID | self.pings.sent;
+            let id = self.pings.next_id(now);
             let p = &mut self.pings.packet;
             p[20..28].copy_from_slice(&id.to_be_bytes());
             p[28..36].copy_from_slice(&(now.as_nanos() as u64).to_be_bytes());
-            if self.pings.measured(now) {
-                self.pings.sent += 1;
-            }
             path.send(now, Side::Client, &self.pings.packet);
             self.pings.next += every;
         }
@@ -506,10 +522,8 @@ impl Traffic for Stream {
         let sent_ns = u64::from_be_bytes(p[28..36].try_into().expect("8 bytes"));
         let sent = Duration::from_nanos(sent_ns);
         if id & PING_ID != 0 {
-            if self.pings.measured(sent) {
-                let lat = now.saturating_sub(sent).saturating_sub(self.min_delay);
-                self.pings.added.push(lat.as_secs_f64() * 1e3);
-            }
+            let lat = now.saturating_sub(sent).saturating_sub(self.min_delay);
+            self.pings.delivered(id, lat.as_secs_f64() * 1e3);
             return;
         }
         if !self.first_delivery(id) {
