@@ -270,7 +270,7 @@ impl ClientHandshake {
     }
 
     /// Opens a HELLO-ACK answering this handshake. Returns its body and the secrets from which
-    /// the session keys come. The length was checked by [`check_len`].
+    /// the session keys come. The length was checked by `check_len`.
     pub fn open_ack(
         &self,
         me: &KeyPair,

@@ -82,7 +82,7 @@ impl Default for Limits {
 }
 
 /// What the decompressor tells the compressor about one context: installed (`ok`) or missing;
-/// or, with `reference`, that it holds the reference of epoch `ok as u8` ([`delta`]).
+/// or, with `reference`, that it holds the reference of epoch `ok as u8` (`delta`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Feedback {
     pub cid: u16,
