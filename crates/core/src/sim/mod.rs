@@ -380,8 +380,10 @@ impl Stream {
         packet[9] = 17;
         packet[12..16].copy_from_slice(&[198, 19, 0, 2]);
         packet[16..20].copy_from_slice(&[198, 19, 0, 1]);
+        // A ping is the same header in 64 bytes: too small for equalisation to hold.
+        let ping = packet[..64.min(packet.len())].to_vec();
         Stream {
-            packet: packet.clone(),
+            packet,
             gap: Duration::from_secs_f64(1.0 / sc.offered_pps()),
             warmup: sc.warmup,
             min_delay: sc.links.iter().map(|l| l.delay).min().unwrap_or_default(),
@@ -398,7 +400,7 @@ impl Stream {
             last_delivery: None,
             longest_stall: Duration::ZERO,
             pings: Pings {
-                packet: packet[..64.min(packet.len())].to_vec(),
+                packet: ping,
                 every: sc.ping_every,
                 next: Duration::from_millis(500),
                 window: (
