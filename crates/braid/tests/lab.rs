@@ -858,6 +858,22 @@ fn lab_pulls_traffic_off_a_lossy_link() {
         lossy / 1e3,
         bundle / 1e3
     );
+    // The bundle's queue stays bounded (three inner round trips, docs/scheduling.md): the
+    // lossy link, DEGRADED by its probes' loss and given nothing, once kept the scheduler
+    // "learning" for good, its queue dropped nothing for waiting, and in the runs whose inner
+    // CUBIC met no loss in its start-up the round trip grew from 22 to 530 ms in 10 s, until the
+    // clean link's delivery came late enough to spill onto the lossy one (CI: 609 kbit/s on
+    // it). Since: at most 83-102 ms over 10 runs on a loaded machine.
+    let worst_rtt = run["sender_tcp"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| f(&s["rtt_ms"]))
+        .fold(0.0, f64::max);
+    assert!(
+        worst_rtt < 250.0,
+        "the inner round trip reached {worst_rtt:.0} ms: the bundle's queue grew: {run}"
+    );
 }
 
 /// Back-pressure (`--backpressure`, docs/scheduling.md): with every link full, the traffic waits

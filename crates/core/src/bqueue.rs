@@ -19,7 +19,8 @@
 //!   dropped for waiting: the bundle is full by the scheduler's ignorance, not the path's
 //!   limit, and a drop then would end the inner flow's slow start at the learned rates, after
 //!   which the bundle is rarely full and the links' held rates, which climb by probes in full
-//!   adjustments only, stay low (simulator, LTE mix, CUBIC upload: 37-65% against 79-89%);
+//!   adjustments only, stay low (simulator, LTE mix, CUBIC upload: 37-65% against 79-89%).
+//!   A packet that waited [`QUEUE_MAX_DELAY`] goes even then;
 //! - at most [`BUNDLE_QUEUE_PACKETS`] packets wait: a packet beyond that pushes the oldest out,
 //!   so the memory is bounded whatever a local sender does.
 //!
@@ -128,6 +129,18 @@ impl BundleQueue {
         self.packets.pop_front().map(|(_, p)| p)
     }
 
+    /// The head packet if it has waited longer than [`QUEUE_MAX_DELAY`] at `now` (to drop): the
+    /// bound that holds even while the links' capacity is being learned, when
+    /// [`Self::pop_stale`] is not asked. A packet that late is of no use to any sender, and a
+    /// scheduler that never ends its learning must not let the queue grow to
+    /// [`BUNDLE_QUEUE_PACKETS`] (at 10 Mbit/s, ten seconds of full-size packets).
+    pub fn pop_expired(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let &(came, _) = self.packets.front()?;
+        (now.saturating_duration_since(came) > QUEUE_MAX_DELAY)
+            .then(|| self.packets.pop_front().map(|(_, p)| p))
+            .flatten()
+    }
+
     /// The head packet, to send.
     pub fn pop(&mut self) -> Option<Vec<u8>> {
         self.packets.pop_front().map(|(_, p)| p)
@@ -137,6 +150,23 @@ impl BundleQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_packet_older_than_the_hard_bound_expires_whatever_the_round_trip() {
+        let t0 = Instant::now();
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(Duration::from_millis(500))); // limit 1 s
+        assert!(q.push(t0, vec![1]).is_none());
+        assert!(q.push(t0 + Duration::from_millis(10), vec![2]).is_none());
+        assert!(
+            q.pop_expired(t0 + QUEUE_MAX_DELAY).is_none(),
+            "not older yet"
+        );
+        let late = t0 + QUEUE_MAX_DELAY + Duration::from_millis(1);
+        assert_eq!(q.pop_expired(late), Some(vec![1]));
+        assert!(q.pop_expired(late).is_none(), "the second came 10 ms later");
+        assert_eq!(q.len(), 1);
+    }
 
     #[test]
     fn packets_leave_in_order_and_stale_ones_from_the_head() {

@@ -3056,15 +3056,17 @@ impl Endpoint {
     fn drain_queue(&mut self, now: Instant, views: &[LinkView]) {
         self.queue.resume = None;
         // While a link's capacity is still being found, a full bundle is the scheduler's
-        // ignorance, not the path's limit: nothing is dropped for waiting (the size bound still
-        // holds).
-        let may_drop = !self.sched.learning();
+        // ignorance, not the path's limit: nothing is dropped for waiting short of the hard
+        // bound (`QUEUE_MAX_DELAY`; the size bound holds too).
+        let learning = self.sched.learning();
         loop {
-            if may_drop {
-                while let Some(p) = self.queue.pop_stale(now) {
-                    self.drops.queue_delay += 1;
-                    self.recycle(p);
-                }
+            while let Some(p) = if learning {
+                self.queue.pop_expired(now)
+            } else {
+                self.queue.pop_stale(now)
+            } {
+                self.drops.queue_delay += 1;
+                self.recycle(p);
             }
             if self.queue.is_empty() {
                 return;

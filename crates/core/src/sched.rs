@@ -596,6 +596,9 @@ struct AdaptiveLink {
     /// Loss pull-back (see [`PULLBACK_LOSS`]): too lossy to carry traffic while a cleaner
     /// link is present.
     pulled_back: bool,
+    /// Its health was DEGRADED when last seen: placed on only when the others are
+    /// [`DEGRADED_PENALTY`] late.
+    degraded: bool,
     /// Last time the peer reported a standing queue on the link, and its loss tally then.
     queued_at: Option<Instant>,
     queued_tally: Option<LossTally>,
@@ -806,6 +809,7 @@ impl AdaptiveLink {
             demand: false,
             configured: v.bandwidth_bps,
             pulled_back: false,
+            degraded: false,
             queued_at: None,
             queued_tally: None,
             lossy_at: None,
@@ -825,6 +829,7 @@ impl AdaptiveLink {
 
     /// Updates the loss pull-back state from the link's loss estimate (with hysteresis).
     fn update_pullback(&mut self, now: Instant, v: &LinkView) {
+        self.degraded = v.state == LinkState::Degraded;
         let loss = sane(v.loss);
         if v.qdelay >= QDELAY_HIGH {
             self.queued_at = Some(now);
@@ -1289,11 +1294,19 @@ impl Scheduler for Adaptive {
     fn learning(&self) -> bool {
         // Only the links `ready_in` last saw (the usable ones): a link that died keeps its
         // entry for `FORGET_AFTER`, and must not keep the bundle "learning" that long.
+        // Nor a link the placement avoids (pulled back for loss, or DEGRADED) while another
+        // carries the traffic: it is given nothing, so its hold never settles, and it kept the
+        // bundle "learning" for good (lab, 10 Mbit/s + 10 Mbit/s with 10% loss, CUBIC: the lossy
+        // link DEGRADED by its probes' loss and never pulled back, since it carried too little
+        // to show it; nothing dropped for waiting, the inner round trip grew from 22 to 530 ms
+        // in 10 s and the clean link's delivery fell late enough to spill onto the lossy one).
         let entries = &self.table.entries;
         let latest = entries.iter().map(|e| e.1).max();
-        entries
-            .iter()
-            .filter(|e| Some(e.1) == latest)
+        let seen = || entries.iter().filter(move |e| Some(e.1) == latest);
+        let avoided = |st: &AdaptiveLink| st.pulled_back || st.degraded;
+        let preferred = seen().any(|e| !avoided(&e.2));
+        seen()
+            .filter(|e| !(preferred && avoided(&e.2)))
             .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
@@ -2066,6 +2079,25 @@ mod tests {
             e.2.hold.settled = true;
         }
         assert!(!s.learning());
+        // A link pulled back for loss, or DEGRADED, is given no data and never settles: it
+        // must not keep the bundle learning while another link carries the traffic ...
+        for e in &mut s.table.entries {
+            e.2.hold.settled = e.0 != 2;
+            e.2.pulled_back = e.0 == 2;
+        }
+        assert!(!s.learning(), "link 2 is pulled back");
+        links[2].state = LinkState::Degraded;
+        for e in &mut s.table.entries {
+            e.2.pulled_back = false;
+        }
+        s.pick(t0 + ms(30), 1500, 0, &links, &mut Vec::new());
+        s.ready_in(t0 + ms(30), 1500, &links);
+        assert!(!s.learning(), "link 2 is DEGRADED");
+        // ... but when every link is avoided, they all carry the traffic again.
+        for e in &mut s.table.entries {
+            e.2.pulled_back = true;
+        }
+        assert!(s.learning(), "every link is avoided: link 2 is in use");
     }
 
     #[test]

@@ -166,8 +166,11 @@ pub struct EndSample {
     pub hold_ms: f64,
     pub wanted_ms: f64,
     pub send_hold_ms: f64,
-    /// Packets that waited in the bundle's queue so far (back-pressure).
+    /// Packets that waited in the bundle's queue so far (back-pressure), those waiting now, and
+    /// those it dropped for waiting too long so far.
     pub queued: u64,
+    pub queue_depth: u64,
+    pub queue_drops: u64,
     pub links: Vec<LinkSample>,
 }
 
@@ -210,6 +213,11 @@ impl EndSample {
             wanted_ms: num(st, "equalize_wanted_us") / 1e3,
             send_hold_ms: num(st, "equalize_send_us") / 1e3,
             queued: st.get("queued").and_then(|q| q.as_u64()).unwrap_or(0),
+            queue_depth: st.get("queue_depth").and_then(|q| q.as_u64()).unwrap_or(0),
+            queue_drops: st
+                .pointer("/drops/queue_delay")
+                .and_then(|q| q.as_u64())
+                .unwrap_or(0),
             links,
         })
     }
@@ -483,7 +491,7 @@ mod tests {
     fn an_end_sample_reads_a_status_reply() {
         let st = serde_json::json!({
             "equalize_us": 12000, "equalize_wanted_us": 50000, "equalize_send_us": 11000,
-            "queued": 42,
+            "queued": 42, "queue_depth": 7, "drops": {"queue_delay": 3},
             "links": [
                 {"state": "up", "sched_rate_bps": 50e6, "delivery_rate_bps": 45e6,
                  "tx_rate_bps": 48e6, "qdelay_us": 70000, "sched_queue_us": 25000},
@@ -491,10 +499,8 @@ mod tests {
             ]
         });
         let e = EndSample::from_status(&st).expect("links");
-        assert_eq!(
-            (e.hold_ms, e.wanted_ms, e.send_hold_ms, e.queued),
-            (12.0, 50.0, 11.0, 42)
-        );
+        assert_eq!((e.hold_ms, e.wanted_ms, e.send_hold_ms), (12.0, 50.0, 11.0));
+        assert_eq!((e.queued, e.queue_depth, e.queue_drops), (42, 7, 3));
         assert_eq!(
             e.links[0],
             LinkSample {
