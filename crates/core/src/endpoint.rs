@@ -477,6 +477,11 @@ pub struct RepairStats {
     /// Receiver: DATA packets dropped because their sequence number was already held or
     /// delivered.
     pub duplicates_suppressed: u64,
+    /// Receiver: a link's own packets found lost (its sequence numbers jumped), read as random
+    /// loss (under [`RANDOM_LOSS_QDELAY`] of queue, or well under its recent peak: asked for
+    /// again with [`Nack::RandomLoss`]) and as a full queue's drops (left to the inner flows).
+    pub link_losses_random: u64,
+    pub link_losses_queued: u64,
     /// Sender: packets in the ring now, and their bytes.
     pub ring_packets: usize,
     pub ring_bytes: usize,
@@ -2337,6 +2342,14 @@ impl Endpoint {
         let random = step > 1
             && (qdelay < RANDOM_LOSS_QDELAY
                 || qdelay.as_secs_f64() < QUEUE_PEAK_SHARE * peak.as_secs_f64());
+        if step > 1 {
+            let lost = u64::from(step.unsigned_abs() - 1);
+            if random {
+                self.repair.link_losses_random += lost;
+            } else {
+                self.repair.link_losses_queued += lost;
+            }
+        }
         let from = link.rx_data_seq.map(|s| s.wrapping_add(1));
         if let Some(seq) = data_seq {
             // A copy sent again carries an old number: the highest stands.

@@ -1687,6 +1687,13 @@ fn a_lost_piece_on_a_quiet_link_is_repaired() {
     let rx = p.server.stats(p.now);
     assert_eq!(rx.frag.rx_reassembled, 30, "{:?}", rx.frag);
     assert!(rx.repair.holes_repaired >= 2, "{:?}", rx.repair);
+    // The two lost pieces were counted as the link's random loss, none as a queue's drops.
+    assert_eq!(
+        (rx.repair.link_losses_random, rx.repair.link_losses_queued),
+        (2, 0),
+        "{:?}",
+        rx.repair
+    );
 }
 
 /// Path MTU discovery through the endpoint: a path narrower than the first hop is found by

@@ -325,6 +325,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
             s.reorder.repair_given_up,
         ),
         (
+            "repair_link_losses_random",
+            "Packets a link lost, read as random loss (asked for again)",
+            rp.link_losses_random,
+        ),
+        (
+            "repair_link_losses_queued",
+            "Packets a link lost, read as a full queue's drops (left to the inner flows)",
+            rp.link_losses_queued,
+        ),
+        (
             "repair_duplicates_suppressed",
             "DATA packets dropped as already held or delivered",
             rp.duplicates_suppressed,

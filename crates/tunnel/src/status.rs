@@ -216,7 +216,7 @@ fn render_bundle(s: &Value) -> String {
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
         out.push_str(&format!(
-            "Repair: resent {} (reinjected {}), NACKs {} out / {} in, holes repaired {} / given up {}, duplicates dropped {}\n",
+            "Repair: resent {} (reinjected {}), NACKs {} out / {} in, holes repaired {} / given up {}, duplicates dropped {}; links lost {} at random, {} at a full queue\n",
             g("retransmits_sent"),
             g("reinjected"),
             g("nacks_sent"),
@@ -224,6 +224,8 @@ fn render_bundle(s: &Value) -> String {
             g("holes_repaired"),
             given_up,
             g("duplicates_suppressed"),
+            g("link_losses_random"),
+            g("link_losses_queued"),
         ));
     }
     out
