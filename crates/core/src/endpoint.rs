@@ -156,8 +156,9 @@ pub const QUEUE_PEAK_SHARE: f64 = 0.8;
 pub const RANDOM_LOSS_QDELAY: Duration = Duration::from_millis(5);
 /// The peak queueing delay of a link is the highest seen over the last one or two of these.
 pub const QUEUE_PEAK_WINDOW: Duration = Duration::from_secs(5);
-/// A link that lost this many packets at an empty queue (under [`RANDOM_LOSS_QDELAY`]) within
-/// the last one or two [`QUEUE_PEAK_WINDOW`]s loses at random: its losses at the peak are taken for random too.
+/// A link that lost packets this many times at an empty queue (under [`RANDOM_LOSS_QDELAY`])
+/// within the last one or two [`QUEUE_PEAK_WINDOW`]s loses at random: its losses at the peak
+/// are taken for random too.
 /// Under back-pressure the sender keeps a link's queue near its plan, so the peak is the plan,
 /// not a full buffer, and a lossy link's losses at it were read as a full queue's: they reached
 /// the inner CUBIC, 4-25 a run, each a 30% cut (lab, 2 x 20 Mbit/s at 10/40 ms with 1.5% loss
@@ -2394,19 +2395,22 @@ impl Endpoint {
         };
         // Only losses at an empty queue count: one well under a stale peak may still be a
         // queue's drop (the simulator's 1+2+3 Mbit/s failover, where the links left overflow).
-        let empty = qdelay < RANDOM_LOSS_QDELAY;
-        let quiet_lately =
-            link.rx_quiet_losses
-                .add(now, if empty { lost } else { 0 }, QUEUE_PEAK_WINDOW);
+        // Counted as events, not packets: one blip that loses a run of packets is not a lossy
+        // link.
+        let empty = step > 1 && qdelay < RANDOM_LOSS_QDELAY;
+        let quiet_lately = link
+            .rx_quiet_losses
+            .add(now, u64::from(empty), QUEUE_PEAK_WINDOW);
         // A link that loses at random does so at its queue's peak too; only a link that does
         // not is taken to drop there for a full queue.
         let random = quiet || (step > 1 && quiet_lately >= LOSSY_LINK_QUIET_LOSSES);
         if step > 1 {
-            if random {
-                self.repair.link_losses_random += lost;
+            let count = if random {
+                &mut self.repair.link_losses_random
             } else {
-                self.repair.link_losses_queued += lost;
-            }
+                &mut self.repair.link_losses_queued
+            };
+            *count = count.saturating_add(lost);
         }
         let from = link.rx_data_seq.map(|s| s.wrapping_add(1));
         if let Some(seq) = data_seq {
