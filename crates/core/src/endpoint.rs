@@ -898,60 +898,61 @@ struct Link {
     in_hold_view: bool,
 }
 
-/// The maximum of a value over the last one to two windows (two buckets; the window is the
-/// caller's, e.g. [`QUEUE_PEAK_WINDOW`]).
+/// A value folded over the last one to two windows: two buckets, the window's and the one
+/// before; the window is the caller's (e.g. [`QUEUE_PEAK_WINDOW`]). The fold is a maximum
+/// ([`PeakHold`]) or a sum ([`WindowCount`]).
 #[derive(Debug, Default)]
-struct PeakHold {
-    current: Duration,
-    previous: Duration,
+struct Windowed<T> {
+    current: T,
+    previous: T,
     since: Option<Instant>,
 }
 
+impl<T: Copy + Default> Windowed<T> {
+    /// Folds `v` in at `now`; returns the fold over the last one or two windows (a sample after
+    /// two windows without any starts afresh). The buckets keep to whole windows from the first
+    /// sample, so a value folded in only now and then (a count of rare events) is as exact as
+    /// one folded in at every packet.
+    fn fold_in(&mut self, now: Instant, v: T, window: Duration, fold: fn(T, T) -> T) -> T {
+        let since = *self.since.get_or_insert(now);
+        let age = now.saturating_duration_since(since);
+        if age >= window {
+            let windows = age.as_nanos() / window.as_nanos().max(1);
+            (self.previous, self.current) = if windows == 1 {
+                (self.current, T::default())
+            } else {
+                (T::default(), T::default())
+            };
+            let start = window.as_nanos() * windows;
+            self.since = Some(since + Duration::from_nanos(u64::try_from(start).unwrap_or(0)));
+        }
+        self.current = fold(self.current, v);
+        fold(self.current, self.previous)
+    }
+}
+
+/// The maximum of a duration over the last one to two windows.
+type PeakHold = Windowed<Duration>;
+
 impl PeakHold {
-    /// The peak, once a whole window of samples is behind it (`None` before; a sample after
-    /// two windows without any starts afresh).
+    /// The peak, once a whole window of samples is behind it (`None` before).
     fn settled_peak(&self) -> Option<Duration> {
         (!self.previous.is_zero()).then(|| self.current.max(self.previous))
     }
 
     /// Adds a sample at `now`; returns the peak.
     fn update(&mut self, now: Instant, v: Duration, window: Duration) -> Duration {
-        let since = *self.since.get_or_insert(now);
-        let age = now.saturating_duration_since(since);
-        if age >= 2 * window {
-            (self.previous, self.current) = (Duration::ZERO, Duration::ZERO);
-            self.since = Some(now);
-        } else if age >= window {
-            (self.previous, self.current) = (self.current, Duration::ZERO);
-            self.since = Some(now);
-        }
-        self.current = self.current.max(v);
-        self.current.max(self.previous)
+        self.fold_in(now, v, window, Duration::max)
     }
 }
 
-/// Events over the last one or two windows (two buckets, as [`PeakHold`]).
-#[derive(Debug, Default)]
-struct WindowCount {
-    current: u64,
-    previous: u64,
-    since: Option<Instant>,
-}
+/// Events over the last one or two windows.
+type WindowCount = Windowed<u64>;
 
 impl WindowCount {
     /// Adds `n` events at `now`; returns the count over the last one or two windows.
     fn add(&mut self, now: Instant, n: u64, window: Duration) -> u64 {
-        let since = *self.since.get_or_insert(now);
-        let age = now.saturating_duration_since(since);
-        if age >= 2 * window {
-            (self.previous, self.current) = (0, 0);
-            self.since = Some(now);
-        } else if age >= window {
-            (self.previous, self.current) = (self.current, 0);
-            self.since = Some(now);
-        }
-        self.current = self.current.saturating_add(n);
-        self.current.saturating_add(self.previous)
+        self.fold_in(now, n, window, u64::saturating_add)
     }
 }
 
@@ -2386,14 +2387,17 @@ impl Endpoint {
         }
         let qdelay = link.health.rx_qdelay();
         let peak = link.rx_qpeak.update(now, qdelay, QUEUE_PEAK_WINDOW);
-        let quiet = step > 1
-            && (qdelay < RANDOM_LOSS_QDELAY
-                || qdelay.as_secs_f64() < QUEUE_PEAK_SHARE * peak.as_secs_f64());
-        let lost = if step > 1 {
-            u64::from(step.unsigned_abs() - 1)
-        } else {
-            0
-        };
+        let from = link.rx_data_seq.map(|s| s.wrapping_add(1));
+        if let Some(seq) = data_seq {
+            // A copy sent again carries an old number: the highest stands.
+            link.rx_data_seq = Some(link.rx_data_seq.map_or(seq, |s| s.max(seq)));
+        }
+        if step <= 1 {
+            return;
+        }
+        let lost = u64::from(step.unsigned_abs() - 1);
+        let empty = qdelay < RANDOM_LOSS_QDELAY;
+        let under_peak = qdelay.as_secs_f64() < QUEUE_PEAK_SHARE * peak.as_secs_f64();
         // Without back-pressure only losses at an empty queue count: one well under a stale
         // peak may still be a queue's drop (the simulator's 1+2+3 Mbit/s failover, where the
         // links left overflow: CUBIC stalled 335 ms). Under it (this end's setting, which the
@@ -2401,26 +2405,19 @@ impl Endpoint {
         // and a loss well under the peak counts too: the lab's mixed scenario's 1% link is
         // seldom empty (CUBIC +5.5 / +11.2 points up / down over 2 seeds). Counted as events,
         // not packets: one blip that loses a run of packets is not a lossy link.
-        let empty = step > 1 && (qdelay < RANDOM_LOSS_QDELAY || (quiet && self.queue.on));
+        let quiet_event = empty || (under_peak && self.queue.on);
         let quiet_lately = link
             .rx_quiet_losses
-            .add(now, u64::from(empty), QUEUE_PEAK_WINDOW);
+            .add(now, u64::from(quiet_event), QUEUE_PEAK_WINDOW);
         // A link that loses at random does so at its queue's peak too; only a link that does
         // not is taken to drop there for a full queue.
-        let random = quiet || (step > 1 && quiet_lately >= LOSSY_LINK_QUIET_LOSSES);
-        if step > 1 {
-            let count = if random {
-                &mut self.repair.link_losses_random
-            } else {
-                &mut self.repair.link_losses_queued
-            };
-            *count = count.saturating_add(lost);
-        }
-        let from = link.rx_data_seq.map(|s| s.wrapping_add(1));
-        if let Some(seq) = data_seq {
-            // A copy sent again carries an old number: the highest stands.
-            link.rx_data_seq = Some(link.rx_data_seq.map_or(seq, |s| s.max(seq)));
-        }
+        let random = empty || under_peak || quiet_lately >= LOSSY_LINK_QUIET_LOSSES;
+        let count = if random {
+            &mut self.repair.link_losses_random
+        } else {
+            &mut self.repair.link_losses_queued
+        };
+        *count = count.saturating_add(lost);
         if !random || self.cfg.nack != Nack::RandomLoss {
             return;
         }
@@ -3769,5 +3766,30 @@ mod tests {
         assert_eq!(c.add(t0 + s(12), 0, w), 1);
         // Two whole windows without an event: nothing is left.
         assert_eq!(c.add(t0 + s(30), 0, w), 0);
+    }
+
+    #[test]
+    fn a_window_count_added_to_now_and_then_keeps_to_whole_windows() {
+        let t0 = Instant::now();
+        let w = Duration::from_secs(5);
+        let s = Duration::from_secs;
+        let mut c = WindowCount::default();
+        assert_eq!(c.add(t0, 1, w), 1);
+        // Windows [0, 5), [5, 10): the first event is still in the one before.
+        assert_eq!(c.add(t0 + s(9), 1, w), 2);
+        // [10, 15): the event at 0 is out, the one at 9 in.
+        assert_eq!(c.add(t0 + s(13), 1, w), 2);
+        // [15, 20): the one at 13 is in the window before; 9 is out.
+        assert_eq!(c.add(t0 + s(17), 0, w), 1);
+        // [25, 30): nothing in the last two windows.
+        assert_eq!(c.add(t0 + s(26), 0, w), 0);
+        // A peak the same way.
+        let mut p = PeakHold::default();
+        let ms = Duration::from_millis;
+        assert_eq!(p.update(t0, ms(30), w), ms(30));
+        assert_eq!(p.settled_peak(), None, "no whole window behind it yet");
+        assert_eq!(p.update(t0 + s(6), ms(10), w), ms(30));
+        assert_eq!(p.settled_peak(), Some(ms(30)));
+        assert_eq!(p.update(t0 + s(11), ms(5), w), ms(10));
     }
 }
