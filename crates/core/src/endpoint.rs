@@ -177,6 +177,10 @@ pub const LOSSY_LINK_QUIET_LOSSES: u64 = 3;
 /// reaches this far beyond the highest sequence number received (the lost packet may have a
 /// higher number than any other link has brought yet).
 const SUSPECT_SLACK: u64 = 64;
+/// Receiver: a link that fell silent may have carried DATA numbered up to this far beyond the
+/// highest received when the silence was seen (what the peer sent on it before it saw the
+/// silence itself: at 10 Mbit/s, 100 ms of its packets interleaved with another link's).
+const SILENT_LINK_SLACK: u64 = 512;
 
 /// This end's static key pair and the one peer it accepts (client: the server's public key;
 /// server: the client's), for the identity handshake.
@@ -1038,6 +1042,9 @@ pub struct Endpoint {
     /// Scratch: ranges to NACK, sequence numbers to reinject, NACK body bytes.
     nack_ranges: Vec<SeqRange>,
     resend_seqs: Vec<u64>,
+    /// Under back-pressure, the ring entries a dead link carried lately, waiting to be sent again
+    /// as the links left take them ([`Endpoint::send_reinjections`]), most likely lost first.
+    reinjections: VecDeque<u64>,
     nack_buf: Vec<u8>,
     /// What the datagram being handled authenticated as (returned by `handle_datagram`).
     received: Received,
@@ -1121,6 +1128,7 @@ impl Endpoint {
             repair: RepairStats::default(),
             nack_ranges: Vec::new(),
             resend_seqs: Vec::new(),
+            reinjections: VecDeque::new(),
             nack_buf: Vec::new(),
             received: Received::Ignored,
             defer_seal: false,
@@ -1218,6 +1226,7 @@ impl Endpoint {
         if let Some(i) = self.link_index(link) {
             if let Some(state) = self.links[i].health.force_down(now) {
                 self.events.push_back(Event::LinkState { link, state });
+                self.await_reinjection(i);
                 self.reinject(now, i);
                 self.links[i].info_sent = None;
             }
@@ -2052,6 +2061,7 @@ impl Endpoint {
         // LINK-NACKs (stale data sent again), and would keep the new packets out of the ring
         // until they aged out.
         self.ring.clear();
+        self.reinjections.clear();
         self.reorder.reset(0);
         self.reassembler.abandon();
         self.direct.clear();
@@ -2612,6 +2622,7 @@ impl Endpoint {
                     silent: true,
                     after,
                 });
+                self.await_reinjection(li);
                 self.reinject(now, li);
                 self.refresh_reorder_links(now);
             } else if quiet.is_none() && self.links[li].silent {
@@ -2624,6 +2635,13 @@ impl Endpoint {
     /// the others fall quiet too), and the reorder buffer waits for it again.
     fn speaks_again(&mut self, now: Instant, li: usize) {
         self.links[li].silent = false;
+        // Its copies not sent yet are not needed: it delivers what it carried (lab, 50/20/7
+        // Mbit/s at 10/60/150 ms, whose slow link falls silent now and then under CUBIC: 1434
+        // copies sent in 20 s when they all went, 582 when they went at once).
+        let id = self.links[li].id;
+        let ring = &mut self.ring;
+        self.reinjections
+            .retain(|&seq| ring.get_mut(seq).is_some_and(|s| s.link != id));
         self.events.push_back(Event::LinkSilent {
             link: self.links[li].id,
             silent: false,
@@ -2741,9 +2759,13 @@ impl Endpoint {
     /// (from the second copy on, never the one it first went on while another is up). False when
     /// it is not in the ring or was sent again lately.
     fn resend(&mut self, now: Instant, seq: u64) -> bool {
-        let Some(sent) = self.ring.get_mut(seq) else {
-            return false;
-        };
+        self.resend_on(now, seq).is_some()
+    }
+
+    /// [`resend`](Self::resend): the link index the copy went on, and its length as the
+    /// scheduler counts packets.
+    fn resend_on(&mut self, now: Instant, seq: u64) -> Option<(usize, usize)> {
+        let sent = self.ring.get_mut(seq)?;
         // The first copy goes on the fastest link (the shortest stall), on the one that lost
         // the original only if no other is nearly as fast; a later one avoids that link, in
         // case it is dying.
@@ -2753,23 +2775,21 @@ impl Endpoint {
         sent.resends += 1;
         let piece_flags = sent.flags;
         let packet = std::mem::take(&mut sent.packet);
-        let sent_ok = match self.copy_link(now, original, avoid) {
-            Some(li) => {
-                let common = self.next_common(now, li);
-                let body = Body::Data(DataRepr {
-                    common,
-                    seq,
-                    flags: FLAG_RETRANSMIT | piece_flags,
-                    payload: &packet,
-                });
-                self.send_sealed(now, li, PacketType::Data, &body)
-            }
-            None => false,
-        };
+        let sent_on = self.copy_link(now, original, avoid).filter(|&li| {
+            let common = self.next_common(now, li);
+            let body = Body::Data(DataRepr {
+                common,
+                seq,
+                flags: FLAG_RETRANSMIT | piece_flags,
+                payload: &packet,
+            });
+            self.send_sealed(now, li, PacketType::Data, &body)
+        });
+        let len = packet.len() + WIRE_OVERHEAD;
         if let Some(sent) = self.ring.get_mut(seq) {
             sent.packet = packet;
         }
-        sent_ok
+        sent_on.map(|li| (li, len))
     }
 
     /// Sender: link index `li` went DOWN or silent: what it carried lately that has not been sent again
@@ -2808,17 +2828,96 @@ impl Endpoint {
         let mut seqs = std::mem::take(&mut self.resend_seqs);
         seqs.clear();
         self.ring.sent_on(id, since, first, &mut seqs);
+        if self.queue.on {
+            for &seq in &seqs {
+                if !self.reinjections.contains(&seq) {
+                    self.reinjections.push_back(seq);
+                }
+            }
+            self.resend_seqs = seqs;
+            let mut views = std::mem::take(&mut self.views);
+            self.usable_views(&mut views);
+            self.drain_queue(now, &views);
+            self.views = views;
+            return;
+        }
         for &seq in &seqs {
-            let fresh = self
-                .ring
-                .get_mut(seq)
-                .is_some_and(|s| s.resent_at.is_none());
             // The link is DOWN, so `resend` does not pick it.
-            if fresh && self.resend(now, seq) {
+            if self.fresh_in_ring(seq) && self.resend(now, seq) {
                 self.repair.reinjected += 1;
             }
         }
         self.resend_seqs = seqs;
+    }
+
+    /// Ring entry `seq` is there and has not been sent again yet.
+    fn fresh_in_ring(&mut self, seq: u64) -> bool {
+        self.ring
+            .get_mut(seq)
+            .is_some_and(|s| s.resent_at.is_none())
+    }
+
+    /// Under back-pressure, sends the reinjected copies waiting ([`Self::reinject`]) while the
+    /// links have room, each accounted to its link's queue by the scheduler; false when they
+    /// are full (the time to try again is set). Sent all at once, the copies of a dead link's
+    /// last round trip overflowed the link left: lab, 10 Mbit/s links at 20 and 120 ms, the 20 ms
+    /// link failed, 128 copies into the 120 ms link's 100 ms buffer with about 60 packets free,
+    /// 53-64 dropped at its tail in every run, among them copies of packets the peer lacked,
+    /// which the inner TCP then sent itself behind the bundle's queue (CUBIC stalled 1.1 s).
+    fn send_reinjections(&mut self, now: Instant, views: &[LinkView]) -> bool {
+        while let Some(&seq) = self.reinjections.front() {
+            if self.session.is_none() {
+                self.reinjections.clear();
+                break;
+            }
+            if self.queue.on {
+                if let Some(d) = self.links_full(now, views) {
+                    self.queue.resume = Some(now + d);
+                    return false;
+                }
+            }
+            self.reinjections.pop_front();
+            if !self.fresh_in_ring(seq) {
+                continue;
+            }
+            if let Some((li, len)) = self.resend_on(now, seq) {
+                self.repair.reinjected += 1;
+                self.sched.sent_copy(now, len, self.links[li].id);
+            }
+        }
+        true
+    }
+
+    /// Packets wait before the links: in the bundle's queue, or copies to reinject.
+    fn backlog_waits(&self) -> bool {
+        !self.queue.is_empty() || !self.reinjections.is_empty()
+    }
+
+    /// Receiver: link index `li` fell silent or went DOWN. What it carried after its last DATA
+    /// that arrived is most likely lost with it, and the peer sends it again on the links left
+    /// ([`Self::reinject`], paced by back-pressure): those gaps are named for repair, so that they
+    /// wait for the copies (NACKed, [`ReorderBuffer::set_repair_wait`] at a time) rather than
+    /// being given up as soon as the links left have passed them. Given up, they reached the
+    /// inner TCP as losses and the copies came late: lab, 10 Mbit/s links at 20 and 120 ms, the
+    /// 20 ms link failed under CUBIC, the receiver skipped 60 gaps and delivered their copies
+    /// out of order after the inner TCP had sent them again itself, behind the bundle's queue
+    /// (a stall of 1.1 s). Only under back-pressure (this end's setting, which the ends of a
+    /// bundle share by default): without it the copies go at once, the links left overflow,
+    /// and what they drop, copies and new packets alike, would wait for repair too instead of
+    /// reaching the inner TCP as the congestion it is (simulator, 1+2+3 Mbit/s losing the 3
+    /// Mbit/s link, CUBIC upload: median longest stall 157 -> 283 ms).
+    fn await_reinjection(&mut self, li: usize) {
+        if !self.queue.on {
+            return;
+        }
+        let Some(last) = self.links[li].rx_data_seq else {
+            return;
+        };
+        let to = self.reorder.high_seq().saturating_add(SILENT_LINK_SLACK);
+        let from = last
+            .wrapping_add(1)
+            .max(to.saturating_sub(self.reorder.capacity()));
+        self.reorder.suspect_loss(from, to);
     }
 
     // ------------------------------------------------------------------ send
@@ -3089,10 +3188,10 @@ impl Endpoint {
         // long (fq_codel's sparse flows, by packet kind). It goes on the links at once, as
         // without back-pressure; bulk that floods in small packets meets the links' buffers.
         if self.queue.on && bulk {
-            if !self.queue.is_empty() {
+            if self.backlog_waits() {
                 self.drain_queue(now, &views);
             }
-            let full = if self.queue.is_empty() {
+            let full = if !self.backlog_waits() {
                 self.links_full(now, &views)
             } else {
                 self.queue.resume.map(|t| t.saturating_duration_since(now))
@@ -3122,7 +3221,7 @@ impl Endpoint {
     /// [`Self::handle_timeout`].
     pub fn set_backpressure(&mut self, on: bool) {
         self.queue.on = on;
-        if !on && !self.queue.is_empty() {
+        if !on && self.backlog_waits() {
             self.queue.resume = Some(self.last_tick);
         }
     }
@@ -3131,6 +3230,10 @@ impl Endpoint {
     /// dropping packets that waited too long; when they are full, notes when to try again.
     fn drain_queue(&mut self, now: Instant, views: &[LinkView]) {
         self.queue.resume = None;
+        // The copies of what a dead link carried are older than anything queued here.
+        if !self.send_reinjections(now, views) {
+            return;
+        }
         // While a link's capacity is still being found, a full bundle is the scheduler's
         // ignorance, not the path's limit: nothing is dropped for waiting short of the hard
         // bound (`QUEUE_MAX_DELAY`; the size bound holds too).
@@ -3485,6 +3588,7 @@ impl Endpoint {
                         state,
                     });
                     if state == LinkState::Down {
+                        self.await_reinjection(li);
                         self.reinject(now, li);
                         // The server forgets a link silent long enough: tell it again.
                         self.links[li].info_sent = None;
@@ -3505,7 +3609,7 @@ impl Endpoint {
         if self.session.is_some() {
             self.check_silence(now);
         }
-        if !self.queue.is_empty() {
+        if self.backlog_waits() {
             let mut views = std::mem::take(&mut self.views);
             self.usable_views(&mut views);
             self.drain_queue(now, &views);

@@ -1019,6 +1019,11 @@ impl ReorderBuffer {
         self.high = self.next;
         self.started = true;
     }
+    /// The sequence numbers the buffer holds ahead of the delivery point at most.
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
     pub fn depth(&self) -> usize {
         self.held + self.ready.len()
     }

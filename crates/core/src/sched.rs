@@ -177,6 +177,9 @@ pub trait Scheduler: Send {
     fn ready_in(&mut self, _now: Instant, _len: usize, _links: &[LinkView]) -> Option<Duration> {
         None
     }
+    /// A copy of `len` bytes (as [`Scheduler::pick`] counts them) went on `link` outside the
+    /// placement (a reinjected packet, paced by back-pressure): its queue holds it too.
+    fn sent_copy(&mut self, _now: Instant, _len: usize, _link: LinkId) {}
     /// The peer holds every received packet of at least `min_len` bytes (as `pick` counts them)
     /// until the slowest link within `max` of the fastest would have brought it: such packets
     /// reach the peer's TUN no sooner on a faster link. Zero `max` turns this off.
@@ -1113,6 +1116,9 @@ pub struct Adaptive {
     equalize_cap: Option<Duration>,
     /// The last time back-pressure found every link full (see `Held`).
     full_at: Option<Instant>,
+    /// Back-pressure has held two or more equalised links at once: a bundle, whose inner flows
+    /// sized their windows for more than one link (see [`Adaptive::last_link`]).
+    bundled: bool,
 }
 
 impl Adaptive {
@@ -1172,6 +1178,25 @@ impl Adaptive {
             .map(|v| v.owd)
             .min()?;
         Some(lo + cap + crate::equalize::SLACK)
+    }
+
+    /// A bundle left with one usable link (the others dead, silent or gone): its one-way delay,
+    /// in seconds, as the floor against which back-pressure judges lateness, so that the link
+    /// left is held as the bundle's links were. Without it the bundle's queue, which a loss-based
+    /// flow keeps three of its round trips deep, went onto that link at once when a failure left
+    /// it alone, and its buffer overflowed: lab, 10 Mbit/s links at 20 and 120 ms, the 20 ms link
+    /// failed under CUBIC, 700 packets poured onto the 120 ms link, 1716 dropped at its tail and
+    /// 1679 inner retransmissions. Held, the excess waits in the bundle's queue, whose time limit
+    /// drops one packet per round trip: the inner flow backs off once per round trip, as it
+    /// would behind one link. Only once the bundle has been one (`bundled`): a link that has
+    /// always been alone keeps its own queue.
+    fn last_link(&self, links: &[LinkView]) -> Option<f64> {
+        match links {
+            [v] if self.bundled && v.state != LinkState::Down => {
+                Some(v.owd.as_secs_f64().max(1e-6))
+            }
+            _ => None,
+        }
     }
 
     /// These links were offered more than their assumed rates let us place on them.
@@ -1291,6 +1316,12 @@ impl Scheduler for Adaptive {
     fn cap_equalization(&mut self, cap: Option<Duration>) {
         self.equalize_cap = cap;
     }
+    fn sent_copy(&mut self, now: Instant, len: usize, link: LinkId) {
+        if let Some(e) = self.table.entries.iter_mut().find(|e| e.0 == link) {
+            e.2.drain(now);
+            e.2.backlog += len as f64;
+        }
+    }
     fn learning(&self) -> bool {
         // Only the links `ready_in` last saw (the usable ones): a link that died keeps its
         // entry for `FORGET_AFTER`, and must not keep the bundle "learning" that long.
@@ -1310,7 +1341,12 @@ impl Scheduler for Adaptive {
             .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
-        let floor = self.delivery_floor(len, links);
+        let mut floor = self.delivery_floor(len, links);
+        if floor > 0.0 {
+            self.bundled = true;
+        } else if let Some(owd) = self.last_link(links) {
+            floor = owd;
+        }
         if floor <= 0.0 {
             // No equalisation (off, or one usable link): the placement spills onto a slower link
             // only behind the faster ones' queues, which a push-back at 20 ms would never let
@@ -1489,6 +1525,9 @@ impl Scheduler for Backup {
     }
     fn learning(&self) -> bool {
         self.inner.learning()
+    }
+    fn sent_copy(&mut self, now: Instant, len: usize, link: LinkId) {
+        self.inner.sent_copy(now, len, link);
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         if !self.keep_top(links) {
@@ -1974,8 +2013,8 @@ mod tests {
 
     #[test]
     fn adaptive_pushes_back_only_under_equalisation() {
-        // Without an equalisation floor (off, one usable link left, or no link UP) no push back
-        // at all: a slower link takes traffic only behind the faster one's queue, which a push
+        // Without an equalisation floor (off, one link that was never part of a bundle, or no
+        // link UP) no push back at all: a slower link takes traffic only behind the faster one's queue, which a push
         // back at 20 ms would never let build (and before this rule a single 60 ms link read as
         // 40 ms late and paused the TUN for good).
         let t0 = Instant::now();
@@ -2001,6 +2040,33 @@ mod tests {
             assert!(queue_ms(&s, links[0].id) > 100.0, "{what}");
             assert_eq!(s.ready_in(t0, 1500, &links), None, "{what}");
         }
+    }
+
+    #[test]
+    fn adaptive_holds_the_link_a_bundle_is_left_with() {
+        // Two equalised links, then the fast one gone: the slow one is held as the bundle's
+        // links were (the excess waits in the bundle's queue instead of its buffer), once its
+        // queue is BACKPRESSURE_LATE deep, and free again once that drained.
+        let t0 = Instant::now();
+        let links = fast_and_slow();
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(100), 300);
+        assert_eq!(s.ready_in(t0, 1500, &links), None, "the bundle, empty");
+        let slow = &links[1..];
+        let mut out = Vec::new();
+        let mut placed = 0;
+        while s.ready_in(t0, 1500, slow).is_none() {
+            out.clear();
+            s.pick(t0, 1250, 0, slow, &mut out);
+            assert_eq!(out.len(), 1);
+            placed += 1;
+            assert!(placed < 10_000, "no push back after {placed} packets");
+        }
+        let late = BACKPRESSURE_LATE.as_secs_f64() * 1e3;
+        let q = queue_ms(&s, 2);
+        assert!((q - late).abs() < 1.5, "the link left queued {q:.1} ms");
+        let d = s.ready_in(t0, 1500, slow).unwrap();
+        assert_eq!(s.ready_in(t0 + d + ms(1), 1500, slow), None, "drained");
     }
 
     #[test]
