@@ -2775,7 +2775,8 @@ impl Endpoint {
         sent.resends += 1;
         let piece_flags = sent.flags;
         let packet = std::mem::take(&mut sent.packet);
-        let sent_on = self.copy_link(now, original, avoid).filter(|&li| {
+        let mut sent_on = None;
+        if let Some(li) = self.copy_link(now, original, avoid) {
             let common = self.next_common(now, li);
             let body = Body::Data(DataRepr {
                 common,
@@ -2783,8 +2784,10 @@ impl Endpoint {
                 flags: FLAG_RETRANSMIT | piece_flags,
                 payload: &packet,
             });
-            self.send_sealed(now, li, PacketType::Data, &body)
-        });
+            if self.send_sealed(now, li, PacketType::Data, &body) {
+                sent_on = Some(li);
+            }
+        }
         let len = packet.len() + WIRE_OVERHEAD;
         if let Some(sent) = self.ring.get_mut(seq) {
             sent.packet = packet;
@@ -2829,9 +2832,15 @@ impl Endpoint {
         seqs.clear();
         self.ring.sent_on(id, since, first, &mut seqs);
         if self.queue.on {
-            for &seq in &seqs {
-                if !self.reinjections.contains(&seq) {
-                    self.reinjections.push_back(seq);
+            // Another link's copies may still wait (two failures within a round trip): no seq
+            // twice. Else the list is empty, and a scan per seq would be quadratic at 1 Gbit/s.
+            if self.reinjections.is_empty() {
+                self.reinjections.extend(seqs.iter().copied());
+            } else {
+                for &seq in &seqs {
+                    if !self.reinjections.contains(&seq) {
+                        self.reinjections.push_back(seq);
+                    }
                 }
             }
             self.resend_seqs = seqs;
