@@ -1187,9 +1187,9 @@ impl Adaptive {
     /// it alone, and its buffer overflowed: lab, 10 Mbit/s links at 20 and 120 ms, the 20 ms link
     /// failed under CUBIC, 700 packets poured onto the 120 ms link, 1716 dropped at its tail and
     /// 1679 inner retransmissions. Held, the excess waits in the bundle's queue, whose time limit
-    /// drops one packet per round trip: the inner flow backs off once per round trip, as it
-    /// would behind one link. Only once the bundle has been one (`bundled`): a link that has
-    /// always been alone keeps its own queue.
+    /// drops one packet per round trip (and, past its hard bound, what waited longer): the inner
+    /// flow backs off as it would behind one link (6 to 84 retransmissions there). Only once the
+    /// bundle has been one (`bundled`): a link that has always been alone keeps its own queue.
     fn last_link(&self, links: &[LinkView]) -> Option<f64> {
         match links {
             [v] if self.bundled && v.state != LinkState::Down => {
@@ -1348,10 +1348,11 @@ impl Scheduler for Adaptive {
             floor = owd;
         }
         if floor <= 0.0 {
-            // No equalisation (off, or one usable link): the placement spills onto a slower link
-            // only behind the faster ones' queues, which a push-back at 20 ms would never let
-            // build, leaving the slower links unused. One link's queue is its own business. Its
-            // rate is learned by the rules that need no push-back again.
+            // No equalisation (off, or one link that was never part of a bundle): the
+            // placement spills onto a slower link only behind the faster ones' queues, which a
+            // push-back at 20 ms would never let build, leaving the slower links unused. One
+            // link's queue is its own business. Its rate is learned by the rules that need no
+            // push-back again.
             // (Asked every few packets: only a link still held is touched.)
             for e in self.table.entries.iter_mut().filter(|e| e.2.held) {
                 e.2.held = false;
@@ -2014,9 +2015,9 @@ mod tests {
     #[test]
     fn adaptive_pushes_back_only_under_equalisation() {
         // Without an equalisation floor (off, one link that was never part of a bundle, or no
-        // link UP) no push back at all: a slower link takes traffic only behind the faster one's queue, which a push
-        // back at 20 ms would never let build (and before this rule a single 60 ms link read as
-        // 40 ms late and paused the TUN for good).
+        // link UP) no push back at all: a slower link takes traffic only behind the faster
+        // one's queue, which a push back at 20 ms would never let build (and before this rule a
+        // single 60 ms link read as 40 ms late and paused the TUN for good).
         let t0 = Instant::now();
         let mut degraded = fast_and_slow();
         for v in &mut degraded {
