@@ -135,9 +135,9 @@ pub enum Nack {
     Off,
     /// Gaps in which a link lost packets while it had no queue: its own sequence numbers jumped
     /// with its queueing delay under [`RANDOM_LOSS_QDELAY`] or well under its recent peak
-    /// ([`QUEUE_PEAK_SHARE`]), or the link lost so lately ([`LOSSY_LINK_QUIET_LOSSES`]). Random loss is repaired and hidden
-    /// from the inner TCP; a full queue's drops are not, so a loss-based sender still sees the
-    /// congestion it causes, and no other gap waits for a copy.
+    /// ([`QUEUE_PEAK_SHARE`]), or the link lost so lately ([`LOSSY_LINK_QUIET_LOSSES`]).
+    /// Random loss is repaired and hidden from the inner TCP; a full queue's drops are not, so a
+    /// loss-based sender still sees the congestion it causes, and no other gap waits for a copy.
     RandomLoss,
     /// Every gap the reorder buffer would give up (repairs congestion drops too: a loss-based
     /// inner TCP then fills the links' queues; kept for comparison).
@@ -2844,10 +2844,7 @@ impl Endpoint {
                 }
             }
             self.resend_seqs = seqs;
-            let mut views = std::mem::take(&mut self.views);
-            self.usable_views(&mut views);
-            self.drain_queue(now, &views);
-            self.views = views;
+            self.drain_backlog(now);
             return;
         }
         for &seq in &seqs {
@@ -2900,6 +2897,14 @@ impl Endpoint {
     /// Packets wait before the links: in the bundle's queue, or copies to reinject.
     fn backlog_waits(&self) -> bool {
         !self.queue.is_empty() || !self.reinjections.is_empty()
+    }
+
+    /// [`Self::drain_queue`] over the usable links as they are now.
+    fn drain_backlog(&mut self, now: Instant) {
+        let mut views = std::mem::take(&mut self.views);
+        self.usable_views(&mut views);
+        self.drain_queue(now, &views);
+        self.views = views;
     }
 
     /// Receiver: link index `li` fell silent or went DOWN. What it carried after its last DATA
@@ -3619,10 +3624,7 @@ impl Endpoint {
             self.check_silence(now);
         }
         if self.backlog_waits() {
-            let mut views = std::mem::take(&mut self.views);
-            self.usable_views(&mut views);
-            self.drain_queue(now, &views);
-            self.views = views;
+            self.drain_backlog(now);
         }
         self.send_nacks(now);
     }
