@@ -22,7 +22,13 @@
 //!   adjustments only, stay low (simulator, LTE mix, CUBIC upload: 37-65% against 79-89%).
 //!   A packet that waited [`QUEUE_MAX_DELAY`] goes even then;
 //! - at most [`BUNDLE_QUEUE_PACKETS`] packets wait: a packet beyond that pushes the oldest out,
-//!   so the memory is bounded whatever a local sender does.
+//!   so the memory is bounded whatever a local sender does;
+//! - a queue that *stands* gets a limit of one round trip instead of three ([`Standing`]):
+//!   a paced, rate-based sender (BBR) drains what it queued every eight of its round trips, a
+//!   loss-based one (CUBIC) keeps the queue full until it loses. Three round trips are what
+//!   BBR needs; under CUBIC they are only delay, and every loss then stalls the flow for the
+//!   whole queue (its retransmission joins the tail, and must: a retransmission that passes the
+//!   queue makes Linux's RACK take everything queued before it for lost, wip/README.md).
 //!
 //! Why not leave the excess in the TUN device, as the first back-pressure did: the kernel's TUN
 //! ring has no clock and drops only at its tail once full (`txqueuelen`, 2000 packets, each up
@@ -46,20 +52,38 @@ pub const QUEUE_MAX_DELAY: Duration = Duration::from_secs(1);
 /// CUBIC flow, which keeps the queue full until a packet is lost, sees about this much delay
 /// added (1+2+3 Mbit/s at 10 ms: 60 ms).
 pub const QUEUE_ROUND_TRIPS: u32 = 3;
+/// A queue stands when no packet left it (or passed it) sooner than its standing wait over
+/// this many inner round trips: more than BBR's cycle of eight, in which it drains once.
+pub const STANDING_ROUND_TRIPS: u32 = 10;
+/// The standing wait: a round trip and a half, and at least a round trip plus this much. A BBR
+/// sender that its window limits keeps at most a round trip queued (its window is two
+/// bandwidth-delay products), plus what Linux allows it for ACK aggregation (at most 100 ms of
+/// its rate, `bbr_extra_acked_max_us`); a CUBIC flow under three round trips keeps about two
+/// even after it lost (it backs off to 0.7 of its window).
+pub const STANDING_ALLOWANCE: Duration = Duration::from_millis(100);
+/// How long after a link is lost a queue is not found standing, in the inner round trips
+/// before the loss: BBR's bandwidth filter spans ten of its rounds, up to four round trips each
+/// ([`Standing`]).
+pub const STANDING_AFTER_LOSS_ROUND_TRIPS: u32 = 40;
+/// The limit, in round trips, while the queue stands: CUBIC keeps 0.4 of one after a loss
+/// (enough to keep the bundle full: it needs 0.43 of a bandwidth-delay product of buffer).
+pub const STANDING_LIMIT_ROUND_TRIPS: u32 = 1;
+
 /// The most packets the bundle's queue holds (about 100 ms at 1 Gbit/s of full-size packets;
 /// 16 MB of buffers at most).
 pub const BUNDLE_QUEUE_PACKETS: usize = 8192;
 
 /// Packets waiting for room on the links, each with the instant it came.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct BundleQueue {
     /// Back-pressure is on: packets may wait here.
     pub on: bool,
     packets: VecDeque<(Instant, Vec<u8>)>,
-    /// The longest a packet waits (see [`QUEUE_ROUND_TRIPS`]).
-    max_delay: Duration,
-    /// The inner flows' round trip: one drop per round trip is signal enough.
-    rtt: Duration,
+    /// The inner flows' round trip (`None`: not measured): one drop per round trip is signal
+    /// enough; the limit is counted in them.
+    rtt: Option<Duration>,
+    /// Whether the queue stands, judged over windows of round trips.
+    pub standing: Standing,
     /// No drop for waiting before then.
     next_drop: Option<Instant>,
     /// When the links are predicted to take the head packet (set while it waits).
@@ -68,32 +92,43 @@ pub struct BundleQueue {
     pub queued: u64,
 }
 
-impl Default for BundleQueue {
-    fn default() -> Self {
-        BundleQueue {
-            on: false,
-            packets: VecDeque::new(),
-            max_delay: QUEUE_MIN_DELAY,
-            rtt: QUEUE_MIN_DELAY,
-            next_drop: None,
-            resume: None,
-            queued: 0,
-        }
-    }
-}
-
 impl BundleQueue {
     /// The inner flows' round trip through the bundle (`None`: not measured).
     pub fn set_round_trip(&mut self, rtt: Option<Duration>) {
-        self.rtt = rtt.unwrap_or(QUEUE_MIN_DELAY);
-        self.max_delay = rtt
-            .map_or(QUEUE_MIN_DELAY, |r| r * QUEUE_ROUND_TRIPS)
-            .clamp(QUEUE_MIN_DELAY, QUEUE_MAX_DELAY);
+        self.rtt = rtt;
     }
 
-    /// How long a packet may wait now.
+    /// The inner round trip as the queue counts it: measured, or [`QUEUE_MIN_DELAY`].
+    fn round_trip(&self) -> Duration {
+        self.rtt.unwrap_or(QUEUE_MIN_DELAY)
+    }
+
+    /// How long a packet may wait now: [`QUEUE_ROUND_TRIPS`] round trips, one while the queue
+    /// stands, within [`QUEUE_MIN_DELAY`] and [`QUEUE_MAX_DELAY`].
     pub fn max_delay(&self) -> Duration {
-        self.max_delay
+        self.limit(if self.standing.on {
+            STANDING_LIMIT_ROUND_TRIPS
+        } else {
+            QUEUE_ROUND_TRIPS
+        })
+    }
+
+    /// `rounds` inner round trips, within [`QUEUE_MIN_DELAY`] and [`QUEUE_MAX_DELAY`].
+    fn limit(&self, rounds: u32) -> Duration {
+        self.rtt
+            .map_or(QUEUE_MIN_DELAY, |r| r * rounds)
+            .clamp(QUEUE_MIN_DELAY, QUEUE_MAX_DELAY)
+    }
+
+    /// The bundle lost a link at `now`: its senders overshoot for a while ([`Standing`]).
+    pub fn link_lost(&mut self, now: Instant) {
+        self.standing.not_before = Some(now + self.round_trip() * STANDING_AFTER_LOSS_ROUND_TRIPS);
+    }
+
+    /// A bulk packet went on at `now` without waiting here (the links had room).
+    pub fn passed(&mut self, now: Instant) {
+        let rtt = self.round_trip();
+        self.standing.left(now, Duration::ZERO, rtt);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -120,12 +155,11 @@ impl BundleQueue {
         let waited = now.saturating_duration_since(came);
         // One drop per round trip tells a loss-based sender (it backs off once per round trip
         // anyway); traffic that does not back off meets the hard bound, a round trip later.
-        if waited <= self.max_delay
-            || (self.next_drop.is_some_and(|t| now < t) && waited <= self.max_delay + self.rtt)
-        {
+        let (limit, rtt) = (self.max_delay(), self.round_trip());
+        if waited <= limit || (self.next_drop.is_some_and(|t| now < t) && waited <= limit + rtt) {
             return None;
         }
-        self.next_drop = Some(now + self.rtt);
+        self.next_drop = Some(now + rtt);
         self.packets.pop_front().map(|(_, p)| p)
     }
 
@@ -141,9 +175,71 @@ impl BundleQueue {
             .flatten()
     }
 
-    /// The head packet, to send.
-    pub fn pop(&mut self) -> Option<Vec<u8>> {
+    /// The head packet, to send at `now`.
+    pub fn pop(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let (came, p) = self.packets.pop_front()?;
+        let rtt = self.round_trip();
+        self.standing
+            .left(now, now.saturating_duration_since(came), rtt);
+        Some(p)
+    }
+
+    /// The head packet, to drop (the bundle has no session to send it on).
+    pub fn discard(&mut self) -> Option<Vec<u8>> {
         self.packets.pop_front().map(|(_, p)| p)
+    }
+}
+
+/// CoDel's standing-queue test at the scale of round trips, to tell a loss-based sender's
+/// queue: the queue stands once no bulk packet left it (or passed it) within its standing wait
+/// for [`STANDING_ROUND_TRIPS`] inner round trips; it has drained as soon as one left within a
+/// quarter of a round trip. The two thresholds apart keep a CUBIC flow, which keeps about 0.4 of
+/// a round trip under a one-round-trip limit, from flipping back at once; a BBR flow's drain
+/// ends the state as soon as it comes. When the queue is found standing, what waited more than
+/// a round trip past the new limit goes at once: one loss event for a CUBIC flow, which backs
+/// off once for it (lab, 20/120 ms mix: 100 packets, four seconds before a failure that then
+/// stalls the flow 420 ms instead of 1.1 s).
+///
+/// After the bundle lost a link, every sender overshoots for a while, whatever its kind: a BBR
+/// flow keeps the rate its bandwidth filter holds for ten of its rounds, each up to four round
+/// trips long while the queue holds three, so its queue stands too. Judged standing then, the
+/// queue dropped 400 of its packets at once (its longest stall 240 -> 540 ms); so for
+/// [`STANDING_AFTER_LOSS_ROUND_TRIPS`] after a link is lost the test does not find a queue
+/// standing.
+#[derive(Debug, Default)]
+pub struct Standing {
+    /// The queue stands now (its limit is [`STANDING_LIMIT_ROUND_TRIPS`]).
+    pub on: bool,
+    /// Times it was found standing.
+    pub found: u64,
+    /// The last time a packet left within the standing wait (`None`: none left yet).
+    short_at: Option<Instant>,
+    /// Not found standing before then (a link was lost).
+    not_before: Option<Instant>,
+}
+
+impl Standing {
+    /// A packet left the queue (or passed it) at `now` after `waited`; `rtt` the inner round
+    /// trip.
+    fn left(&mut self, now: Instant, waited: Duration, rtt: Duration) {
+        let short_at = *self.short_at.get_or_insert(now);
+        if waited < rtt / 4 {
+            self.on = false;
+        }
+        if waited <= Self::wait(rtt) {
+            self.short_at = Some(now);
+        } else if !self.on
+            && self.not_before.is_none_or(|t| now >= t)
+            && now.saturating_duration_since(short_at) >= rtt * STANDING_ROUND_TRIPS
+        {
+            self.on = true;
+            self.found += 1;
+        }
+    }
+
+    /// The least wait above which a queue stands.
+    fn wait(rtt: Duration) -> Duration {
+        (rtt * 3 / 2).max(rtt + STANDING_ALLOWANCE)
     }
 }
 
@@ -178,7 +274,7 @@ mod tests {
         let late = t0 + QUEUE_MIN_DELAY + Duration::from_millis(1);
         assert_eq!(q.pop_stale(late), Some(vec![1]));
         assert!(q.pop_stale(late).is_none(), "the second came 60 ms later");
-        assert_eq!(q.pop(), Some(vec![2]));
+        assert_eq!(q.pop(late), Some(vec![2]));
         assert!(q.is_empty());
         assert_eq!(q.queued, 2);
     }
@@ -224,6 +320,63 @@ mod tests {
         }
         assert_eq!(q.push(t0, vec![9]), Some(0u32.to_be_bytes().to_vec()));
         assert_eq!(q.len(), BUNDLE_QUEUE_PACKETS);
-        assert_eq!(q.pop(), Some(1u32.to_be_bytes().to_vec()));
+        assert_eq!(q.pop(t0), Some(1u32.to_be_bytes().to_vec()));
+    }
+
+    /// Packets leave every `every` ms from `from` to `to` ms after `t0`, each after `wait` ms.
+    fn leave(q: &mut BundleQueue, t0: Instant, (from, to, every): (u64, u64, u64), wait: u64) {
+        for ms in (from..to).step_by(every as usize) {
+            let now = t0 + Duration::from_millis(ms);
+            q.push(now - Duration::from_millis(wait), vec![0]);
+            assert!(q.pop(now).is_some());
+        }
+    }
+
+    #[test]
+    fn a_queue_that_never_drains_stands_and_gets_a_shorter_limit() {
+        let t0 = Instant::now();
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(Duration::from_millis(100))); // window 1 s, standing wait 200 ms
+        assert_eq!(q.max_delay(), Duration::from_millis(300));
+        // A CUBIC flow's queue: never within 200 ms for ten round trips.
+        leave(&mut q, t0, (0, 10, 10), 150);
+        leave(&mut q, t0, (10, 1000, 10), 210);
+        assert!(!q.standing.on, "990 ms");
+        leave(&mut q, t0, (1000, 1010, 10), 210);
+        assert!(q.standing.on);
+        assert_eq!(q.standing.found, 1);
+        assert_eq!(q.max_delay(), Duration::from_millis(100));
+        // Under the one-round-trip limit it keeps 40 ms: still standing.
+        leave(&mut q, t0, (1010, 2030, 10), 40);
+        assert!(q.standing.on, "40 ms is not drained");
+        // It drains: back to three round trips.
+        q.passed(t0 + Duration::from_millis(2050));
+        assert!(!q.standing.on, "a packet passed the queue");
+        assert_eq!(q.max_delay(), Duration::from_millis(300));
+        assert_eq!(q.standing.found, 1);
+    }
+
+    #[test]
+    fn a_queue_that_drains_once_a_cycle_does_not_stand() {
+        let t0 = Instant::now();
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(Duration::from_millis(100)));
+        // BBR's cycle of eight round trips: 250 ms of queue but once under 20 ms in each.
+        for cycle in 0..5 {
+            let start = cycle * 800;
+            leave(&mut q, t0, (start, start + 700, 10), 250);
+            leave(&mut q, t0, (start + 700, start + 800, 10), 20);
+        }
+        assert!(!q.standing.on);
+        assert_eq!(q.standing.found, 0);
+        // And a window-limited BBR's round trip plus 100 ms of ACK aggregation does not either.
+        leave(&mut q, t0, (4000, 8000, 10), 195);
+        assert_eq!(q.standing.found, 0);
+        // After a link is lost, a queue that stands for forty round trips is left alone.
+        q.link_lost(t0 + Duration::from_millis(8000));
+        leave(&mut q, t0, (8000, 11990, 10), 400);
+        assert_eq!(q.standing.found, 0);
+        leave(&mut q, t0, (11990, 12010, 10), 400);
+        assert_eq!(q.standing.found, 1, "but not longer");
     }
 }

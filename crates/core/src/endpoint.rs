@@ -564,6 +564,10 @@ pub struct BundleStats {
     pub backpressure: bool,
     pub queue_depth: usize,
     pub queued: u64,
+    /// How long a packet may wait in the bundle's queue now, and how many times the queue was
+    /// found standing (its limit cut to one round trip: [`crate::bqueue::Standing`]).
+    pub queue_limit_us: u64,
+    pub queue_stood: u64,
     /// Delay equalisation: how long bulk-size packets from the fastest live link are held now
     /// (the spread of the live links' base one-way delays, within `equalize_max`); 0 when off.
     pub equalize_us: u64,
@@ -1226,8 +1230,7 @@ impl Endpoint {
         if let Some(i) = self.link_index(link) {
             if let Some(state) = self.links[i].health.force_down(now) {
                 self.events.push_back(Event::LinkState { link, state });
-                self.await_reinjection(i);
-                self.reinject(now, i);
+                self.link_lost(now, i);
                 self.links[i].info_sent = None;
             }
         }
@@ -2622,8 +2625,7 @@ impl Endpoint {
                     silent: true,
                     after,
                 });
-                self.await_reinjection(li);
-                self.reinject(now, li);
+                self.link_lost(now, li);
                 self.refresh_reorder_links(now);
             } else if quiet.is_none() && self.links[li].silent {
                 self.speaks_again(now, li);
@@ -2905,6 +2907,16 @@ impl Endpoint {
         self.usable_views(&mut views);
         self.drain_queue(now, &views);
         self.views = views;
+    }
+
+    /// Link `li` died (down or silent) at `now`: what it carried is sent again on the others
+    /// ([`Self::reinject`]), the receiver waits for those copies ([`Self::await_reinjection`]),
+    /// and the bundle's queue expects its senders to overshoot for a while
+    /// ([`BundleQueue::link_lost`]).
+    fn link_lost(&mut self, now: Instant, li: usize) {
+        self.await_reinjection(li);
+        self.reinject(now, li);
+        self.queue.link_lost(now);
     }
 
     /// Receiver: link index `li` fell silent or went DOWN. What it carried after its last DATA
@@ -3221,6 +3233,7 @@ impl Endpoint {
                 self.views = views;
                 return;
             }
+            self.queue.passed(now);
         }
         self.send_now(now, packet, &views);
         self.views = views;
@@ -3265,7 +3278,7 @@ impl Endpoint {
                 return;
             }
             if self.session.is_none() || self.links.is_empty() {
-                while let Some(p) = self.queue.pop() {
+                while let Some(p) = self.queue.discard() {
                     self.drops.no_session += 1;
                     self.recycle(p);
                 }
@@ -3277,7 +3290,7 @@ impl Endpoint {
                     return;
                 }
             }
-            if let Some(p) = self.queue.pop() {
+            if let Some(p) = self.queue.pop(now) {
                 self.send_now(now, &p, views);
                 self.recycle(p);
             }
@@ -3602,8 +3615,7 @@ impl Endpoint {
                         state,
                     });
                     if state == LinkState::Down {
-                        self.await_reinjection(li);
-                        self.reinject(now, li);
+                        self.link_lost(now, li);
                         // The server forgets a link silent long enough: tell it again.
                         self.links[li].info_sent = None;
                     }
@@ -3822,6 +3834,8 @@ impl Endpoint {
             backpressure: self.queue.on,
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
+            queue_limit_us: self.queue.max_delay().as_micros() as u64,
+            queue_stood: self.queue.standing.found,
             equalize_us: self.hold.add().as_micros() as u64,
             equalize_wanted_us: self.hold.wanted().as_micros() as u64,
             equalize_send_us: self.equalize_send.as_micros() as u64,

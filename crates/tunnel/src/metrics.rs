@@ -412,6 +412,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "IP packets waiting in the bundle's queue under back-pressure now",
         &[(b.clone(), s.queue_depth as f64)],
     );
+    r.gauge(
+        "bundle_queue_limit_seconds",
+        "How long a packet may wait in the bundle's queue now: three inner round trips, one while the queue stands",
+        &[(b.clone(), s.queue_limit_us as f64 / 1e6)],
+    );
+    r.counter(
+        "bundle_queue_stood",
+        "Times the bundle's queue was found standing (a loss-based sender's) and its limit cut to one round trip",
+        &[(b.clone(), s.queue_stood)],
+    );
     let c = &s.compression;
     let labelled = |pairs: &[(&str, &str)], v: u64| {
         let mut l = bundle(n);

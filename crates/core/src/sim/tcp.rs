@@ -871,6 +871,8 @@ pub struct TunnelRepair {
     pub repaired: u64,
     pub given_up: u64,
     pub duplicates: u64,
+    /// Data sender: IP packets its bundle queue dropped for waiting (back-pressure).
+    pub queue_dropped: u64,
 }
 
 impl TcpReport {
@@ -953,6 +955,7 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
         repaired: rx.repair.holes_repaired,
         given_up: rx.reorder.repair_given_up,
         duplicates: rx.repair.duplicates_suppressed,
+        queue_dropped: tx.drops.queue_delay,
     };
     report
 }
