@@ -1148,6 +1148,7 @@ fn run_report(run: &TcpRun) -> RunReport {
         per_second_bps: run.sink.per_second_bps.clone(),
         longest_gap_ms: run.sink.longest_gap_ms,
         longest_gap_at_s: run.sink.longest_gap_at_s,
+        longest_gap_per_second_ms: run.sink.longest_gap_per_second_ms.clone(),
         survived: run.survived(),
         bytes_sent: run.source.flows.iter().map(|f| f.bytes_sent).sum(),
         bytes_received: run.sink.flows.iter().map(|f| f.bytes).sum(),
@@ -1430,6 +1431,12 @@ fn run_with_fail(
         at_s: f.at.as_secs_f64(),
         restored_at_s: args.restore.as_ref().map(|r| r.at.as_secs_f64()),
         longest_gap_ms: run.sink.longest_gap_ms,
+        stall_after_ms: run
+            .sink
+            .longest_gap_per_second_ms
+            .iter()
+            .skip((f.at.as_secs() as usize).saturating_sub(1))
+            .fold(0.0, |a: f64, &b| a.max(b)),
         survived: run.survived(),
     });
     Ok((run, fail, timeline))

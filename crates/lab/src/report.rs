@@ -111,6 +111,8 @@ pub struct RunReport {
     /// Longest time with no byte received (ms) and when it began (s into the window).
     pub longest_gap_ms: f64,
     pub longest_gap_at_s: f64,
+    /// Per second of the window, the longest gap that began in it (ms).
+    pub longest_gap_per_second_ms: Vec<f64>,
     /// Every flow ended cleanly and delivered every byte it sent.
     pub survived: bool,
     pub bytes_sent: u64,
@@ -231,6 +233,9 @@ pub struct FailReport {
     pub restored_at_s: Option<f64>,
     /// Longest time without a received byte during the run.
     pub longest_gap_ms: f64,
+    /// Longest such time that began at most a second before the failure (the sink's seconds
+    /// count from its first byte) or later: the failover's own stall, not one of the run before.
+    pub stall_after_ms: f64,
     pub survived: bool,
 }
 
@@ -469,10 +474,11 @@ fn render_run(
             .restored_at_s
             .map_or(String::new(), |t| format!(", back at {t:.1} s"));
         *out += &format!(
-            "  {} failed at {:.1} s{back}: longest stall {:.0} ms, TCP connection {}\n",
+            "  {} failed at {:.1} s{back}: longest stall {:.0} ms ({:.0} ms from the failure on), TCP connection {}\n",
             f.link,
             f.at_s,
             f.longest_gap_ms,
+            f.stall_after_ms,
             if f.survived { "survived" } else { "BROKEN" }
         );
     } else if !run.survived {

@@ -29,6 +29,9 @@ pub struct SinkReport {
     pub longest_gap_ms: f64,
     /// When the longest gap started, seconds into the window.
     pub longest_gap_at_s: f64,
+    /// Per second of the window, the longest gap that began in it (milliseconds).
+    #[serde(default)]
+    pub longest_gap_per_second_ms: Vec<f64>,
     /// Per flow: total bytes received and whether it ended with a clean EOF.
     pub flows: Vec<SinkFlow>,
 }
@@ -162,35 +165,61 @@ fn read_flow(mut s: TcpStream, t0: Instant, deadline: Instant) -> (Reads, SinkFl
     (reads, flow)
 }
 
+/// What the reads of a window add up to ([`summarize`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Summary {
+    pub bytes: u64,
+    pub per_second_bps: Vec<f64>,
+    /// The longest time without a read (ms) and when it began (s into the window).
+    pub gap_ms: f64,
+    pub gap_at_s: f64,
+    /// Per second of the window, the longest gap that began in it (ms).
+    pub gap_per_second_ms: Vec<f64>,
+}
+
 /// Summarizes the reads of all flows over a window of `window` from the first byte.
-pub fn summarize(mut reads: Reads, window: Duration) -> (u64, Vec<f64>, f64, f64) {
+pub fn summarize(mut reads: Reads, window: Duration) -> Summary {
     reads.sort_unstable_by_key(|r| r.0);
     let Some(&(first, _)) = reads.first() else {
-        return (0, Vec::new(), window.as_secs_f64() * 1e3, 0.0);
+        return Summary {
+            gap_ms: window.as_secs_f64() * 1e3,
+            ..Summary::default()
+        };
     };
     let end = first + window.as_nanos() as u64;
     let secs = window.as_secs_f64().ceil() as usize;
     let mut per_second = vec![0u64; secs.max(1)];
+    let mut gaps = vec![0u64; secs.max(1)];
+    let second = |t: u64| (((t - first) / 1_000_000_000) as usize).min(secs.max(1) - 1);
     let mut total = 0u64;
     let mut prev = first;
     let (mut gap, mut gap_at) = (0u64, 0u64);
+    let mut note_gap = |from: u64, to: u64| {
+        let g = &mut gaps[second(from)];
+        *g = (*g).max(to - from);
+        if to - from > gap {
+            gap = to - from;
+            gap_at = from - first;
+        }
+    };
     for &(t, n) in reads.iter().take_while(|r| r.0 < end) {
         total += u64::from(n);
-        let idx = (((t - first) / 1_000_000_000) as usize).min(per_second.len() - 1);
-        per_second[idx] += u64::from(n);
-        if t - prev > gap {
-            gap = t - prev;
-            gap_at = prev - first;
-        }
+        per_second[second(t)] += u64::from(n);
+        note_gap(prev, t);
         prev = t;
     }
     // A transfer that stopped before the window ended stalled until the end.
-    if end - prev > gap && reads.last().is_some_and(|r| r.0 < end) {
-        gap = end - prev;
-        gap_at = prev - first;
+    if reads.last().is_some_and(|r| r.0 < end) {
+        note_gap(prev, end);
     }
-    let per_second_bps = per_second.iter().map(|b| *b as f64 * 8.0).collect();
-    (total, per_second_bps, gap as f64 / 1e6, gap_at as f64 / 1e9)
+    let ms = |v: &[u64], scale: f64| v.iter().map(|b| *b as f64 * scale).collect();
+    Summary {
+        bytes: total,
+        per_second_bps: ms(&per_second, 8.0),
+        gap_ms: gap as f64 / 1e6,
+        gap_at_s: gap_at as f64 / 1e9,
+        gap_per_second_ms: ms(&gaps, 1e-6),
+    }
 }
 
 /// Runs the sink: accepts `flows` connections on `listen`, measures for `window`, reads until
@@ -241,12 +270,13 @@ pub fn run_sink(
         all.extend(reads);
         report.flows.push(flow);
     }
-    let (bytes, per_second, gap, gap_at) = summarize(all, window);
-    report.window_bytes = bytes;
-    report.goodput_bps = bytes as f64 * 8.0 / window.as_secs_f64();
-    report.per_second_bps = per_second;
-    report.longest_gap_ms = gap;
-    report.longest_gap_at_s = gap_at;
+    let sum = summarize(all, window);
+    report.window_bytes = sum.bytes;
+    report.goodput_bps = sum.bytes as f64 * 8.0 / window.as_secs_f64();
+    report.per_second_bps = sum.per_second_bps;
+    report.longest_gap_ms = sum.gap_ms;
+    report.longest_gap_at_s = sum.gap_at_s;
+    report.longest_gap_per_second_ms = sum.gap_per_second_ms;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
@@ -396,21 +426,30 @@ mod tests {
             }
             t += s / 100;
         }
-        let (bytes, per_sec, gap, at) = summarize(reads, Duration::from_secs(3));
+        let sum = summarize(reads, Duration::from_secs(3));
+        let (bytes, per_sec, gap, at) = (sum.bytes, &sum.per_second_bps, sum.gap_ms, sum.gap_at_s);
         assert_eq!(per_sec.len(), 3);
         assert_eq!(per_sec[0], 100.0 * 1000.0 * 8.0);
         assert!(bytes < 300 * 1000 && bytes > 220 * 1000, "{bytes}");
         assert!((gap - 700.0).abs() < 15.0, "{gap}");
         assert!((at - 1.5).abs() < 0.02, "{at}");
+        // The hole began in the second second; the others had reads every 10 ms.
+        let per_gap = &sum.gap_per_second_ms;
+        assert_eq!(per_gap.len(), 3);
+        assert!((per_gap[0] - 10.0).abs() < 0.1, "{per_gap:?}");
+        assert!((per_gap[1] - gap).abs() < 1e-9, "{per_gap:?}");
+        assert!((per_gap[2] - 10.0).abs() < 0.1, "{per_gap:?}");
     }
 
     #[test]
     fn summary_of_a_transfer_that_stops_early() {
         let s = 1_000_000_000u64;
         let reads = vec![(0, 10), (s / 2, 10)];
-        let (_, _, gap, at) = summarize(reads, Duration::from_secs(2));
-        assert!((gap - 1500.0).abs() < 1.0, "{gap}");
-        assert!((at - 0.5).abs() < 1e-6);
+        let sum = summarize(reads, Duration::from_secs(2));
+        assert!((sum.gap_ms - 1500.0).abs() < 1.0, "{sum:?}");
+        assert!((sum.gap_at_s - 0.5).abs() < 1e-6);
+        assert_eq!(sum.gap_per_second_ms.len(), 2);
+        assert!((sum.gap_per_second_ms[0] - 1500.0).abs() < 1.0, "{sum:?}");
     }
 
     #[test]
