@@ -737,38 +737,50 @@ fn lab_failover_reinjects_what_the_dead_link_carried() {
 /// (`Endpoint::send_reinjections`), and the receiver waits for them
 /// (`Endpoint::await_reinjection`): measured 0.17-0.34% of the segments retransmitted, no gap
 /// given up. Before, the bundle's queue went onto the link left at once, its buffer dropped
-/// 1100-1700 packets, and the inner TCP retransmitted 5.9-6.7%.
+/// 1100-1700 packets, and the inner TCP retransmitted 5.9-6.7%. And since a standing queue gets
+/// one round trip (`bqueue::Standing`), the failure itself stalls the flow 84-122 ms in five
+/// runs of six (617 in the sixth; 1.1-1.2 s before): the bound below, 900 ms, fails the old
+/// queue. The failure comes at 8 s, once the queue has stood for ten round trips (at 6 s it
+/// had not yet in two runs of two: 912 and 1247 ms). A second run if the first fails
+/// ([`twice_if_need_be`]).
 #[test]
 fn lab_failover_to_a_slow_link_loses_next_to_nothing() {
     require_root();
     let _one = one_lab_at_a_time();
-    let v = lab_json(
-        &[
-            "--skip-single",
-            "--cc",
-            "cubic",
-            "--link",
-            "10mbit/20ms",
-            "--link",
-            "10mbit/120ms",
-            "--fail",
-            "link1@6",
-            "--duration",
-            "12",
-        ],
-        Duration::from_secs(90),
-    );
-    let run = &v["bundle"]["run"];
-    assert!(v["bundle"]["fail"]["survived"].as_bool().unwrap(), "{run}");
-    let retrans = f(&run["tcp_retransmits"]);
-    let segments = f(&run["tcp_segments"]);
-    assert!(
-        retrans < 0.02 * segments,
-        "retransmitted {retrans} of {segments} segments: {run}"
-    );
-    // Upload: the server receives. It gave no gap up in 8 runs of 14 s (60 a run before).
-    let reorder = &v["bundle"]["server_status"]["reorder"];
-    assert!(f(&reorder["skipped"]) < 10.0, "{reorder}");
+    let args = [
+        "--skip-single",
+        "--cc",
+        "cubic",
+        "--link",
+        "10mbit/20ms",
+        "--link",
+        "10mbit/120ms",
+        "--fail",
+        "link1@8",
+        "--duration",
+        "14",
+    ];
+    twice_if_need_be(&args, |v| {
+        let run = &v["bundle"]["run"];
+        if !v["bundle"]["fail"]["survived"].as_bool().unwrap_or(false) {
+            return Err("the connection broke".into());
+        }
+        let retrans = f(&run["tcp_retransmits"]);
+        let segments = f(&run["tcp_segments"]);
+        if retrans >= 0.02 * segments {
+            return Err(format!("retransmitted {retrans} of {segments} segments"));
+        }
+        // Upload: the server receives. It gave no gap up in 8 runs of 14 s (60 a run before).
+        let reorder = &v["bundle"]["server_status"]["reorder"];
+        if f(&reorder["skipped"]) >= 10.0 {
+            return Err(format!("gaps given up: {reorder}"));
+        }
+        let stall = f(&v["bundle"]["fail"]["stall_after_ms"]);
+        if stall >= 900.0 {
+            return Err(format!("the failover stalled the flow {stall} ms"));
+        }
+        Ok(())
+    });
 }
 
 /// A slower link coming back under a BBR transfer (`--fail`, then `--restore`): the flow keeps

@@ -197,8 +197,9 @@ impl BundleQueue {
 /// a round trip under a one-round-trip limit, from flipping back at once; a BBR flow's drain
 /// ends the state as soon as it comes. When the queue is found standing, what waited more than
 /// a round trip past the new limit goes at once: one loss event for a CUBIC flow, which backs
-/// off once for it (lab, 20/120 ms mix: 100 packets, four seconds before a failure that then
-/// stalls the flow 420 ms instead of 1.1 s).
+/// off once for it (lab, 20/120 ms mix: about 100 packets, a stall of 420 ms; a failure of the
+/// 20 ms link then stalls the flow 84-122 ms in five runs of six, 617 in the sixth, against
+/// 1.1-1.2 s without the rule).
 ///
 /// After the bundle lost a link, every sender overshoots for a while, whatever its kind: a BBR
 /// flow keeps the rate its bandwidth filter holds for ten of its rounds, each up to four round
