@@ -212,13 +212,13 @@ pub fn summarize(mut reads: Reads, window: Duration) -> Summary {
     if reads.last().is_some_and(|r| r.0 < end) {
         note_gap(prev, end);
     }
-    let ms = |v: &[u64], scale: f64| v.iter().map(|b| *b as f64 * scale).collect();
+    let scaled = |v: &[u64], by: f64| v.iter().map(|x| *x as f64 * by).collect();
     Summary {
         bytes: total,
-        per_second_bps: ms(&per_second, 8.0),
+        per_second_bps: scaled(&per_second, 8.0),
         gap_ms: gap as f64 / 1e6,
         gap_at_s: gap_at as f64 / 1e9,
-        gap_per_second_ms: ms(&gaps, 1e-6),
+        gap_per_second_ms: scaled(&gaps, 1e-6),
     }
 }
 
