@@ -2689,8 +2689,16 @@ impl Endpoint {
     /// Sender: a LINK-NACK: the DATA first sent in the named link seqs of that link, sent again.
     fn handle_link_nack(&mut self, now: Instant, nack: &LinkNackRepr) {
         // A link we do not have sent nothing to find (and would cost a scan of the whole ring).
-        if !self.cfg.repair || self.link_index(nack.link).is_none() {
+        let Some(li) = self.link_index(nack.link).filter(|_| self.cfg.repair) else {
             return;
+        };
+        // The loss pull-back reads the link's own loss from these (`sched::PULLBACK_RANDOM_PACKETS`),
+        // under back-pressure only: without it the links left after a failure overflow while
+        // their queue's peak is stale, and the peer names some of those drops random too (the
+        // simulator's 1+2+3 Mbit/s failover, CUBIC upload: one of the two links left pulled
+        // back, the flow stalled 335 ms against 157).
+        if self.queue.on {
+            self.links[li].health.on_random_loss(nack.count);
         }
         self.repair.nacks_received += 1;
         let mut seqs = std::mem::take(&mut self.resend_seqs);

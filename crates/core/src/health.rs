@@ -165,13 +165,16 @@ impl WindowedMin {
 }
 
 /// Packets counted by the peer's reports on a link since it was made (see
-/// [`LinkHealth::loss_tally`]). Both only grow.
+/// [`LinkHealth::loss_tally`]). All only grow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LossTally {
     /// Packets the reports expected (sequence numbers passed).
     pub expected: u64,
     /// Of those, packets that did not arrive.
     pub lost: u64,
+    /// Packets the peer named lost at random, the link's own loss (LINK-NACK: it names none of
+    /// a full queue's drops, `Endpoint::note_link_loss`).
+    pub random: u64,
 }
 
 impl LossTally {
@@ -181,6 +184,14 @@ impl LossTally {
         let expected = self.expected.checked_sub(earlier.expected)?;
         let lost = self.lost.checked_sub(earlier.lost)?;
         (expected >= min_packets.max(1)).then(|| lost as f64 / expected as f64)
+    }
+
+    /// The share of the packets counted since `earlier` that the peer named lost at random, if
+    /// they are at least `min_packets` (as [`Self::loss_since`]).
+    pub fn random_loss_since(&self, earlier: LossTally, min_packets: u64) -> Option<f64> {
+        let expected = self.expected.checked_sub(earlier.expected)?;
+        let random = self.random.checked_sub(earlier.random)?;
+        (expected >= min_packets.max(1)).then(|| random as f64 / expected as f64)
     }
 }
 
@@ -731,6 +742,10 @@ impl LinkHealth {
     /// since a queue cleared).
     pub fn loss_tally(&self) -> LossTally {
         self.tally
+    }
+    /// The peer named `count` of our packets on this link lost at random (a LINK-NACK).
+    pub fn on_random_loss(&mut self, count: u16) {
+        self.tally.random = self.tally.random.saturating_add(u64::from(count));
     }
     /// Recent rate at which our packets arrived at the peer on this link, bits per second
     /// (0 when unknown).
