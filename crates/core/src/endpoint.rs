@@ -1228,9 +1228,10 @@ impl Endpoint {
     /// unanswered. Probing goes on, so it comes back by itself once its acks do.
     pub fn handle_link_error(&mut self, now: Instant, link: LinkId) {
         if let Some(i) = self.link_index(link) {
+            let rate = self.links[i].health.delivery_rate_bps();
             if let Some(state) = self.links[i].health.force_down(now) {
                 self.events.push_back(Event::LinkState { link, state });
-                self.link_lost(now, i);
+                self.link_lost(now, i, rate);
                 self.links[i].info_sent = None;
             }
         }
@@ -2351,6 +2352,9 @@ impl Endpoint {
                 link: link.id,
                 state,
             });
+            if state == LinkState::Up {
+                self.link_back();
+            }
         }
     }
 
@@ -2625,7 +2629,8 @@ impl Endpoint {
                     silent: true,
                     after,
                 });
-                self.link_lost(now, li);
+                let rate = self.links[li].health.delivery_rate_bps();
+                self.link_lost(now, li, rate);
                 self.refresh_reorder_links(now);
             } else if quiet.is_none() && self.links[li].silent {
                 self.speaks_again(now, li);
@@ -2650,6 +2655,20 @@ impl Endpoint {
             after: Duration::ZERO,
         });
         self.refresh_reorder_links(now);
+        self.link_back();
+    }
+
+    /// A link came back (UP, or speaking again): once every link is, the capacity lost is
+    /// back, and the bundle's queue makes no more room for the senders' overshoot
+    /// ([`BundleQueue::links_back`]; a busy link's false silence ends its room at once).
+    fn link_back(&mut self) {
+        let all = self
+            .links
+            .iter()
+            .all(|l| !l.silent && l.health.state() != LinkState::Down);
+        if all {
+            self.queue.links_back();
+        }
     }
 
     /// The reorder buffer's links ([`ReorderBuffer::set_links`]) again, at once rather than
@@ -2921,10 +2940,23 @@ impl Endpoint {
     /// ([`Self::reinject`]), the receiver waits for those copies ([`Self::await_reinjection`]),
     /// and the bundle's queue expects its senders to overshoot for a while
     /// ([`BundleQueue::link_lost`]).
-    fn link_lost(&mut self, now: Instant, li: usize) {
+    /// `lost_bps`: what it delivered lately (its health forgets it when it goes DOWN).
+    fn link_lost(&mut self, now: Instant, li: usize, lost_bps: f64) {
         self.await_reinjection(li);
         self.reinject(now, li);
-        self.queue.link_lost(now);
+        // The share of what the bundle delivered lately that the links left carry.
+        let left: f64 = self
+            .links
+            .iter()
+            .filter(|l| !l.silent && l.health.state() != LinkState::Down)
+            .map(|l| l.health.delivery_rate_bps())
+            .sum();
+        let kept = if left + lost_bps > 0.0 {
+            left / (left + lost_bps)
+        } else {
+            1.0
+        };
+        self.queue.link_lost(now, kept);
     }
 
     /// Receiver: link index `li` fell silent or went DOWN. What it carried after its last DATA
@@ -3617,13 +3649,14 @@ impl Endpoint {
         }
         if self.session.is_some() {
             for li in 0..self.links.len() {
+                let rate = self.links[li].health.delivery_rate_bps();
                 if let Some(state) = self.links[li].health.handle_timeout(now) {
                     self.events.push_back(Event::LinkState {
                         link: self.links[li].id,
                         state,
                     });
                     if state == LinkState::Down {
-                        self.link_lost(now, li);
+                        self.link_lost(now, li, rate);
                         // The server forgets a link silent long enough: tell it again.
                         self.links[li].info_sent = None;
                     }
@@ -3842,7 +3875,7 @@ impl Endpoint {
             backpressure: self.queue.on,
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
-            queue_limit_us: self.queue.max_delay().as_micros() as u64,
+            queue_limit_us: self.queue.max_delay(now).as_micros() as u64,
             queue_stood: self.queue.standing.found,
             equalize_us: self.hold.add().as_micros() as u64,
             equalize_wanted_us: self.hold.wanted().as_micros() as u64,
