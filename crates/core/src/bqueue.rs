@@ -247,7 +247,7 @@ impl BundleQueue {
 /// standing lately (a CUBIC flow's) keeps the limit it has: with more room after the loss such
 /// a flow's recovery stalled 1075 ms against 431 (20/120 ms mix).
 #[derive(Debug, Clone, Copy)]
-struct Roomy {
+pub struct Roomy {
     /// The limit meanwhile.
     limit: Duration,
     /// Until then.
