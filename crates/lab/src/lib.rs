@@ -54,6 +54,17 @@ pub const TCP_IP_HEADERS: u32 = 52;
 /// How often a bundle run records both ends' view ([`report::BundleReport::timeline`]).
 pub const TIMELINE_EVERY: Duration = Duration::from_millis(500);
 
+/// `default`, or `BRAID_LAB_SAMPLE_MS` milliseconds if set (at least 10): how often a run
+/// records the ends' view and the sender's TCP state. A debugging aid: a failover's stall lasts
+/// a few hundred milliseconds, which the default half-second samples do not resolve. Each
+/// sample asks both endpoints for their status, so finer samples cost some CPU.
+pub fn sample_every(default: Duration) -> Duration {
+    std::env::var("BRAID_LAB_SAMPLE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(default, |ms| Duration::from_millis(ms.max(10)))
+}
+
 fn parse_link_spec(s: &str) -> Result<LinkSpec, String> {
     s.parse()
 }
@@ -786,7 +797,7 @@ impl Lab {
                 );
             }
             tick(self, start.elapsed().as_secs_f64())?;
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(sample_every(TIMELINE_EVERY).min(Duration::from_millis(100)));
         }
         let src_out = source.wait_output(Duration::from_secs(5), &interrupted)?;
         let sink_out = sink.wait_output(Duration::from_secs(30), &interrupted)?;
@@ -1149,6 +1160,7 @@ fn run_report(run: &TcpRun) -> RunReport {
         longest_gap_ms: run.sink.longest_gap_ms,
         longest_gap_at_s: run.sink.longest_gap_at_s,
         longest_gap_per_second_ms: run.sink.longest_gap_per_second_ms.clone(),
+        longest_gap_per_second_at_s: run.sink.longest_gap_per_second_at_s.clone(),
         survived: run.survived(),
         bytes_sent: run.source.flows.iter().map(|f| f.bytes_sent).sum(),
         bytes_received: run.sink.flows.iter().map(|f| f.bytes).sum(),
@@ -1403,10 +1415,9 @@ fn run_with_fail(
     let (mut failed, mut restored) = (false, false);
     let (fail, restore) = (args.fail.clone(), args.restore.clone());
     let mut timeline = Vec::new();
+    let every = sample_every(TIMELINE_EVERY).as_secs_f64();
     let run = lab.run_traffic(traffic, &mut |lab, t| {
-        if lab.client_control().is_some()
-            && timeline.len() as f64 * TIMELINE_EVERY.as_secs_f64() <= t
-        {
+        if lab.client_control().is_some() && timeline.len() as f64 * every <= t {
             timeline.push(lab.ends_sample(t));
         }
         if let Some(f) = &fail {

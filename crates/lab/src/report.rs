@@ -111,8 +111,9 @@ pub struct RunReport {
     /// Longest time with no byte received (ms) and when it began (s into the window).
     pub longest_gap_ms: f64,
     pub longest_gap_at_s: f64,
-    /// Per second of the window, the longest gap that began in it (ms).
+    /// Per second of the window, the longest gap that began in it (ms), and when it began (s).
     pub longest_gap_per_second_ms: Vec<f64>,
+    pub longest_gap_per_second_at_s: Vec<f64>,
     /// Every flow ended cleanly and delivered every byte it sent.
     pub survived: bool,
     pub bytes_sent: u64,
@@ -173,6 +174,10 @@ pub struct EndSample {
     pub queued: u64,
     pub queue_depth: u64,
     pub queue_drops: u64,
+    /// The bundle queue's limit now (ms; 0 if the end does not say).
+    pub queue_limit_ms: f64,
+    /// In-tunnel repair counters so far (the status reply's `repair`).
+    pub repair: serde_json::Value,
     pub links: Vec<LinkSample>,
 }
 
@@ -220,6 +225,8 @@ impl EndSample {
                 .pointer("/drops/queue_delay")
                 .and_then(|q| q.as_u64())
                 .unwrap_or(0),
+            queue_limit_ms: num(st, "queue_limit_us") / 1e3,
+            repair: st.get("repair").cloned().unwrap_or_default(),
             links,
         })
     }

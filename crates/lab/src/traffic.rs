@@ -29,9 +29,12 @@ pub struct SinkReport {
     pub longest_gap_ms: f64,
     /// When the longest gap started, seconds into the window.
     pub longest_gap_at_s: f64,
-    /// Per second of the window, the longest gap that began in it (milliseconds).
+    /// Per second of the window, the longest gap that began in it (milliseconds), and when it
+    /// began (seconds into the window).
     #[serde(default)]
     pub longest_gap_per_second_ms: Vec<f64>,
+    #[serde(default)]
+    pub longest_gap_per_second_at_s: Vec<f64>,
     /// Per flow: total bytes received and whether it ended with a clean EOF.
     pub flows: Vec<SinkFlow>,
 }
@@ -173,8 +176,9 @@ pub struct Summary {
     /// The longest time without a read (ms) and when it began (s into the window).
     pub gap_ms: f64,
     pub gap_at_s: f64,
-    /// Per second of the window, the longest gap that began in it (ms).
+    /// Per second of the window, the longest gap that began in it (ms), and when it began (s).
     pub gap_per_second_ms: Vec<f64>,
+    pub gap_per_second_at_s: Vec<f64>,
 }
 
 /// Summarizes the reads of all flows over a window of `window` from the first byte.
@@ -190,13 +194,17 @@ pub fn summarize(mut reads: Reads, window: Duration) -> Summary {
     let secs = window.as_secs_f64().ceil() as usize;
     let mut per_second = vec![0u64; secs.max(1)];
     let mut gaps = vec![0u64; secs.max(1)];
+    let mut gaps_at = vec![0u64; secs.max(1)];
     let second = |t: u64| (((t - first) / 1_000_000_000) as usize).min(secs.max(1) - 1);
     let mut total = 0u64;
     let mut prev = first;
     let (mut gap, mut gap_at) = (0u64, 0u64);
     let mut note_gap = |from: u64, to: u64| {
-        let g = &mut gaps[second(from)];
-        *g = (*g).max(to - from);
+        let i = second(from);
+        if to - from > gaps[i] {
+            gaps[i] = to - from;
+            gaps_at[i] = from - first;
+        }
         if to - from > gap {
             gap = to - from;
             gap_at = from - first;
@@ -219,6 +227,7 @@ pub fn summarize(mut reads: Reads, window: Duration) -> Summary {
         gap_ms: gap as f64 / 1e6,
         gap_at_s: gap_at as f64 / 1e9,
         gap_per_second_ms: scaled(&gaps, 1e-6),
+        gap_per_second_at_s: scaled(&gaps_at, 1e-9),
     }
 }
 
@@ -277,6 +286,7 @@ pub fn run_sink(
     report.longest_gap_ms = sum.gap_ms;
     report.longest_gap_at_s = sum.gap_at_s;
     report.longest_gap_per_second_ms = sum.gap_per_second_ms;
+    report.longest_gap_per_second_at_s = sum.gap_per_second_at_s;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
@@ -304,7 +314,7 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
     let mut next_sample = connected;
     while Instant::now() < end {
         if Instant::now() >= next_sample {
-            next_sample += TCP_SAMPLE_EVERY;
+            next_sample += crate::sample_every(TCP_SAMPLE_EVERY);
             if let Some(info) = braid_linux::tcp_info::read(&s) {
                 let t_s = connected.elapsed().as_secs_f64();
                 flow.tcp.push(TcpSample { t_s, info });
@@ -439,6 +449,11 @@ mod tests {
         assert!((per_gap[0] - 10.0).abs() < 0.1, "{per_gap:?}");
         assert!((per_gap[1] - gap).abs() < 1e-9, "{per_gap:?}");
         assert!((per_gap[2] - 10.0).abs() < 0.1, "{per_gap:?}");
+        // Each second's longest gap, from when it began.
+        let per_at = &sum.gap_per_second_at_s;
+        assert_eq!(per_at.len(), 3);
+        assert!((per_at[1] - at).abs() < 1e-9, "{per_at:?}");
+        assert!(per_at[0] < 1.0 && (1.0..2.0).contains(&per_at[1]) && per_at[2] >= 2.0);
     }
 
     #[test]
