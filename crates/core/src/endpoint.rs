@@ -2553,11 +2553,17 @@ impl Endpoint {
     }
 
     /// How long after it is sent a packet on link index `li` reaches the peer: its base one-way
-    /// delay and the queueing delay the peer last reported (as [`LinkView`] has them).
+    /// delay and the queueing delay the peer last reported (as [`LinkView`] has them), or the
+    /// queue the scheduler has put on the link since if that is longer. The peer's report is a
+    /// round trip old: a burst of copies (a dead link's reinjections, a NACK's repairs) all took
+    /// the one link that looked fastest and overflowed it (lab, 1+2+3 Mbit/s at 10 ms, the 3
+    /// Mbit/s link lost: 32 copies, 116 ms queued on the 2 Mbit/s link while the 1 Mbit/s one had
+    /// room, 13 dropped at its tail, and the inner TCP's stall 309 ms).
     fn arrival_delay(&self, li: usize) -> Duration {
         let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let v = self.link_view(&self.links[li], min_rtt_all);
-        v.owd + v.qdelay
+        let queued = self.sched.link_queue(v.id).unwrap_or(Duration::ZERO);
+        v.owd + v.qdelay.max(queued)
     }
 
     /// How long a link may bring nothing before [`is_silent`](Self::is_silent) calls it silent:
@@ -2785,10 +2791,16 @@ impl Endpoint {
     }
 
     /// Sends ring entry `seq` again, marked as a retransmission, on [`copy_link`](Self::copy_link)
-    /// (from the second copy on, never the one it first went on while another is up). False when
-    /// it is not in the ring or was sent again lately.
+    /// (from the second copy on, never the one it first went on while another is up), and
+    /// counts it in that link's queue as the scheduler models it (so the next copy of a burst
+    /// sees it there, [`Self::arrival_delay`]). False when it is not in the ring or was sent
+    /// again lately.
     fn resend(&mut self, now: Instant, seq: u64) -> bool {
-        self.resend_on(now, seq).is_some()
+        let Some((li, len)) = self.resend_on(now, seq) else {
+            return false;
+        };
+        self.sched.sent_copy(now, len, self.links[li].id);
+        true
     }
 
     /// [`resend`](Self::resend): the link index the copy went on, and its length as the
@@ -2915,9 +2927,8 @@ impl Endpoint {
             if !self.fresh_in_ring(seq) {
                 continue;
             }
-            if let Some((li, len)) = self.resend_on(now, seq) {
+            if self.resend(now, seq) {
                 self.repair.reinjected += 1;
-                self.sched.sent_copy(now, len, self.links[li].id);
             }
         }
         true

@@ -178,7 +178,8 @@ pub trait Scheduler: Send {
         None
     }
     /// A copy of `len` bytes (as [`Scheduler::pick`] counts them) went on `link` outside the
-    /// placement (a reinjected packet, paced by back-pressure): its queue holds it too.
+    /// placement (a dead link's packet reinjected, or one a NACK asked for): its queue holds it
+    /// too.
     fn sent_copy(&mut self, _now: Instant, _len: usize, _link: LinkId) {}
     /// The peer holds every received packet of at least `min_len` bytes (as `pick` counts them)
     /// until the slowest link within `max` of the fastest would have brought it: such packets
