@@ -396,30 +396,30 @@ mod tests {
     fn one_drop_per_round_trip_then_all_a_round_trip_beyond_the_limit() {
         let t0 = Instant::now();
         let mut q = BundleQueue::default();
-        q.set_round_trip(Some(Duration::from_millis(60))); // limit 180 ms
-        assert_eq!(q.max_delay(t0), Duration::from_millis(180));
+        q.set_round_trip(Some(Duration::from_millis(20))); // limit 60 ms
+        assert_eq!(q.max_delay(t0), Duration::from_millis(60));
         for i in 0..10 {
-            q.push(t0 + Duration::from_millis(15 * i), vec![i as u8]);
+            q.push(t0 + Duration::from_millis(5 * i), vec![i as u8]);
         }
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert_eq!(q.pop_stale(at(210)), Some(vec![0]), "waited 210 ms");
-        assert!(q.pop_stale(at(210)).is_none(), "one per round trip");
+        assert_eq!(q.pop_stale(at(70)), Some(vec![0]), "waited 70 ms");
+        assert!(q.pop_stale(at(70)).is_none(), "one per round trip");
         assert!(
-            q.pop_stale(at(225)).is_none(),
-            "packet 1 waited 210 ms, 15 after the drop"
+            q.pop_stale(at(75)).is_none(),
+            "packet 1 waited 70 ms, 5 after the drop"
         );
         assert_eq!(
-            q.pop_stale(at(270)),
+            q.pop_stale(at(90)),
             Some(vec![1]),
             "a round trip after the drop"
         );
-        assert!(q.pop_stale(at(270)).is_none(), "packet 2 waited 240 ms");
-        // A round trip beyond the limit (240 ms), whatever the pace.
-        assert_eq!(q.pop_stale(at(300)), Some(vec![2]));
-        assert_eq!(q.pop_stale(at(300)), Some(vec![3]));
+        assert!(q.pop_stale(at(90)).is_none(), "packet 2 waited 80 ms");
+        // A round trip beyond the limit (80 ms), whatever the pace.
+        assert_eq!(q.pop_stale(at(100)), Some(vec![2]));
+        assert_eq!(q.pop_stale(at(100)), Some(vec![3]));
         assert!(
-            q.pop_stale(at(300)).is_none(),
-            "packet 4 waited 240 ms: paced again"
+            q.pop_stale(at(100)).is_none(),
+            "packet 4 waited 80 ms: paced again"
         );
         assert_eq!(q.len(), 6);
     }

@@ -2536,7 +2536,7 @@ impl Endpoint {
     fn fastest_link(&self, now: Instant, avoid: Option<LinkId>) -> Option<usize> {
         let key = |li: usize| {
             let srtt = self.links[li].health.srtt();
-            (self.arrival_delay(li), srtt.unwrap_or(Duration::MAX))
+            (self.arrival_delay(now, li), srtt.unwrap_or(Duration::MAX))
         };
         let pick = |allow_avoided: bool| {
             (0..self.links.len())
@@ -2559,10 +2559,10 @@ impl Endpoint {
     /// the one link that looked fastest and overflowed it (lab, 1+2+3 Mbit/s at 10 ms, the 3
     /// Mbit/s link lost: 32 copies, 116 ms queued on the 2 Mbit/s link while the 1 Mbit/s one had
     /// room, 13 dropped at its tail, and the inner TCP's stall 309 ms).
-    fn arrival_delay(&self, li: usize) -> Duration {
+    fn arrival_delay(&self, now: Instant, li: usize) -> Duration {
         let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let v = self.link_view(&self.links[li], min_rtt_all);
-        let queued = self.sched.link_queue(v.id).unwrap_or(Duration::ZERO);
+        let queued = self.sched.link_queue(now, v.id).unwrap_or(Duration::ZERO);
         v.owd + v.qdelay.max(queued)
     }
 
@@ -2782,7 +2782,7 @@ impl Endpoint {
         }
         let other = self.fastest_link(now, Some(original))?;
         Some(
-            if self.arrival_delay(other) <= self.arrival_delay(best) + COPY_SLACK {
+            if self.arrival_delay(now, other) <= self.arrival_delay(now, best) + COPY_SLACK {
                 other
             } else {
                 best
@@ -3840,7 +3840,6 @@ impl Endpoint {
     }
 
     pub fn stats(&self, now: Instant) -> BundleStats {
-        let _ = now;
         let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
         BundleStats {
             role: self.cfg.role,
@@ -3864,7 +3863,7 @@ impl Endpoint {
                     loss: l.health.loss(),
                     delivery_rate_bps: l.health.delivery_rate_bps(),
                     sched_rate_bps: self.sched.link_rate_bps(l.id),
-                    sched_queue_us: us(self.sched.link_queue(l.id)),
+                    sched_queue_us: us(self.sched.link_queue(now, l.id)),
                     pulled_back: self.sched.link_pulled_back(l.id),
                     qdelay_us: l.health.qdelay().as_micros() as u64,
                     tx_packets: l.tx_packets,

@@ -161,7 +161,7 @@ pub trait Scheduler: Send {
     /// if it models one. Set against the queueing delay the peer measures, it shows a placement
     /// working from a wrong picture (a rate learned too high drains the model faster than the
     /// link).
-    fn link_queue(&self, _link: LinkId) -> Option<Duration> {
+    fn link_queue(&self, _now: Instant, _link: LinkId) -> Option<Duration> {
         None
     }
     /// Whether `link` is held back for its loss (see [`PULLBACK_LOSS`]), if the scheduler
@@ -1177,12 +1177,11 @@ impl Adaptive {
     pub fn backlog_bytes(&self, link: LinkId) -> Option<f64> {
         self.table.get(link).map(|l| l.backlog)
     }
-    /// The virtual queue of `link` in time at its assumed rate (as of its last drain).
-    pub fn queue(&self, link: LinkId) -> Option<Duration> {
+    /// The virtual queue of `link` in time at its assumed rate, drained to `now`.
+    pub fn queue(&self, now: Instant, link: LinkId) -> Option<Duration> {
         let l = self.table.get(link)?;
-        Some(Duration::from_secs_f64(sane(
-            l.backlog * 8.0 / (l.rate * l.gain()),
-        )))
+        let at_last = Duration::from_secs_f64(sane(l.backlog * 8.0 / (l.rate * l.gain())));
+        Some(at_last.saturating_sub(now.saturating_duration_since(l.last)))
     }
     /// Whether `link` is pulled back for its loss (see [`PULLBACK_LOSS`]).
     pub fn pulled_back(&self, link: LinkId) -> Option<bool> {
@@ -1351,8 +1350,8 @@ impl Scheduler for Adaptive {
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.rate_bps(link)
     }
-    fn link_queue(&self, link: LinkId) -> Option<Duration> {
-        self.queue(link)
+    fn link_queue(&self, now: Instant, link: LinkId) -> Option<Duration> {
+        self.queue(now, link)
     }
     fn link_pulled_back(&self, link: LinkId) -> Option<bool> {
         self.pulled_back(link)
@@ -1565,8 +1564,8 @@ impl Scheduler for Backup {
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
         self.inner.rate_bps(link)
     }
-    fn link_queue(&self, link: LinkId) -> Option<Duration> {
-        self.inner.queue(link)
+    fn link_queue(&self, now: Instant, link: LinkId) -> Option<Duration> {
+        self.inner.queue(now, link)
     }
     fn link_pulled_back(&self, link: LinkId) -> Option<bool> {
         self.inner.pulled_back(link)

@@ -1155,6 +1155,57 @@ fn a_busy_link_that_falls_silent_is_left_within_a_few_of_its_gaps() {
     );
 }
 
+/// A DATA datagram marked RETRANSMIT: a copy, reinjected or sent again for a NACK
+/// (docs/protocol.md §2.1).
+fn is_copy(datagram: &[u8]) -> bool {
+    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0x20 != 0
+}
+
+/// A dead link's copies spread over the links left: each goes where it arrives soonest
+/// counting the queue the copies before it put there (`Endpoint::arrival_delay`). By the
+/// peer's last report alone, a round trip old and the same for every copy of the burst, they
+/// all took one link (lab, 1+2+3 Mbit/s losing the 3 Mbit/s link: 32 copies on the 2 Mbit/s
+/// link, 116 ms of queue, 10-13 dropped at its tail).
+#[test]
+fn a_dead_links_copies_spread_over_the_links_left() {
+    let mut p = Pair::new(0);
+    for id in 1..=3 {
+        let cfg = LinkConfig {
+            name: format!("l{id}"),
+            bandwidth_bps: Some(2_000_000),
+            ..Default::default()
+        };
+        p.client.add_link(p.now, id, cfg).unwrap();
+    }
+    p.run_for(Duration::from_secs(1));
+    let tick = |p: &mut Pair, i: u32| {
+        p.client.send_packet(p.now, &big_udp_packet(i as u8, 1200));
+        p.run_for(Duration::from_millis(2));
+    };
+    for i in 0..250 {
+        tick(&mut p, i);
+    }
+    p.dark.push(3);
+    let sent_before = p.captured.len();
+    for i in 0..150 {
+        tick(&mut p, i);
+    }
+    let reinjected = p.client.stats(p.now).repair.reinjected;
+    assert!(reinjected >= 4, "{reinjected} reinjected");
+    let copies_on = |link: u16| {
+        p.captured[sent_before..]
+            .iter()
+            .filter(|(l, d)| *l == link && is_copy(d))
+            .count()
+    };
+    let (one, two) = (copies_on(1), copies_on(2));
+    assert_eq!(copies_on(3), 0, "none on the dead link");
+    assert!(
+        one.min(two) * 3 >= one.max(two),
+        "copies on links 1 and 2: {one} and {two} ({reinjected} reinjected)"
+    );
+}
+
 #[test]
 fn close_ends_the_session_on_the_peer() {
     let mut p = Pair::new(1);
