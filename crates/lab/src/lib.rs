@@ -786,6 +786,7 @@ impl Lab {
         let emu_before = self.emu_stats();
         let tcp_before = tcp_counters(&sender_ns);
         let deadline = start + traffic.duration + Duration::from_secs(60);
+        let pause = sample_every(TIMELINE_EVERY).min(Duration::from_millis(100));
         while source.try_wait().is_none() {
             if interrupted() {
                 bail!("interrupted");
@@ -797,7 +798,7 @@ impl Lab {
                 );
             }
             tick(self, start.elapsed().as_secs_f64())?;
-            std::thread::sleep(sample_every(TIMELINE_EVERY).min(Duration::from_millis(100)));
+            std::thread::sleep(pause);
         }
         let src_out = source.wait_output(Duration::from_secs(5), &interrupted)?;
         let sink_out = sink.wait_output(Duration::from_secs(30), &interrupted)?;

@@ -312,9 +312,10 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
     let connected = Instant::now();
     let end = connected + duration;
     let mut next_sample = connected;
+    let sample_every = crate::sample_every(TCP_SAMPLE_EVERY);
     while Instant::now() < end {
         if Instant::now() >= next_sample {
-            next_sample += crate::sample_every(TCP_SAMPLE_EVERY);
+            next_sample += sample_every;
             if let Some(info) = braid_linux::tcp_info::read(&s) {
                 let t_s = connected.elapsed().as_secs_f64();
                 flow.tcp.push(TcpSample { t_s, info });
