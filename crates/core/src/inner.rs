@@ -7,6 +7,11 @@ const TCP: u8 = 6;
 const SYN: u8 = 0x02;
 const FIN: u8 = 0x01;
 const RST: u8 = 0x04;
+const ACK: u8 = 0x10;
+/// TCP option kinds: end of the list, padding, maximum segment size.
+const OPT_END: u8 = 0;
+const OPT_NOP: u8 = 1;
+const OPT_MSS: u8 = 2;
 
 /// The transport of an IP packet: protocol number and the bytes after the IP header(s), when the
 /// packet is the first (or only) fragment. IPv6 extension headers are not walked: a packet with
@@ -46,6 +51,45 @@ pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
     };
     let data_offset = usize::from(off >> 4) * 4;
     data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0
+}
+
+/// A connection's first segment: SYN without ACK (nor FIN or RST), announcing its maximum
+/// segment size (every TCP stack's SYN does; the option is only allowed in a SYN). Delay
+/// equalisation holds it only by what the receiver's hold exceeds the sender's
+/// (`endpoint::Equalize::Opening`): the SYN and the SYN-ACK are timed together by the client, so
+/// one hold in the pair gives it the round trip its data will see, as the SYN-ACK with the pure
+/// ACK after it gives the server; holding both made every connection's set-up wait two holds.
+pub fn is_tcp_syn(packet: &[u8]) -> bool {
+    let Some((TCP, seg)) = transport(packet) else {
+        return false;
+    };
+    let (Some(&off), Some(&flags)) = (seg.get(12), seg.get(13)) else {
+        return false;
+    };
+    let data_offset = usize::from(off >> 4) * 4;
+    flags & (SYN | ACK | FIN | RST) == SYN && seg.get(20..data_offset).is_some_and(has_mss)
+}
+
+/// Whether TCP options announce a maximum segment size (a well-formed MSS option before any
+/// malformed one or the end of the list).
+fn has_mss(mut options: &[u8]) -> bool {
+    while let Some((&kind, rest)) = options.split_first() {
+        match kind {
+            OPT_END => return false,
+            OPT_NOP => options = rest,
+            _ => {
+                let len = rest.first().map_or(0, |&l| usize::from(l));
+                if kind == OPT_MSS {
+                    return len == 4 && options.len() >= 4;
+                }
+                if len < 2 {
+                    return false;
+                }
+                options = options.get(len..).unwrap_or_default();
+            }
+        }
+    }
+    false
 }
 
 /// Whether the packet is TCP (first fragment, IPv4 or IPv6 without extension headers).
@@ -124,7 +168,6 @@ mod tests {
 
     #[test]
     fn pure_acks_and_the_rest() {
-        const ACK: u8 = 0x10;
         assert!(is_pure_tcp_ack(&v4_tcp(ACK, 0)));
         assert!(is_pure_tcp_ack(&v6_tcp(ACK, 0)));
         assert!(!is_pure_tcp_ack(&v4_tcp(ACK, 1)));
@@ -144,6 +187,42 @@ mod tests {
         assert!(!is_pure_tcp_ack(&udp) && !is_tcp(&udp));
     }
 
+    /// A v4 TCP segment with `options` (padded to whole words) and no payload.
+    fn v4_tcp_with(flags: u8, options: &[u8]) -> Vec<u8> {
+        let opt_len = options.len().div_ceil(4) * 4;
+        let mut p = v4_tcp(flags, opt_len);
+        p[20 + 12] = (((20 + opt_len) / 4) << 4) as u8;
+        p[40..40 + options.len()].copy_from_slice(options);
+        p
+    }
+
+    #[test]
+    fn a_syn_is_a_syn_without_ack_that_announces_its_mss() {
+        // Linux's SYN options: MSS, SACK permitted, timestamps, NOP, window scale.
+        let linux = [
+            2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7,
+        ];
+        // Windows': MSS, NOP, window scale, NOP, NOP, SACK permitted.
+        let windows = [2, 4, 0x05, 0xb4, 1, 3, 3, 8, 1, 1, 4, 2];
+        let mss_later = [1, 1, 4, 2, 2, 4, 0x05, 0xb4];
+        for options in [&linux[..], &windows, &mss_later] {
+            assert!(is_tcp_syn(&v4_tcp_with(SYN, options)), "{options:?}");
+            assert!(!is_tcp_syn(&v4_tcp_with(SYN | ACK, options)), "a SYN-ACK");
+            assert!(!is_tcp_syn(&v4_tcp_with(ACK, options)));
+            assert!(!is_tcp_syn(&v4_tcp_with(SYN | RST, options)));
+        }
+        let mut v6 = v6_tcp(SYN, 0);
+        v6[40 + 20..40 + 24].copy_from_slice(&[2, 4, 0x05, 0xa0]);
+        assert!(is_tcp_syn(&v6));
+        // No MSS, a malformed option before it, the list ended before it, a bare SYN.
+        assert!(!is_tcp_syn(&v4_tcp_with(SYN, &[4, 2, 1, 1])));
+        assert!(!is_tcp_syn(&v4_tcp_with(SYN, &[4, 0, 2, 4, 0x05, 0xb4])));
+        assert!(!is_tcp_syn(&v4_tcp_with(SYN, &[0, 0, 2, 4, 0x05, 0xb4])));
+        assert!(!is_tcp_syn(&v4_tcp(SYN, 0)));
+        // An MSS option cut short by the header's end.
+        assert!(!is_tcp_syn(&v4_tcp_with(SYN, &[1, 1, 1, 2])));
+    }
+
     #[test]
     fn never_panics_on_odd_packets() {
         for len in 0..80 {
@@ -154,6 +233,7 @@ mod tests {
                 }
                 let _ = is_pure_tcp_ack(&p);
                 let _ = is_tcp(&p);
+                let _ = is_tcp_syn(&p);
             }
         }
         // A later IPv4 fragment is not parsed as TCP.

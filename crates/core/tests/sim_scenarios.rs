@@ -314,3 +314,140 @@ fn random_loss_is_repaired_without_waiting_for_the_slowest_link() {
         r.reorder_wait_p99_ms
     );
 }
+
+/// An IPv4 TCP segment from 198.18.0.1:40000 to 198.18.0.2:80 (or back, `back`) with these
+/// flags, options and payload bytes.
+fn tcp_segment(back: bool, flags: u8, options: &[u8], payload: usize) -> Vec<u8> {
+    let (client, server) = ([198, 18, 0, 1], [198, 18, 0, 2]);
+    let (src, dst) = if back {
+        (server, client)
+    } else {
+        (client, server)
+    };
+    let header = 20 + options.len().div_ceil(4) * 4;
+    let total = 20 + header + payload;
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[8] = 64;
+    p[9] = 6;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    let sum = braid_core::inner::ipv4_checksum(&p[..20]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+    let (sport, dport) = if back { (80u16, 40000u16) } else { (40000, 80) };
+    p[20..22].copy_from_slice(&sport.to_be_bytes());
+    p[22..24].copy_from_slice(&dport.to_be_bytes());
+    p[32] = ((header / 4) << 4) as u8;
+    p[33] = flags;
+    p[34..36].copy_from_slice(&64240u16.to_be_bytes());
+    p[40..40 + options.len()].copy_from_slice(options);
+    p
+}
+
+/// How long `packet`, sent by `from` at `at`, takes to reach the other end's TUN.
+fn trip(b: &mut sim::Bundle, at: Duration, from: sim::Side, packet: &[u8]) -> Duration {
+    use sim::Path;
+    b.send(at, from, packet);
+    let mut now = at;
+    while now < at + Duration::from_secs(1) {
+        if let Some(p) = b.poll_deliver(now, from.other()) {
+            assert_eq!(p, packet, "delivered unchanged");
+            return now - at;
+        }
+        now = b
+            .next_wakeup()
+            .map_or(now + ms(1), |t| t.max(now))
+            .min(now + ms(1));
+        b.advance(now);
+    }
+    panic!("not delivered within a second");
+}
+
+/// A connection is set up in one hold, not two (`endpoint::Equalize::Opening`): the SYN goes
+/// through held only by what the receiver's hold exceeds the sender's (nothing, on links of the
+/// same delay both ways), the SYN-ACK is held in full. Each end's first round trip (the
+/// client's SYN to SYN-ACK, the server's SYN-ACK to the pure ACK) is still the round trip its
+/// data will see: one way held to the slowest link, the ACKs back on the fastest.
+#[test]
+fn a_connection_is_set_up_in_one_hold() {
+    use sim::{Bundle, BundleOptions, Path, Side};
+    let links = [
+        LinkSpec::new(20_000_000, ms(10)),
+        LinkSpec::new(10_000_000, ms(60)),
+    ];
+    let mut b = Bundle::new(
+        &links,
+        &BundleOptions {
+            scheduler: "adaptive".into(),
+            seed: 1,
+            probe_interval: None,
+            equalize_max: None,
+            warmup: Duration::ZERO,
+            nack: None,
+            backpressure: true,
+        },
+    );
+    // Both ends measure the links' delays from each other's probes first.
+    let mut now = Duration::ZERO;
+    while now < Duration::from_secs(5) {
+        now = b.next_wakeup().map_or(now + ms(10), |t| t.max(now));
+        b.advance(now);
+    }
+    let (syn, syn_ack, ack, ack_data, data) = (0x02, 0x12, 0x10, 0x18, 1300);
+    let mss = [2, 4, 0x05, 0xb4, 4, 2, 1, 1];
+    let t = trip(&mut b, now, Side::Client, &tcp_segment(false, syn, &mss, 0));
+    let t2 = trip(
+        &mut b,
+        now + ms(200),
+        Side::Server,
+        &tcp_segment(true, syn_ack, &mss, 0),
+    );
+    let t3 = trip(
+        &mut b,
+        now + ms(400),
+        Side::Client,
+        &tcp_segment(false, ack, &[], 0),
+    );
+    let t4 = trip(
+        &mut b,
+        now + ms(600),
+        Side::Client,
+        &tcp_segment(false, ack_data, &[], data),
+    );
+    let t5 = trip(
+        &mut b,
+        now + ms(800),
+        Side::Server,
+        &tcp_segment(true, ack_data, &[], data),
+    );
+    let t6 = trip(
+        &mut b,
+        now + ms(1000),
+        Side::Server,
+        &tcp_segment(true, ack, &[], 0),
+    );
+    eprintln!("SYN {t:?}, SYN-ACK {t2:?}, ACKs {t3:?} / {t6:?}, data up {t4:?} down {t5:?}");
+    assert!(t < ms(15), "the SYN is not held: {t:?}");
+    assert!(
+        t3 < ms(15) && t6 < ms(15),
+        "nor the pure ACKs: {t3:?} {t6:?}"
+    );
+    for (what, d) in [("SYN-ACK", t2), ("data up", t4), ("data down", t5)] {
+        assert!(
+            (ms(58)..ms(70)).contains(&d),
+            "{what} held to the 60 ms link: {d:?}"
+        );
+    }
+    let (client_first, client_data) = (t + t2, t4 + t6);
+    let (server_first, server_data) = (t2 + t3, t5 + t3);
+    for (who, first, data) in [
+        ("client", client_first, client_data),
+        ("server", server_first, server_data),
+    ] {
+        assert!(
+            first + ms(3) >= data && first <= data + ms(5),
+            "the {who}'s handshake round trip {first:?} against its data's {data:?}"
+        );
+    }
+}

@@ -1188,6 +1188,7 @@ fn run_report(run: &TcpRun) -> RunReport {
             .first()
             .map(|f| f.tcp.clone())
             .unwrap_or_default(),
+        connect_ms: run.source.flows.first().and_then(|f| f.connect_ms),
     }
 }
 

@@ -135,6 +135,8 @@ pub struct RunReport {
     /// ([`crate::traffic::behind_pacing`]): the lab's sender, not the path, held it back.
     /// `None` for a sender that does not pace (CUBIC) and for too short a run.
     pub sender_behind_pacing: Option<f64>,
+    /// How long the (first) flow's `connect` took, ms: the TCP handshake's round trip.
+    pub connect_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -469,8 +471,11 @@ fn render_run(
             per.join(", ")
         );
     }
+    let connect = run
+        .connect_ms
+        .map_or(String::new(), |ms| format!(", connected in {ms:.0} ms"));
     *out += &format!(
-        "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%)\n",
+        "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%){connect}\n",
         r.tcp_congestion_control,
         run.tcp_segments,
         run.tcp_retransmits,

@@ -60,6 +60,9 @@ pub struct SourceFlow {
     /// as for an MPTCP socket on some kernels).
     #[serde(default)]
     pub tcp: Vec<TcpSample>,
+    /// How long the `connect` that succeeded took, ms.
+    #[serde(default)]
+    pub connect_ms: Option<f64>,
 }
 
 /// How often the source reads its connection's TCP state.
@@ -295,8 +298,12 @@ fn write_flow(addr: SocketAddr, duration: Duration, connect_timeout: Duration) -
     let mut flow = SourceFlow::default();
     let start = Instant::now();
     let mut s = loop {
+        let attempt = Instant::now();
         match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-            Ok(s) => break s,
+            Ok(s) => {
+                flow.connect_ms = Some(attempt.elapsed().as_secs_f64() * 1e3);
+                break s;
+            }
             Err(e) if start.elapsed() < connect_timeout => {
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(50));

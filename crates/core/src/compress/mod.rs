@@ -748,6 +748,18 @@ pub fn is_pure_tcp_ack(data: &[u8]) -> bool {
     fields.is_some_and(|(n, tcp_flags)| n == data.len() - 2 && tcp_flags & SYN_FIN_RST == 0)
 }
 
+/// Whether an encoded payload is a connection's SYN ([`crate::inner::is_tcp_syn`]). Only a
+/// plain or full packet is read: a SYN is a flow's first packet, which opens its context in
+/// full; one sent again on a context already confirmed (a reused port pair, a SYN repeated
+/// after a second) is coded and counts as any segment, held in full.
+pub fn is_tcp_syn(data: &[u8]) -> bool {
+    match data.first().map(|b| b >> 6) {
+        Some(0b10) => data.get(2..).is_some_and(crate::inner::is_tcp_syn),
+        Some(0b11 | 0b00) => false,
+        _ => crate::inner::is_tcp_syn(data),
+    }
+}
+
 /// Whether an encoded payload carries TCP (a full, compressed or delta packet always does).
 pub fn is_tcp(data: &[u8]) -> bool {
     match data.first().map(|b| b >> 6) {
