@@ -717,18 +717,13 @@ pub enum Equalize {
 /// [`EQUALIZE_MIN_LEN`] bytes or more. `packet` is a DATA payload in any of its encodings (an IP
 /// packet is its own plain encoding).
 pub fn equalization(packet: &[u8]) -> Equalize {
-    let held = if crate::compress::is_tcp(packet) {
-        if crate::compress::is_tcp_syn(packet) {
-            return Equalize::Opening;
-        }
-        !crate::compress::is_pure_tcp_ack(packet)
-    } else {
-        packet.len() >= EQUALIZE_MIN_LEN
-    };
-    if held {
-        Equalize::Held
-    } else {
-        Equalize::No
+    use crate::compress::{is_pure_tcp_ack, is_tcp, is_tcp_syn};
+    match is_tcp(packet) {
+        true if is_tcp_syn(packet) => Equalize::Opening,
+        true if is_pure_tcp_ack(packet) => Equalize::No,
+        true => Equalize::Held,
+        false if packet.len() >= EQUALIZE_MIN_LEN => Equalize::Held,
+        false => Equalize::No,
     }
 }
 
