@@ -47,8 +47,28 @@ pub const MIN_WINDOW: Duration = Duration::from_secs(10);
 /// (the queueing delay reported to the peer drops to zero, the equalisation target jumps), which
 /// made a dip every 10 s in long transfers. LEDBAT (RFC 6817) keeps minutes of base history for
 /// the same reason. The cost is clock drift: the two ends' clocks drifting apart by `d` ppm reads
-/// as up to `d * 30 s` of queue (3 ms at 100 ppm), common to every link.
+/// as up to `d * 30 s` of queue (3 ms at 100 ppm), common to every link. A busy link keeps its
+/// base longer ([`OWD_KEEP_MAX`]): 30 s alone only moved the dip to 30-50 s into a transfer.
 pub const OWD_WINDOW: Duration = Duration::from_secs(30);
+/// A gap this long between two arrivals on a link means its queue was empty (a FIFO served at
+/// its rate brings what it holds back to back; 20 ms is a full-size packet's time at 0.6
+/// Mbit/s) ...
+pub const QUIET_GAP: Duration = Duration::from_millis(20);
+/// ... and one that comes less than this after the minimum was seen is the gap before the load
+/// that followed it (the first packet of a transfer after an idle link), not a later one ...
+pub const QUIET_SETTLE: Duration = Duration::from_secs(1);
+/// ... and a link that had no later quiet gap was busy all along since its minimum: its base
+/// one-way delay is not let rise when the window forgets that minimum, for at most this long.
+/// Under a loss-based inner TCP braid keeps its planned queue on the fast links without a
+/// break, and once the window forgot the empty links of the session's start the fastest
+/// link's base took in its 67 ms of standing queue: the hold, the slowest link's delay above
+/// the fastest's, fell from 139 to 72 ms at once, the 150 ms link's packets came 70 ms after
+/// it, and the flow stalled for seconds (lab, 50/20/7 Mbit/s at 10/60/150 ms, CUBIC, 46-49 s
+/// into a 60 s run: 85% of the sum against 89% over 20 s). A base that really rose while the
+/// link stayed busy (a longer route) reads as queue meanwhile; this bounds how long, and is
+/// long because a rise taken under a standing queue costs the flow seconds each time. A brief
+/// gap that the smoothed delay hardly follows still lets the rise through.
+pub const OWD_KEEP_MAX: Duration = Duration::from_secs(300);
 /// Time constant of the loss EWMA.
 pub const LOSS_TAU: Duration = Duration::from_secs(1);
 /// Time constant of the delivery-rate EWMA.
@@ -120,6 +140,40 @@ impl Default for HealthConfig {
     }
 }
 
+/// Whether a busy link's base one-way delay may rise ([`QUIET_GAP`], [`OWD_KEEP_MAX`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct BusyBase {
+    /// The last arrival after a [`QUIET_GAP`]: the link's queue was empty then.
+    quiet_at: Option<Instant>,
+    /// Since when a rise of the base has been refused.
+    kept_since: Option<Instant>,
+}
+
+impl BusyBase {
+    /// An arrival at `now`, `gap` after the one before.
+    fn arrival(&mut self, now: Instant, gap: Duration) {
+        if gap >= QUIET_GAP {
+            self.quiet_at = Some(now);
+            self.kept_since = None;
+        }
+    }
+
+    /// The window moved from `before` (the minimum, seen at `seen`) to `m` at `now`: a rise is
+    /// undone while the link has been busy since the minimum, for at most [`OWD_KEEP_MAX`].
+    fn keep(&mut self, m: &mut WindowedMin, (before, seen): (i64, Instant), now: Instant) {
+        if m.get() <= before {
+            return;
+        }
+        let busy = self.quiet_at.is_none_or(|q| q < seen + QUIET_SETTLE);
+        let since = *self.kept_since.get_or_insert(now);
+        if busy && now.saturating_duration_since(since) < OWD_KEEP_MAX {
+            *m = WindowedMin::new(now, before);
+        } else {
+            self.kept_since = None;
+        }
+    }
+}
+
 /// Windowed minimum over (time, value) samples: the three-sample filter of Linux `lib/minmax.c`.
 #[derive(Debug, Clone, Copy)]
 struct WindowedMin {
@@ -132,6 +186,10 @@ impl WindowedMin {
     }
     fn get(&self) -> i64 {
         self.s[0].1
+    }
+    /// When the minimum was seen.
+    fn at(&self) -> Instant {
+        self.s[0].0
     }
     fn update(&mut self, win: Duration, now: Instant, v: i64) {
         let val = (now, v);
@@ -259,6 +317,7 @@ pub struct LinkHealth {
     /// come without a silence of [`ARRIVALS_RESTART`].
     rx_gap: Duration,
     arrivals_since: Option<Instant>,
+    busy_base: BusyBase,
     /// When the base one-way delay was first known ([`Self::base_known_at`]).
     base_known_at: Option<Instant>,
     /// Samples in `rel_smooth` (saturating), for its warm-up.
@@ -323,6 +382,7 @@ impl LinkHealth {
             rel_smooth: 0.0,
             rx_gap: Duration::MAX,
             arrivals_since: None,
+            busy_base: BusyBase::default(),
             base_known_at: None,
             rel_samples: 0,
         }
@@ -568,6 +628,7 @@ impl LinkHealth {
         if self.rx_gap >= ARRIVALS_RESTART {
             self.arrivals_since = Some(now);
         }
+        self.busy_base.arrival(now, self.rx_gap);
 
         let rel = local_ts.wrapping_sub(common.ts);
         let unwrapped = match self.rel_last {
@@ -592,7 +653,9 @@ impl LinkHealth {
                 if self.rel_samples == REL_OWD_WARMUP {
                     *m = WindowedMin::new(now, smooth);
                 } else {
+                    let before = (m.get(), m.at());
                     m.update(OWD_WINDOW, now, smooth);
+                    self.busy_base.keep(m, before, now);
                 }
             }
         }
@@ -1425,6 +1488,55 @@ mod tests {
         // Links are compared with wrapping_sub as i32: a link 25 ms slower.
         let other = base.wrapping_add(25_000);
         assert_eq!(other.wrapping_sub(base) as i32, 25_000);
+    }
+
+    /// A link busy all along (arrivals 1 ms apart) keeps its base when the window forgets the
+    /// empty link's minimum, for at most OWD_KEEP_MAX; one quiet gap lets it rise.
+    #[test]
+    fn a_busy_links_base_does_not_take_in_its_standing_queue() {
+        let t0 = Instant::now();
+        // Every `every` ms from `from` to `to` ms, one packet that took `owd` us.
+        let feed = |h: &mut LinkHealth, (from, to, every): (u64, u64, u64), owd: u32| {
+            for at in (from..to).step_by(every as usize) {
+                let ts = (at * 1_000) as u32;
+                let c = Common {
+                    link_seq: at as u32,
+                    ts,
+                };
+                h.on_packet_received(t0 + ms(at), &c, 1_000, ts + owd);
+            }
+        };
+        // Idle (probes 100 ms apart) at 5 ms, then a standing queue of 20 ms from 2 s (the
+        // load's first packet comes after a gap: that one does not count) to 70 s, with a gap
+        // of 30 ms at `quiet_at` ms.
+        let busy = |quiet_at: Option<u64>| {
+            let mut h = LinkHealth::new(HealthConfig::default(), t0);
+            feed(&mut h, (0, 2_000, 100), 5_000);
+            match quiet_at {
+                Some(q) => {
+                    feed(&mut h, (2_000, q, 1), 25_000);
+                    feed(&mut h, (q + 30, 70_000, 1), 25_000);
+                }
+                None => feed(&mut h, (2_000, 70_000, 1), 25_000),
+            }
+            h
+        };
+        let h = busy(None);
+        assert_eq!(h.base_rel_owd(), Some(5_000), "busy for 68 s");
+        assert!(h.rx_qdelay() > ms(19), "{:?}", h.rx_qdelay());
+        // One gap of 30 ms at 40 s: the queue was empty then, so the rise after it is taken.
+        let h = busy(Some(40_000));
+        assert_eq!(
+            h.base_rel_owd(),
+            Some(25_000),
+            "a quiet gap since the minimum"
+        );
+        // Kept for OWD_KEEP_MAX at most.
+        let mut h = busy(None);
+        feed(&mut h, (70_000, 300_000, 1), 25_000);
+        assert_eq!(h.base_rel_owd(), Some(5_000), "within OWD_KEEP_MAX");
+        feed(&mut h, (300_000, 400_000, 1), 25_000);
+        assert_eq!(h.base_rel_owd(), Some(25_000), "after OWD_KEEP_MAX");
     }
 
     #[test]
