@@ -66,8 +66,11 @@ pub const QUIET_SETTLE: Duration = Duration::from_secs(1);
 /// it, and the flow stalled for seconds (lab, 50/20/7 Mbit/s at 10/60/150 ms, CUBIC, 46-49 s
 /// into a 60 s run: 85% of the sum against 89% over 20 s). A base that really rose while the
 /// link stayed busy (a longer route) reads as queue meanwhile; this bounds how long, and is
-/// long because a rise taken under a standing queue costs the flow seconds each time. A brief
-/// gap that the smoothed delay hardly follows still lets the rise through.
+/// long because a rise taken under a standing queue costs the flow seconds each time. Clock
+/// drift reads as queue on a busy link for as long (up to `d * 300 s`, 15 ms at 50 ppm, against
+/// `d * 30 s` otherwise): the scheduler then backs the link off a little, it falls quiet now
+/// and then, and the base follows. A brief gap that the smoothed delay hardly follows still
+/// lets the rise through.
 pub const OWD_KEEP_MAX: Duration = Duration::from_secs(300);
 /// Time constant of the loss EWMA.
 pub const LOSS_TAU: Duration = Duration::from_secs(1);
