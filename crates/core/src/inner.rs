@@ -35,6 +35,15 @@ fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
     }
 }
 
+/// A TCP segment's bytes, its data offset and its flags, if the packet is TCP (first fragment).
+fn tcp_segment(packet: &[u8]) -> Option<(&[u8], usize, u8)> {
+    let Some((TCP, seg)) = transport(packet) else {
+        return None;
+    };
+    let (&off, &flags) = (seg.get(12)?, seg.get(13)?);
+    Some((seg, usize::from(off >> 4) * 4, flags))
+}
+
 /// A TCP segment that carries nothing but an acknowledgement: no payload, no SYN, FIN or RST.
 ///
 /// Delay equalisation lets these through at once: an acknowledgement is what the sender's clock
@@ -43,14 +52,9 @@ fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
 /// data's path would hand the TCP sender a minimum RTT that its data never sees, and BBR sizes
 /// its window from that minimum (and CUBIC's HyStart leaves slow start on the difference).
 pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
-    let Some((TCP, seg)) = transport(packet) else {
-        return false;
-    };
-    let (Some(&off), Some(&flags)) = (seg.get(12), seg.get(13)) else {
-        return false;
-    };
-    let data_offset = usize::from(off >> 4) * 4;
-    data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0
+    tcp_segment(packet).is_some_and(|(seg, data_offset, flags)| {
+        data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0
+    })
 }
 
 /// A connection's first segment: SYN without ACK (nor FIN or RST), announcing its maximum
@@ -60,14 +64,9 @@ pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
 /// one hold in the pair gives it the round trip its data will see, as the SYN-ACK with the pure
 /// ACK after it gives the server; holding both made every connection's set-up wait two holds.
 pub fn is_tcp_syn(packet: &[u8]) -> bool {
-    let Some((TCP, seg)) = transport(packet) else {
-        return false;
-    };
-    let (Some(&off), Some(&flags)) = (seg.get(12), seg.get(13)) else {
-        return false;
-    };
-    let data_offset = usize::from(off >> 4) * 4;
-    flags & (SYN | ACK | FIN | RST) == SYN && seg.get(20..data_offset).is_some_and(has_mss)
+    tcp_segment(packet).is_some_and(|(seg, data_offset, flags)| {
+        flags & (SYN | ACK | FIN | RST) == SYN && seg.get(20..data_offset).is_some_and(has_mss)
+    })
 }
 
 /// Whether TCP options announce a maximum segment size (a well-formed MSS option before any
