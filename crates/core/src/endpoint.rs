@@ -717,13 +717,13 @@ pub enum Equalize {
 /// [`EQUALIZE_MIN_LEN`] bytes or more. `packet` is a DATA payload in any of its encodings (an IP
 /// packet is its own plain encoding).
 pub fn equalization(packet: &[u8]) -> Equalize {
-    use crate::compress::{is_pure_tcp_ack, is_tcp, is_tcp_syn};
-    match is_tcp(packet) {
-        true if is_tcp_syn(packet) => Equalize::Opening,
-        true if is_pure_tcp_ack(packet) => Equalize::No,
-        true => Equalize::Held,
-        false if packet.len() >= EQUALIZE_MIN_LEN => Equalize::Held,
-        false => Equalize::No,
+    use crate::inner::TcpKind;
+    match crate::compress::tcp_kind(packet) {
+        Some(TcpKind::Syn) => Equalize::Opening,
+        Some(TcpKind::PureAck) => Equalize::No,
+        Some(TcpKind::Other) => Equalize::Held,
+        None if packet.len() >= EQUALIZE_MIN_LEN => Equalize::Held,
+        None => Equalize::No,
     }
 }
 

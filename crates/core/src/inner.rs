@@ -35,13 +35,38 @@ fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
     }
 }
 
-/// A TCP segment's bytes, its data offset and its flags, if the packet is TCP (first fragment).
-fn tcp_segment(packet: &[u8]) -> Option<(&[u8], usize, u8)> {
+/// What delay equalisation needs to know of a TCP segment ([`tcp_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpKind {
+    /// Nothing but an acknowledgement ([`is_pure_tcp_ack`]).
+    PureAck,
+    /// A connection's first segment ([`is_tcp_syn`]).
+    Syn,
+    /// Any other segment.
+    Other,
+}
+
+/// The kind of TCP segment the packet is; `None` if it is not TCP (first fragment, IPv4 or
+/// IPv6 without extension headers). One read of the header for the receive path's every packet.
+pub fn tcp_kind(packet: &[u8]) -> Option<TcpKind> {
     let Some((TCP, seg)) = transport(packet) else {
         return None;
     };
-    let (&off, &flags) = (seg.get(12)?, seg.get(13)?);
-    Some((seg, usize::from(off >> 4) * 4, flags))
+    let (Some(&off), Some(&flags)) = (seg.get(12), seg.get(13)) else {
+        return Some(TcpKind::Other);
+    };
+    let data_offset = usize::from(off >> 4) * 4;
+    Some(
+        if data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0 {
+            TcpKind::PureAck
+        } else if flags & (SYN | ACK | FIN | RST) == SYN
+            && seg.get(20..data_offset).is_some_and(has_mss)
+        {
+            TcpKind::Syn
+        } else {
+            TcpKind::Other
+        },
+    )
 }
 
 /// A TCP segment that carries nothing but an acknowledgement: no payload, no SYN, FIN or RST.
@@ -52,9 +77,7 @@ fn tcp_segment(packet: &[u8]) -> Option<(&[u8], usize, u8)> {
 /// data's path would hand the TCP sender a minimum RTT that its data never sees, and BBR sizes
 /// its window from that minimum (and CUBIC's HyStart leaves slow start on the difference).
 pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
-    tcp_segment(packet).is_some_and(|(seg, data_offset, flags)| {
-        data_offset >= 20 && seg.len() == data_offset && flags & (SYN | FIN | RST) == 0
-    })
+    tcp_kind(packet) == Some(TcpKind::PureAck)
 }
 
 /// A connection's first segment: SYN without ACK (nor FIN or RST), announcing its maximum
@@ -64,9 +87,7 @@ pub fn is_pure_tcp_ack(packet: &[u8]) -> bool {
 /// one hold in the pair gives it the round trip its data will see, as the SYN-ACK with the pure
 /// ACK after it gives the server; holding both made every connection's set-up wait two holds.
 pub fn is_tcp_syn(packet: &[u8]) -> bool {
-    tcp_segment(packet).is_some_and(|(seg, data_offset, flags)| {
-        flags & (SYN | ACK | FIN | RST) == SYN && seg.get(20..data_offset).is_some_and(has_mss)
-    })
+    tcp_kind(packet) == Some(TcpKind::Syn)
 }
 
 /// Whether TCP options announce a maximum segment size (a well-formed MSS option before any
@@ -93,7 +114,7 @@ fn has_mss(mut options: &[u8]) -> bool {
 
 /// Whether the packet is TCP (first fragment, IPv4 or IPv6 without extension headers).
 pub fn is_tcp(packet: &[u8]) -> bool {
-    matches!(transport(packet), Some((TCP, _)))
+    tcp_kind(packet).is_some()
 }
 
 /// The 16-bit one's-complement sum (RFC 1071) of `data` added to `sum`: not folded, not

@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::inner::{fold16, ipv4_checksum, pseudo_sum, sum16};
+use crate::inner::{fold16, ipv4_checksum, pseudo_sum, sum16, tcp_kind as tcp_kind_of_ip, TcpKind};
 
 mod delta;
 use delta::{Fields, RefValues, REF_BLOCK_LEN};
@@ -733,39 +733,34 @@ impl Decompressor {
     }
 }
 
-/// Whether an encoded payload (any of the encodings) is a pure TCP acknowledgement (no
-/// payload, no SYN, FIN or RST), told without decompressing it: the receiver decides on delay
-/// equalisation when a packet arrives, and decompresses it only at delivery, in order.
-/// Malformed encodings are not acks (they are dropped at delivery).
-pub fn is_pure_tcp_ack(data: &[u8]) -> bool {
+/// The kind of TCP segment an encoded payload (any of the encodings) carries, told without
+/// decompressing it: the receiver decides on delay equalisation when a packet arrives, and
+/// decompresses it only at delivery, in order. `None`: not TCP. A full, compressed or delta
+/// packet is always TCP; a malformed one is [`TcpKind::Other`] (dropped at delivery). A coded
+/// segment is a pure ACK or other, never a SYN: a SYN is a flow's first packet, which opens
+/// its context in full; one sent again on a context already confirmed (a reused port pair, a
+/// SYN repeated after a second) counts as any segment.
+pub fn tcp_kind(data: &[u8]) -> Option<TcpKind> {
     const SYN_FIN_RST: u8 = 0x07;
     let fields = match data.first().map(|b| b >> 6) {
-        Some(0b10) => return data.get(2..).is_some_and(crate::inner::is_pure_tcp_ack),
+        Some(0b10) => {
+            return Some(
+                data.get(2..)
+                    .and_then(tcp_kind_of_ip)
+                    .unwrap_or(TcpKind::Other),
+            );
+        }
         Some(0b11) => data.get(2..).and_then(absolute_len),
         Some(0b00) => data.get(2..).and_then(delta::fields_len),
-        _ => return crate::inner::is_pure_tcp_ack(data),
+        _ => return tcp_kind_of_ip(data),
     };
-    fields.is_some_and(|(n, tcp_flags)| n == data.len() - 2 && tcp_flags & SYN_FIN_RST == 0)
-}
-
-/// Whether an encoded payload is a connection's SYN ([`crate::inner::is_tcp_syn`]). Only a
-/// plain or full packet is read: a SYN is a flow's first packet, which opens its context in
-/// full; one sent again on a context already confirmed (a reused port pair, a SYN repeated
-/// after a second) is coded and counts as any segment, held in full.
-pub fn is_tcp_syn(data: &[u8]) -> bool {
-    match data.first().map(|b| b >> 6) {
-        Some(0b10) => data.get(2..).is_some_and(crate::inner::is_tcp_syn),
-        Some(0b11 | 0b00) => false,
-        _ => crate::inner::is_tcp_syn(data),
-    }
-}
-
-/// Whether an encoded payload carries TCP (a full, compressed or delta packet always does).
-pub fn is_tcp(data: &[u8]) -> bool {
-    match data.first().map(|b| b >> 6) {
-        Some(0b01) | None => crate::inner::is_tcp(data),
-        _ => true,
-    }
+    let pure =
+        fields.is_some_and(|(n, tcp_flags)| n == data.len() - 2 && tcp_flags & SYN_FIN_RST == 0);
+    Some(if pure {
+        TcpKind::PureAck
+    } else {
+        TcpKind::Other
+    })
 }
 
 /// The length of an absolute packet's dynamic fields (the bytes after its context id, the
