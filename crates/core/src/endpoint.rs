@@ -2757,7 +2757,7 @@ impl Endpoint {
         let Some(li) = self.link_index(nack.link).filter(|_| self.cfg.repair) else {
             return;
         };
-        // The loss pull-back reads the link's own loss from these (`sched::PULLBACK_RANDOM_PACKETS`),
+        // The loss pull-back reads the link's own loss from these (`sched::PULLBACK_RECENT_PACKETS`),
         // under back-pressure only: without it the links left after a failure overflow while
         // their queue's peak is stale, and the peer names some of those drops random too (the
         // simulator's 1+2+3 Mbit/s failover, CUBIC upload: one of the two links left pulled

@@ -194,6 +194,10 @@ pub struct LinkSample {
     pub sent_mbps: f64,
     pub qdelay_ms: f64,
     pub sched_queue_ms: f64,
+    /// The link's loss estimate (%) from the peer's reports, and whether the scheduler holds
+    /// the link back for it (loss pull-back: up, carrying only its probes).
+    pub loss_pct: f64,
+    pub pulled_back: bool,
 }
 
 impl EndSample {
@@ -215,6 +219,8 @@ impl EndSample {
                 sent_mbps: num(l, "tx_rate_bps") / 1e6,
                 qdelay_ms: num(l, "qdelay_us") / 1e3,
                 sched_queue_ms: num(l, "sched_queue_us") / 1e3,
+                loss_pct: num(l, "loss") * 100.0,
+                pulled_back: l.get("pulled_back").and_then(|b| b.as_bool()) == Some(true),
             })
             .collect();
         Some(EndSample {
@@ -512,7 +518,8 @@ mod tests {
             "queued": 42, "queue_depth": 7, "drops": {"queue_delay": 3},
             "links": [
                 {"state": "up", "sched_rate_bps": 50e6, "delivery_rate_bps": 45e6,
-                 "tx_rate_bps": 48e6, "qdelay_us": 70000, "sched_queue_us": 25000},
+                 "tx_rate_bps": 48e6, "qdelay_us": 70000, "sched_queue_us": 25000,
+                 "loss": 0.015, "pulled_back": true},
                 {"state": "down"}
             ]
         });
@@ -527,12 +534,15 @@ mod tests {
                 delivered_mbps: 45.0,
                 sent_mbps: 48.0,
                 qdelay_ms: 70.0,
-                sched_queue_ms: 25.0
+                sched_queue_ms: 25.0,
+                loss_pct: 1.5,
+                pulled_back: true,
             }
         );
         // A field missing reads as zero; no links array, no sample.
         assert_eq!(e.links[1].state, "down");
         assert_eq!(e.links[1].sched_mbps, 0.0);
+        assert!(!e.links[1].pulled_back);
         assert!(EndSample::from_status(&serde_json::json!({"error": "x"})).is_none());
     }
 }
