@@ -78,6 +78,11 @@ impl LinkModel {
         &self.params
     }
 
+    /// The link's random loss from now on (a line that gets worse or better).
+    pub fn set_loss(&mut self, loss: f64) {
+        self.params.loss = loss;
+    }
+
     /// Bytes waiting to be serialized at `now`.
     pub fn backlog(&self, now: Instant) -> u64 {
         match self.wire_free_at {

@@ -651,3 +651,39 @@ fn a_link_coming_up_mid_transfer_does_not_drag_the_flow_down() {
         );
     }
 }
+
+/// A link pulled back for its loss comes back once the loss falls: 2 x 20 Mbit/s at 10 ms
+/// (rates configured, as the lab's are), the second losing 10% until 4 s and 1.5% from then on
+/// (below the pull-back's 5%, where NACK repair makes it worth its capacity). Its probes alone
+/// measure it meanwhile, and it returns once their loss has stayed under 5% for
+/// `sched::PULLBACK_HOLD` (5 s): every run of both senders puts a fair share on it from 12 s
+/// on. (Without configured rates a BBR flow running on the first link never spreads onto
+/// the second if that one never carried data before, lossy or dark from the start: its rate
+/// is learned from what it carries, and the flow, paced at what it delivers, never offers
+/// more than the first link takes; docs/scheduling.md, "What is still open".)
+#[test]
+fn a_link_whose_loss_falls_comes_back() {
+    let ms = Duration::from_millis;
+    let sc = TcpScenario::new(
+        "2x20 Mbit/s, 10 ms, one losing 10% until 4 s, 1.5% since",
+        vec![
+            LinkSpec::new(20_000_000, ms(10)).configured(),
+            LinkSpec::new(20_000_000, ms(10)).loss(0.10).configured(),
+        ],
+    )
+    .duration(Duration::from_secs(20))
+    .warmup(Duration::from_secs(12))
+    .event(Duration::from_secs(4), sim::LinkEvent::Loss(1, 0.015));
+    for cc in CcKind::ALL {
+        // Held back while it loses 10% (2-4 s)...
+        let early = sc.clone().cc(cc).duration(Duration::from_secs(4));
+        for r in runs(&early.warmup(Duration::from_secs(2))) {
+            assert!(r.links[1].share < 0.05, "not held back: {}", r.table_row());
+        }
+        // ...and back from 12 s on.
+        for r in runs(&sc.clone().cc(cc)) {
+            eprintln!("{}", r.table_row());
+            assert!(r.links[1].share > 0.35, "not back: {}", r.table_row());
+        }
+    }
+}

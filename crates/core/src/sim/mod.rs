@@ -87,12 +87,14 @@ impl LinkSpec {
 }
 
 /// Something that happens to a link during a scenario.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LinkEvent {
     /// The link stops carrying anything, both ways.
     Dark(usize),
     /// The link carries traffic again.
     Light(usize),
+    /// The link's random loss (both ways) becomes this, in [0, 1).
+    Loss(usize, f64),
 }
 
 #[derive(Debug, Clone)]

@@ -475,6 +475,13 @@ impl Bundle {
                     l.dark = false;
                 }
             }
+            Ev::Link(LinkEvent::Loss(i, loss)) => {
+                if let Some(l) = self.links.get_mut(i) {
+                    for d in &mut l.dirs {
+                        d.set_loss(loss);
+                    }
+                }
+            }
         }
     }
 
