@@ -539,12 +539,11 @@ pub const PULLBACK_QUIET_PACKETS: u64 = 100;
 /// onto it (one lost probe lifts the estimate by about 9 points, which fade over a second
 /// while the data comes in at 1.5%), and, most likely, the inner BBR's ProbeRTT (200 ms with
 /// 4 packets in flight: a report of two packets, one lost, adds 5 points), each time held
-/// back for 5 s or more (63% and 77% of the sum, against 91-92%). A
-/// report of few packets still lowers the estimate as much as many do: weighing reports by
-/// their packets (tried) kept a link that lost bursts under overload high for seconds after it
-/// fell quiet, and pulled back two links of a flood the simulator's back-pressure test sends
-/// (61 against 76 Mbit/s delivered). Until a link has counted this many packets the estimate
-/// alone decides.
+/// back for 5 s or more (63% and 77% of the sum, against 91-92%). A report of few packets
+/// still lowers the estimate as much as many do: weighing reports by their packets (tried)
+/// kept a link that lost bursts under overload high for seconds after it fell quiet, and
+/// pulled back two links of a flood the simulator's back-pressure test sends (61 against 76
+/// Mbit/s delivered). Until a link has counted this many packets the estimate alone decides.
 pub const PULLBACK_RECENT_PACKETS: u64 = 100;
 /// A link is pulled back only by a loss estimate that rests on at least this many packets a
 /// second: a link that carries only its probes (ten a second) has its estimate lifted by about
@@ -2827,19 +2826,25 @@ mod tests {
         assert!(picks(&mut s, at, &links).contains(&3), "recovered");
     }
 
+    /// Whether link 3 takes any of 200 packets from `from` on.
+    fn picks_link_3(s: &mut Adaptive, from: Instant, links: &[LinkView]) -> bool {
+        picks_over(s, from, links, 200).contains(&3)
+    }
+
+    /// A loss tally of `lost` of `expected` packets, none named random.
+    fn lost_of(expected: u64, lost: u64) -> Option<LossTally> {
+        Some(LossTally {
+            expected,
+            lost,
+            ..LossTally::default()
+        })
+    }
+
     #[test]
     fn adaptive_pulls_a_link_back_once_the_packets_after_its_queue_lose_too() {
         let t0 = Instant::now();
-        let picks = |s: &mut Adaptive, from: Instant, links: &[LinkView]| {
-            picks_over(s, from, links, 200).contains(&3)
-        };
-        let tally = |expected, lost| {
-            Some(LossTally {
-                expected,
-                lost,
-                ..LossTally::default()
-            })
-        };
+        let picks = picks_link_3;
+        let tally = lost_of;
         let mut s = Adaptive::default();
         let mut links = three_links();
         // Link 3 queues (the inner TCP's start-up) and loses 10%: congestion, it stays in use.
@@ -2884,16 +2889,8 @@ mod tests {
     #[test]
     fn adaptive_pulls_a_link_back_only_if_its_last_packets_bear_the_estimate_out() {
         let t0 = Instant::now();
-        let picks = |s: &mut Adaptive, from: Instant, links: &[LinkView]| {
-            picks_over(s, from, links, 200).contains(&3)
-        };
-        let tally = |expected, lost| {
-            Some(LossTally {
-                expected,
-                lost,
-                ..LossTally::default()
-            })
-        };
+        let picks = picks_link_3;
+        let tally = lost_of;
         let window = PULLBACK_RECENT_PACKETS;
         // Link 3 carries data at 2% loss, hundreds of packets a second and no queue; then its
         // smoothed estimate reads 6% (a report of two packets, one lost): it stays in use.
