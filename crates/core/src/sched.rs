@@ -256,6 +256,10 @@ impl<T> LinkTable<T> {
     fn get(&self, id: LinkId) -> Option<&T> {
         self.entries.iter().find(|e| e.0 == id).map(|e| &e.2)
     }
+    /// When `id` was last looked up with [`Self::get_or_insert`].
+    fn last_seen(&self, id: LinkId) -> Option<Instant> {
+        self.entries.iter().find(|e| e.0 == id).map(|e| e.1)
+    }
     /// Forgets links unseen for [`FORGET_AFTER`] (checked at most once a second).
     fn prune(&mut self, now: Instant) {
         match self.last_prune {
@@ -568,6 +572,13 @@ pub const PULLBACK_MIN_PPS: f64 = 50.0;
 /// right, which is what keeps the receiver's reordering small. One RTT of queue is what a TCP
 /// flow needs to keep the links busy.
 pub const MIN_QUEUE_LIMIT: Duration = Duration::from_millis(50);
+/// A link that comes up, or back from this long away (down or silent), once the bundle has
+/// carried traffic for as long, is measured again ([`AdaptiveLink::relearn`]). The links there
+/// from the session's start are not: the inner flows' own start-up pushes every link, and a
+/// link it did not need (a slow one under light traffic) would only add its delay to every
+/// packet's hold (the simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load: the 60 ms
+/// link explored from 2 s on, p99 reorder wait 39 -> 70 ms).
+pub const RETURN_GAP: Duration = Duration::from_secs(1);
 /// Upper bound of the queue limit (and so of the virtual queues).
 pub const MAX_VIRTUAL_QUEUE: Duration = Duration::from_millis(250);
 /// The most queue the delivery-time placement plans on a link as free (a packet waiting there
@@ -617,6 +628,9 @@ struct AdaptiveLink {
     vq_prev: f64,
     /// Until the first congestion signal, probe up faster.
     startup: bool,
+    /// It came up, or back into use, under traffic: while in start-up it is given held packets
+    /// to learn its rate ([`Self::explores`]).
+    relearning: bool,
     /// Start-up's full-pipe test (see [`PLATEAU_GROWTH`]).
     plateau: Plateau,
     /// Packets were dropped at the sender during this interval because every link was full:
@@ -848,6 +862,7 @@ impl AdaptiveLink {
             busy: 0.0,
             vq_prev: 0.0,
             startup: v.bandwidth_bps.is_none(),
+            relearning: false,
             plateau: Plateau::default(),
             demand: false,
             configured: v.bandwidth_bps,
@@ -859,6 +874,38 @@ impl AdaptiveLink {
             lossy_at: None,
             held: false,
             hold: Held::default(),
+        }
+    }
+
+    /// Whether a held packet (the peer delivers it no sooner than `floor`) goes on this link to
+    /// learn its rate, whatever the placement prefers: it came up, or back into use, under
+    /// traffic ([`Self::relearn`]) and has not been measured since (still in start-up, its rate
+    /// a guess or an old figure), it is UP, its virtual queue is empty, and it brings the packet
+    /// by the floor. A link's rate is learned from what it carries, so one that could not carry
+    /// traffic when the flow began (dark, or pulled back for loss) stayed at its first guess (1
+    /// Mbit/s) for good under a BBR flow, which, paced at what it delivers, never offers enough
+    /// beyond the links it has for the placement to spill onto it: in the simulator 18.4 Mbit/s
+    /// over two 20 Mbit/s links, the second unused for the 16 s after it came up (CUBIC grows
+    /// until it meets loss, and took it). Kept busy at its assumed rate, the link's start-up
+    /// lifts that rate 1.5 x per interval as at a session's start, until a queue shows its
+    /// capacity; the flow finds the room and grows. With configured rates nothing changes.
+    fn explores(&self, v: &LinkView, floor: f64) -> bool {
+        self.startup
+            && self.relearning
+            && floor > 0.0
+            && v.state == LinkState::Up
+            && self.backlog <= 0.0
+            && v.owd.as_secs_f64() <= floor
+    }
+
+    /// The link came up, or back into use, under traffic: unless its rate is configured, it is
+    /// measured again from the rate it had, in start-up, and given held packets to that end
+    /// ([`Self::explores`]).
+    fn relearn(&mut self) {
+        if self.configured.is_none() {
+            self.startup = true;
+            self.plateau = Plateau::default();
+            self.relearning = true;
         }
     }
 
@@ -912,6 +959,9 @@ impl AdaptiveLink {
                 .lossy_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= PULLBACK_HOLD)
         {
+            if self.pulled_back {
+                self.relearn();
+            }
             self.pulled_back = false;
         }
     }
@@ -1195,6 +1245,9 @@ pub struct Adaptive {
     /// Back-pressure has held two or more equalised links at once: a bundle, whose inner flows
     /// sized their windows for more than one link (see [`Adaptive::last_link`]).
     bundled: bool,
+    /// The first packet placed or asked about: links coming up [`RETURN_GAP`] later came up
+    /// under traffic.
+    first_pick: Option<Instant>,
 }
 
 impl Adaptive {
@@ -1215,6 +1268,31 @@ impl Adaptive {
     /// Whether `link` is pulled back for its loss (see [`PULLBACK_LOSS`]).
     pub fn pulled_back(&self, link: LinkId) -> Option<bool> {
         self.table.get(link).map(|l| l.pulled_back)
+    }
+    /// The index of `v`'s entry, made if new. A link never measured that comes up, or back
+    /// after [`RETURN_GAP`] away, once the bundle has carried traffic for as long, is measured
+    /// ([`AdaptiveLink::relearn`]).
+    fn entry(&mut self, now: Instant, v: &LinkView) -> usize {
+        let under_traffic = self
+            .first_pick
+            .get_or_insert(now)
+            .checked_add(RETURN_GAP)
+            .is_some_and(|t| now >= t);
+        let away = self
+            .table
+            .last_seen(v.id)
+            .is_none_or(|t| now.saturating_duration_since(t) >= RETURN_GAP);
+        let i = self
+            .table
+            .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+        let st = &mut self.table.entries[i].2;
+        if away && under_traffic && st.startup {
+            // Never measured (it was down when the flows began): it is now. One measured
+            // before keeps its rate (dark for 2 s under a BBR flow, it took its half back at
+            // once; measured again, one run of five fell to 80% of the sum).
+            st.relearn();
+        }
+        i
     }
     /// The earliest the peer delivers a packet of `len` bytes whatever the link (its delay
     /// equalisation target, in our one-way-delay estimates), in seconds; 0 when it does not hold
@@ -1304,9 +1382,7 @@ impl Scheduler for Adaptive {
         // Mbit/s + 10 Mbit/s with 10% loss: 83% of the clean link alone).
         let mut clean = false;
         for v in links {
-            let i = self
-                .table
-                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+            let i = self.entry(now, v);
             let st = &mut self.table.entries[i].2;
             st.update_pullback(now, v);
             clean |= !st.pulled_back;
@@ -1319,11 +1395,12 @@ impl Scheduler for Adaptive {
             .filter(|&t| links.iter().any(|v| v.owd <= t && usable(v)));
         let full_at = self.full_at;
         let mut best: Option<(usize, f64, f64)> = None;
+        // A link never measured, idle, that a held packet may take without coming late (see
+        // [`AdaptiveLink::explores`]).
+        let mut unmeasured: Option<(usize, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
-            let i = self
-                .table
-                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+            let i = self.entry(now, v);
             let st = &mut self.table.entries[i].2;
             if (clean && st.pulled_back) || beyond.is_some_and(|t| v.owd > t) {
                 // Its virtual queue drains; its rate is kept for when it comes back.
@@ -1344,8 +1421,12 @@ impl Scheduler for Adaptive {
             if best.is_none_or(|(_, k, _)| key < k) {
                 best = Some((i, key, queue));
             }
+            if unmeasured.is_none() && st.explores(v, floor) {
+                unmeasured = Some((i, queue));
+            }
         }
         let Some((i, _, queue)) = best else { return };
+        let (i, queue) = unmeasured.unwrap_or((i, queue));
         // The links in use: not pulled back (unless all are).
         let table = &self.table;
         let in_use = |v: &&LinkView| !clean || table.get(v.id).is_some_and(|st| !st.pulled_back);
@@ -1443,9 +1524,7 @@ impl Scheduler for Adaptive {
         // lateness that queues add (a single 60 ms link, or no equalisation, is no lateness).
         let (mut best, mut unloaded) = (f64::INFINITY, f64::INFINITY);
         for v in links {
-            let i = self
-                .table
-                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
+            let i = self.entry(now, v);
             let st = &mut self.table.entries[i].2;
             st.held = true;
             if clean && st.pulled_back {
