@@ -256,6 +256,10 @@ impl<T> LinkTable<T> {
     fn get(&self, id: LinkId) -> Option<&T> {
         self.entries.iter().find(|e| e.0 == id).map(|e| &e.2)
     }
+    /// The latest any link was looked up.
+    fn newest(&self) -> Option<Instant> {
+        self.entries.iter().map(|e| e.1).max()
+    }
     /// When `id` was last looked up with [`Self::get_or_insert`].
     fn last_seen(&self, id: LinkId) -> Option<Instant> {
         self.entries.iter().find(|e| e.0 == id).map(|e| e.1)
@@ -1271,17 +1275,20 @@ impl Adaptive {
     }
     /// The index of `v`'s entry, made if new. A link never measured that comes up, or back
     /// after [`RETURN_GAP`] away, once the bundle has carried traffic for as long, is measured
-    /// ([`AdaptiveLink::relearn`]).
-    fn entry(&mut self, now: Instant, v: &LinkView) -> usize {
+    /// ([`AdaptiveLink::relearn`]). `newest`: the latest any link was seen before this call
+    /// ([`LinkTable::newest`]).
+    fn entry(&mut self, now: Instant, v: &LinkView, newest: Option<Instant>) -> usize {
         let under_traffic = self
             .first_pick
             .get_or_insert(now)
             .checked_add(RETURN_GAP)
             .is_some_and(|t| now >= t);
-        let away = self
-            .table
-            .last_seen(v.id)
-            .is_none_or(|t| now.saturating_duration_since(t) >= RETURN_GAP);
+        // Away while the others were seen (before this call): an idle spell ages every link
+        // alike.
+        let away = match (self.table.last_seen(v.id), newest) {
+            (Some(t), Some(n)) => n.saturating_duration_since(t) >= RETURN_GAP,
+            _ => true,
+        };
         let i = self
             .table
             .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
@@ -1375,6 +1382,7 @@ impl Scheduler for Adaptive {
         out: &mut Vec<LinkId>,
     ) {
         self.table.prune(now);
+        let newest = self.table.newest();
         let floor = self.delivery_floor(len, links);
         // Loss pull-back: a lossy link carries nothing while a clean one is present. Random
         // loss on one link reaches the inner TCP as loss of the whole flow: CUBIC halves its
@@ -1382,7 +1390,7 @@ impl Scheduler for Adaptive {
         // Mbit/s + 10 Mbit/s with 10% loss: 83% of the clean link alone).
         let mut clean = false;
         for v in links {
-            let i = self.entry(now, v);
+            let i = self.entry(now, v, newest);
             let st = &mut self.table.entries[i].2;
             st.update_pullback(now, v);
             clean |= !st.pulled_back;
@@ -1400,7 +1408,7 @@ impl Scheduler for Adaptive {
         let mut unmeasured: Option<(usize, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
-            let i = self.entry(now, v);
+            let i = self.entry(now, v, newest);
             let st = &mut self.table.entries[i].2;
             if (clean && st.pulled_back) || beyond.is_some_and(|t| v.owd > t) {
                 // Its virtual queue drains; its rate is kept for when it comes back.
@@ -1523,8 +1531,9 @@ impl Scheduler for Adaptive {
         // The best delivery of a packet placed now, against the best the links give empty: the
         // lateness that queues add (a single 60 ms link, or no equalisation, is no lateness).
         let (mut best, mut unloaded) = (f64::INFINITY, f64::INFINITY);
+        let newest = self.table.newest();
         for v in links {
-            let i = self.entry(now, v);
+            let i = self.entry(now, v, newest);
             let st = &mut self.table.entries[i].2;
             st.held = true;
             if clean && st.pulled_back {
@@ -1923,6 +1932,53 @@ mod tests {
             ..view(id, Some(bw), owd)
         })
         .collect()
+    }
+
+    #[test]
+    fn adaptive_measures_a_link_that_comes_up_under_traffic_not_one_an_idle_spell_aged() {
+        let t0 = Instant::now();
+        // Two links, rates not configured: both in start-up.
+        let links: Vec<LinkView> = [(1, 10), (2, 10)]
+            .iter()
+            .map(|&(id, owd)| LinkView {
+                srtt: Some(ms(2 * owd)),
+                ..view(id, None, owd)
+            })
+            .collect();
+        let relearning = |s: &Adaptive, id| s.table.get(id).map(|l| l.relearning);
+        // Both from the start, traffic for 2 s, then an idle spell of 5 s, then traffic again:
+        // neither came up under traffic.
+        let mut s = Adaptive::default();
+        picks_over(&mut s, t0, &links, 10);
+        picks_over(&mut s, t0 + ms(2000), &links, 10);
+        picks_over(&mut s, t0 + ms(7000), &links, 10);
+        assert_eq!(relearning(&s, 1), Some(false));
+        assert_eq!(relearning(&s, 2), Some(false));
+        // Link 2 absent (down) for the first 3 s of the traffic, then up: it is measured.
+        let mut s = Adaptive::default();
+        for k in 0..30 {
+            picks_over(&mut s, t0 + ms(100 * k), &links[..1], 10);
+        }
+        assert_eq!(relearning(&s, 2), None);
+        picks_over(&mut s, t0 + ms(3000), &links, 10);
+        assert_eq!(relearning(&s, 1), Some(false));
+        assert_eq!(relearning(&s, 2), Some(true));
+        // Gone 1 s or more while link 1 carried the traffic, it is measured again only if it
+        // never was (its rate configured: never).
+        let configured: Vec<LinkView> = links
+            .iter()
+            .map(|v| LinkView {
+                bandwidth_bps: Some(10_000_000),
+                ..v.clone()
+            })
+            .collect();
+        let mut s = Adaptive::default();
+        picks_over(&mut s, t0, &configured, 10);
+        for k in 1..30 {
+            picks_over(&mut s, t0 + ms(100 * k), &configured[..1], 10);
+        }
+        picks_over(&mut s, t0 + ms(3000), &configured, 10);
+        assert_eq!(relearning(&s, 2), Some(false));
     }
 
     #[test]
