@@ -576,12 +576,13 @@ pub const PULLBACK_MIN_PPS: f64 = 50.0;
 /// right, which is what keeps the receiver's reordering small. One RTT of queue is what a TCP
 /// flow needs to keep the links busy.
 pub const MIN_QUEUE_LIMIT: Duration = Duration::from_millis(50);
-/// A link that comes up, or back from this long away (down or silent), once the bundle has
-/// carried traffic for as long, is measured again ([`AdaptiveLink::relearn`]). The links there
-/// from the session's start are not: the inner flows' own start-up pushes every link, and a
-/// link it did not need (a slow one under light traffic) would only add its delay to every
-/// packet's hold (the simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load: the 60 ms
-/// link explored from 2 s on, p99 reorder wait 39 -> 70 ms).
+/// A link never measured that comes up, or back from this long away (down or silent) while
+/// the others were in use, once the bundle has carried traffic for as long, is measured
+/// ([`AdaptiveLink::relearn`]). The links there from the session's start are left to the
+/// inner flows' own start-up, which pushes every link: exploring one it did not need (a slow
+/// link under light traffic) only made packets late while its start-up ran into a queue (the
+/// simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load, the 60 ms link explored from
+/// 2 s on: p99 reorder wait 39 -> 70 ms).
 pub const RETURN_GAP: Duration = Duration::from_secs(1);
 /// Upper bound of the queue limit (and so of the virtual queues).
 pub const MAX_VIRTUAL_QUEUE: Duration = Duration::from_millis(250);
@@ -904,7 +905,9 @@ impl AdaptiveLink {
 
     /// The link came up, or back into use, under traffic: unless its rate is configured, it is
     /// measured again from the rate it had, in start-up, and given held packets to that end
-    /// ([`Self::explores`]).
+    /// ([`Self::explores`]). As at a session's start, back-pressure holds nothing back and the
+    /// sender drops nothing for waiting meanwhile (a guessed rate must not throttle the traffic
+    /// that would reveal the real one).
     fn relearn(&mut self) {
         if self.configured.is_none() {
             self.startup = true;
