@@ -662,6 +662,9 @@ struct AdaptiveLink {
     /// [`Held`] says.
     held: bool,
     hold: Held,
+    /// When it was last given a packet the peer holds: within [`RETURN_GAP`], it is in use,
+    /// and stays taken in whatever the peer's hold for now ([`Adaptive::taken_in_bound`]).
+    held_packet_at: Option<Instant>,
 }
 
 /// A link's loss over its last packets ([`AdaptiveLink::recent_loss`]): all of it, and what
@@ -879,6 +882,7 @@ impl AdaptiveLink {
             lossy_at: None,
             held: false,
             hold: Held::default(),
+            held_packet_at: None,
         }
     }
 
@@ -1328,7 +1332,12 @@ impl Adaptive {
     /// packets would come after the hold and stall the ones behind them in the peer's reorder
     /// buffer, lengthening the round trip the steps keep short (lab, 50 Mbit/s at 10 ms and 20
     /// at 60 ms coming back under BBR: a 12 ms hold with the 60 ms link carrying the fast
-    /// link's overflow fell to 21-28 Mbit/s for 5 s).
+    /// link's overflow fell to 21-28 Mbit/s for 5 s). A link in use (given such a packet within
+    /// [`RETURN_GAP`]) stays taken in when its delay rises past the bound: its packets come a
+    /// few ms late, where leaving it put the whole flow on the others (lab, LTE 30 Mbit/s at
+    /// 30 +- 20 ms and DSL 10 Mbit/s at 15 ms under BBR, 60 s: at 59.5 s, most likely as the
+    /// 30 s window of the LTE link's base delay moved it past the 18 ms hold, the 10 Mbit/s
+    /// link was given 228 ms of queue, lost 9% and was pulled back, and the flow stalled 508 ms).
     fn taken_in_bound(&self, len: usize, links: &[LinkView]) -> Option<Duration> {
         let cap = self.equalize_cap?;
         let (_, min_len) = self.equalize?;
@@ -1413,7 +1422,10 @@ impl Scheduler for Adaptive {
         for v in links {
             let i = self.entry(now, v, newest);
             let st = &mut self.table.entries[i].2;
-            if (clean && st.pulled_back) || beyond.is_some_and(|t| v.owd > t) {
+            let in_use = st
+                .held_packet_at
+                .is_some_and(|t| now.saturating_duration_since(t) < RETURN_GAP);
+            if (clean && st.pulled_back) || (beyond.is_some_and(|t| v.owd > t) && !in_use) {
                 // Its virtual queue drains; its rate is kept for when it comes back.
                 st.drain(now);
                 continue;
@@ -1466,6 +1478,9 @@ impl Scheduler for Adaptive {
         }
         let e = &mut self.table.entries[i];
         e.2.backlog += len as f64;
+        if floor > 0.0 {
+            e.2.held_packet_at = Some(now);
+        }
         out.push(e.0);
     }
     fn link_rate_bps(&self, link: LinkId) -> Option<f64> {
@@ -1982,6 +1997,34 @@ mod tests {
         }
         picks_over(&mut s, t0 + ms(3000), &configured, 10);
         assert_eq!(relearning(&s, 2), Some(false));
+    }
+
+    #[test]
+    fn adaptive_keeps_a_link_in_use_when_its_delay_rises_past_the_peers_hold_for_now() {
+        let t0 = Instant::now();
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(150), 1000);
+        // The peer holds 18 ms for now; link 2 (30 Mbit/s) 18 ms slower than link 1.
+        s.cap_equalization(Some(ms(18)));
+        let mut links: Vec<LinkView> = [(1, 15, 10_000_000u64), (2, 33, 30_000_000)]
+            .iter()
+            .map(|&(id, owd, bw)| LinkView {
+                delivery_rate_bps: bw as f64,
+                srtt: Some(ms(2 * owd)),
+                ..view(id, Some(bw), owd)
+            })
+            .collect();
+        assert!(picks_over(&mut s, t0, &links, 200).contains(&2));
+        // Its delay rises 6 ms past the hold: in use, it keeps its share.
+        links[1].owd = ms(15 + 18 + 2 + 6);
+        let got = picks_over(&mut s, t0 + ms(100), &links, 400);
+        let on_2 = got.iter().filter(|&&l| l == 2).count();
+        assert!(on_2 > 200, "{on_2} of 400 on the 30 Mbit/s link");
+        // A link not in use that far (back after 1 s away, say) is not taken in yet.
+        let mut fresh = Adaptive::default();
+        fresh.set_equalization(ms(150), 1000);
+        fresh.cap_equalization(Some(ms(18)));
+        assert!(!picks_over(&mut fresh, t0, &links, 200).contains(&2));
     }
 
     #[test]
