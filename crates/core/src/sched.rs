@@ -577,8 +577,9 @@ pub const PULLBACK_MIN_PPS: f64 = 50.0;
 /// flow needs to keep the links busy.
 pub const MIN_QUEUE_LIMIT: Duration = Duration::from_millis(50);
 /// A link never measured that comes up, or back from this long away (down or silent) while
-/// the others were in use, once the bundle has carried traffic for as long, is measured
-/// ([`AdaptiveLink::relearn`]). The links there from the session's start are left to the
+/// the others were in use, once the bundle has carried traffic for as long, is measured: in
+/// start-up again, it takes held packets while idle until a queue shows its capacity. The
+/// links there from the session's start are left to the
 /// inner flows' own start-up, which pushes every link: exploring one it did not need (a slow
 /// link under light traffic) only made packets late while its start-up ran into a queue (the
 /// simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load, the 60 ms link explored from
