@@ -585,6 +585,11 @@ pub const MIN_QUEUE_LIMIT: Duration = Duration::from_millis(50);
 /// simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load, the 60 ms link explored from
 /// 2 s on: p99 reorder wait 39 -> 70 ms).
 pub const RETURN_GAP: Duration = Duration::from_secs(1);
+/// How far past the peer's hold for now a link in use may go and stay taken in
+/// ([`Adaptive::taken_in_bound`]): a base delay that moves with its window, or a jittery link's
+/// wobble, not a new route (a link 100 ms slower at once is left for the hold's steps, as one
+/// coming back is).
+pub const TAKEN_IN_MARGIN: Duration = Duration::from_millis(20);
 /// Upper bound of the queue limit (and so of the virtual queues).
 pub const MAX_VIRTUAL_QUEUE: Duration = Duration::from_millis(250);
 /// The most queue the delivery-time placement plans on a link as free (a packet waiting there
@@ -1334,11 +1339,12 @@ impl Adaptive {
     /// buffer, lengthening the round trip the steps keep short (lab, 50 Mbit/s at 10 ms and 20
     /// at 60 ms coming back under BBR: a 12 ms hold with the 60 ms link carrying the fast
     /// link's overflow fell to 21-28 Mbit/s for 5 s). A link in use (given such a packet within
-    /// [`RETURN_GAP`]) stays taken in when its delay rises past the bound: its packets come a
-    /// few ms late, where leaving it put the whole flow on the others (lab, LTE 30 Mbit/s at
-    /// 30 +- 20 ms and DSL 10 Mbit/s at 15 ms under BBR, 60 s: at 59.5 s, most likely as the
-    /// 30 s window of the LTE link's base delay moved it past the 18 ms hold, the 10 Mbit/s
-    /// link was given 228 ms of queue, lost 9% and was pulled back, and the flow stalled 508 ms).
+    /// [`RETURN_GAP`]) stays taken in when its delay rises past the bound by up to
+    /// [`TAKEN_IN_MARGIN`]: its packets come a few ms late, where leaving it out put the whole
+    /// flow on the others (lab, LTE 30 Mbit/s at 30 +- 20 ms and DSL 10 Mbit/s at 15 ms under
+    /// BBR, 60 s: at 59.5 s, most likely as the 30 s window of the LTE link's base delay moved
+    /// it past the 18 ms hold, the 10 Mbit/s link was given 228 ms of queue, lost 9% and was
+    /// pulled back, and the flow stalled 508 ms).
     fn taken_in_bound(&self, len: usize, links: &[LinkView]) -> Option<Duration> {
         let cap = self.equalize_cap?;
         let (_, min_len) = self.equalize?;
@@ -1426,7 +1432,9 @@ impl Scheduler for Adaptive {
             let in_use = st
                 .held_packet_at
                 .is_some_and(|t| now.saturating_duration_since(t) < RETURN_GAP);
-            if (clean && st.pulled_back) || (beyond.is_some_and(|t| v.owd > t) && !in_use) {
+            let not_taken_in =
+                beyond.is_some_and(|t| v.owd > t && !(in_use && v.owd <= t + TAKEN_IN_MARGIN));
+            if (clean && st.pulled_back) || not_taken_in {
                 // Its virtual queue drains; its rate is kept for when it comes back.
                 st.drain(now);
                 continue;
@@ -2021,6 +2029,11 @@ mod tests {
         let got = picks_over(&mut s, t0 + ms(100), &links, 400);
         let on_2 = got.iter().filter(|&&l| l == 2).count();
         assert!(on_2 > 200, "{on_2} of 400 on the 30 Mbit/s link");
+        // 50 ms past the hold, a new route rather than a wobble: left out, in use or not.
+        links[1].owd = ms(15 + 18 + 2 + 50);
+        let got = picks_over(&mut s, t0 + ms(200), &links, 400);
+        assert!(!got.contains(&2), "taken in 50 ms past the hold");
+        links[1].owd = ms(15 + 18 + 2 + 6);
         // A link not in use that far (back after 1 s away, say) is not taken in yet.
         let mut fresh = Adaptive::default();
         fresh.set_equalization(ms(150), 1000);
