@@ -585,8 +585,8 @@ pub const MIN_QUEUE_LIMIT: Duration = Duration::from_millis(50);
 /// simulator's 10 + 10 + 5 Mbit/s at 10/20/60 ms under 70% load, the 60 ms link explored from
 /// 2 s on: p99 reorder wait 39 -> 70 ms).
 pub const RETURN_GAP: Duration = Duration::from_secs(1);
-/// How far past the peer's hold for now a link in use may go and stay taken in
-/// ([`Adaptive::taken_in_bound`]): a base delay that moves with its window, or a jittery link's
+/// How far past the peer's hold for now a link in use (given a packet the peer holds within
+/// [`RETURN_GAP`]) may go and still take such packets: a base delay that moves with its window, or a jittery link's
 /// wobble, not a new route (a link 100 ms slower at once is left for the hold's steps, as one
 /// coming back is).
 pub const TAKEN_IN_MARGIN: Duration = Duration::from_millis(20);
@@ -1291,6 +1291,11 @@ impl Adaptive {
     /// ([`AdaptiveLink::relearn`]). `newest`: the latest any link was seen before this call
     /// ([`LinkTable::newest`]).
     fn entry(&mut self, now: Instant, v: &LinkView, newest: Option<Instant>) -> usize {
+        if self.table.entries.is_empty() {
+            // The first traffic, or the first after every link was forgotten (an idle spell of
+            // FORGET_AFTER): a session's start again.
+            self.first_pick = None;
+        }
         let under_traffic = self
             .first_pick
             .get_or_insert(now)
@@ -2005,6 +2010,13 @@ mod tests {
             picks_over(&mut s, t0 + ms(100 * k), &configured[..1], 10);
         }
         picks_over(&mut s, t0 + ms(3000), &configured, 10);
+        assert_eq!(relearning(&s, 2), Some(false));
+        // An idle spell long enough that every link is forgotten: traffic after it starts as a
+        // session does, its links left to the inner flows' start-up.
+        let mut s = Adaptive::default();
+        picks_over(&mut s, t0, &links, 10);
+        picks_over(&mut s, t0 + FORGET_AFTER + ms(5000), &links, 10);
+        assert_eq!(relearning(&s, 1), Some(false));
         assert_eq!(relearning(&s, 2), Some(false));
     }
 
