@@ -245,12 +245,21 @@ impl<T> Default for LinkTable<T> {
 impl<T> LinkTable<T> {
     /// The state of `id` (created by `init` if new), marked as seen at `now`.
     fn get_or_insert(&mut self, id: LinkId, now: Instant, init: impl FnOnce() -> T) -> usize {
+        self.touch(id, now, init).0
+    }
+    /// [`Self::get_or_insert`], also telling when `id` was looked up before (`None`: new).
+    fn touch(
+        &mut self,
+        id: LinkId,
+        now: Instant,
+        init: impl FnOnce() -> T,
+    ) -> (usize, Option<Instant>) {
         if let Some(i) = self.entries.iter().position(|e| e.0 == id) {
-            self.entries[i].1 = now;
-            i
+            let before = std::mem::replace(&mut self.entries[i].1, now);
+            (i, Some(before))
         } else {
             self.entries.push((id, now, init()));
-            self.entries.len() - 1
+            (self.entries.len() - 1, None)
         }
     }
     fn get(&self, id: LinkId) -> Option<&T> {
@@ -259,10 +268,6 @@ impl<T> LinkTable<T> {
     /// The latest any link was looked up.
     fn newest(&self) -> Option<Instant> {
         self.entries.iter().map(|e| e.1).max()
-    }
-    /// When `id` was last looked up with [`Self::get_or_insert`].
-    fn last_seen(&self, id: LinkId) -> Option<Instant> {
-        self.entries.iter().find(|e| e.0 == id).map(|e| e.1)
     }
     /// Forgets links unseen for [`FORGET_AFTER`] (checked at most once a second).
     fn prune(&mut self, now: Instant) {
@@ -1303,13 +1308,11 @@ impl Adaptive {
             .is_some_and(|t| now >= t);
         // Away while the others were seen (before this call): an idle spell ages every link
         // alike.
-        let away = match (self.table.last_seen(v.id), newest) {
+        let (i, seen) = self.table.touch(v.id, now, || AdaptiveLink::new(now, v));
+        let away = match (seen, newest) {
             (Some(t), Some(n)) => n.saturating_duration_since(t) >= RETURN_GAP,
             _ => true,
         };
-        let i = self
-            .table
-            .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
         let st = &mut self.table.entries[i].2;
         if away && under_traffic && st.startup {
             // Never measured (it was down when the flows began): it is now. One measured
@@ -1432,7 +1435,10 @@ impl Scheduler for Adaptive {
         let mut unmeasured: Option<(usize, f64)> = None;
         let mut limit = MIN_QUEUE_LIMIT;
         for v in links {
-            let i = self.entry(now, v, newest);
+            // Every link was looked up (and measured if due) above.
+            let i = self
+                .table
+                .get_or_insert(v.id, now, || AdaptiveLink::new(now, v));
             let st = &mut self.table.entries[i].2;
             let in_use = st
                 .held_packet_at
