@@ -456,6 +456,31 @@ fn tcp_model_fills_a_single_link() {
     }
 }
 
+/// The model's BBR keeps its rate through PROBE_RTT, as Linux's does: PROBE_RTT's samples (four
+/// segments a round) are marked application-limited and kept out of the bandwidth filter. Two
+/// 20 Mbit/s links at 10 ms through braid, measured from 10 to 30 s (PROBE_RTT about 11 and 21 s
+/// in). When the model took those samples, PROBE_RTT's 200 ms (ten rounds at that round trip)
+/// aged the maximum out of the ten-round window and the flow climbed back from four segments
+/// a round at 1.25 x per gain cycle: about 2 s at a fraction of the rate.
+#[test]
+fn tcp_model_bbr_keeps_its_rate_through_probe_rtt() {
+    let ms = Duration::from_millis;
+    let links = vec![
+        LinkSpec::new(20_000_000, ms(10)),
+        LinkSpec::new(20_000_000, ms(10)),
+    ];
+    let sc = TcpScenario::new("2x20 Mbit/s, 10 ms, 30 s", links)
+        .cc(Bbr)
+        .backpressure(true)
+        .equalize_max(braid_core::endpoint::DEFAULT_EQUALIZE_MAX)
+        .duration(Duration::from_secs(30))
+        .warmup(Duration::from_secs(10));
+    for r in runs(&sc) {
+        eprintln!("{}", r.table_row());
+        assert!(r.of_sum > 0.88, "{}", r.table_row());
+    }
+}
+
 /// Random loss on a bare link: every loss is repaired by a retransmission (RACK, not the
 /// timer), and CUBIC, being loss-based, slows down where BBR does not.
 #[test]
@@ -697,9 +722,10 @@ fn a_link_whose_loss_falls_comes_back() {
 /// A link down when a BBR flow began, coming up 4 s into it (2 x 20 Mbit/s at 10 ms, rates
 /// not configured, braid's back-pressure and bound): its rate, never measured, is measured then
 /// (`sched::AdaptiveLink::explores`), and the flow spreads onto it. Before, the flow stayed on
-/// the first link (18.4 Mbit/s, 100/0, in all five runs); now 27.6-28.0 Mbit/s, the second link
-/// carrying about half from 12 s on. A flow that had both links from its start gets 36.7 (92%
-/// of the sum): why this one settles lower is open.
+/// the first link (18.4 Mbit/s, 100/0, in all five runs); now 35.8-36.1 Mbit/s (89-90% of the
+/// sum), the second link carrying half from 12 s on, near a flow that had both links from its
+/// start (36.7, 92%). (27.6-28.0 until the simulator's BBR ignored PROBE_RTT's low rate samples
+/// as Linux does: its PROBE_RTT at 16 s, inside the measured window, cost about 2 s.)
 #[test]
 fn a_link_that_comes_up_under_a_bbr_flow_is_measured() {
     let ms = Duration::from_millis;
@@ -717,7 +743,7 @@ fn a_link_that_comes_up_under_a_bbr_flow_is_measured() {
         .event(Duration::from_secs(4), sim::LinkEvent::Light(1));
     for r in runs(&sc) {
         eprintln!("{}", r.table_row());
-        assert!(r.links[1].share > 0.35, "not used: {}", r.table_row());
-        assert!(r.of_sum > 0.6, "{}", r.table_row());
+        assert!(r.links[1].share > 0.4, "not used: {}", r.table_row());
+        assert!(r.of_sum > 0.85, "{}", r.table_row());
     }
 }

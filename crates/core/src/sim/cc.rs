@@ -48,6 +48,9 @@ pub struct RateSample {
     pub interval: Duration,
     /// `C.delivered` when the newest acknowledged segment was sent.
     pub prior_delivered: u64,
+    /// That segment was sent while the connection was marked application-limited (the draft's
+    /// `P.is_app_limited`): here only in BBR's PROBE_RTT, which marks it so (below).
+    pub is_app_limited: bool,
 }
 
 impl RateSample {
@@ -87,6 +90,13 @@ pub trait CongestionControl {
     fn cwnd(&self) -> u64;
     /// Pacing rate in segments per second, or `None` to send as the window allows.
     fn pacing_rate(&self) -> Option<f64>;
+    /// True after an ACK on which the sender should mark the connection application-limited,
+    /// so that the rate samples of what it sends next are known for what they are. Linux's BBR
+    /// does so on every ACK in PROBE_RTT (`bbr_update_min_rtt`: "Ignore low rate samples during
+    /// this mode").
+    fn marks_app_limited(&self) -> bool {
+        false
+    }
 }
 
 /// Initial window (RFC 6928).
@@ -296,6 +306,8 @@ pub struct Bbr {
     packet_conservation: bool,
     cwnd: u64,
     pacing_rate: Option<f64>,
+    /// This ACK found BBR in PROBE_RTT ([`CongestionControl::marks_app_limited`]).
+    in_probe_rtt: bool,
     rng: ChaCha8Rng,
 }
 
@@ -322,6 +334,7 @@ impl Bbr {
             packet_conservation: false,
             cwnd: INIT_CWND as u64,
             pacing_rate: None,
+            in_probe_rtt: false,
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0xbb),
         }
     }
@@ -355,6 +368,14 @@ impl Bbr {
             return;
         };
         let bw = rs.rate();
+        // As Linux: an application-limited sample (PROBE_RTT's) counts only if it is a new
+        // maximum. Taking PROBE_RTT's samples let the pre-PROBE_RTT maximum age out of the
+        // 10-round window during PROBE_RTT's 200 ms (ten rounds at a 20 ms round trip), and the
+        // flow climbed back from PROBE_RTT's four segments by 1.25x per gain cycle: about 2 s
+        // at a fraction of the rate after every PROBE_RTT.
+        if rs.is_app_limited && bw < self.btl_bw() {
+            return;
+        }
         while self.bw_filter.back().is_some_and(|&(_, b)| b <= bw) {
             self.bw_filter.pop_back();
         }
@@ -443,6 +464,7 @@ impl Bbr {
         if self.mode != BbrMode::ProbeRtt {
             return;
         }
+        self.in_probe_rtt = true;
         match self.probe_rtt_done {
             None if ack.in_flight <= BBR_MIN_CWND => {
                 self.probe_rtt_done = Some(now + BBR_PROBE_RTT_TIME);
@@ -507,6 +529,7 @@ impl Bbr {
 
 impl CongestionControl for Bbr {
     fn on_ack(&mut self, now: Duration, ack: &Ack) {
+        self.in_probe_rtt = false;
         self.update_round(ack);
         self.update_bw(ack);
         self.update_gain_cycle(now, ack);
@@ -541,5 +564,9 @@ impl CongestionControl for Bbr {
 
     fn pacing_rate(&self) -> Option<f64> {
         self.pacing_rate
+    }
+
+    fn marks_app_limited(&self) -> bool {
+        self.in_probe_rtt
     }
 }

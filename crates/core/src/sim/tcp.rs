@@ -175,6 +175,8 @@ struct Segment {
     delivered: u64,
     delivered_time: Duration,
     first_sent_time: Duration,
+    /// Sent while the connection was marked application-limited.
+    app_limited: bool,
     retransmitted: bool,
     fate: Fate,
 }
@@ -194,6 +196,7 @@ struct RateProbe {
     prior_delivered: u64,
     send_elapsed: Duration,
     ack_elapsed: Duration,
+    is_app_limited: bool,
 }
 
 /// The bulk sender: always has data, limited by the congestion window and the pacing rate.
@@ -224,6 +227,9 @@ struct Sender {
     delivered: u64,
     delivered_time: Duration,
     first_sent_time: Duration,
+    /// The draft's `C.app_limited`: while non-zero, segments sent are marked
+    /// application-limited, until `delivered` passes it.
+    app_limited: u64,
     recovery: Option<Recovery>,
     next_send: Duration,
     retransmits: u64,
@@ -259,6 +265,7 @@ impl Sender {
             delivered: 0,
             delivered_time: Duration::ZERO,
             first_sent_time: Duration::ZERO,
+            app_limited: 0,
             recovery: None,
             next_send: start,
             retransmits: 0,
@@ -315,6 +322,7 @@ impl Sender {
             delivered: self.delivered,
             delivered_time: self.delivered_time,
             first_sent_time: self.first_sent_time,
+            app_limited: self.app_limited != 0,
             retransmitted: seq < self.snd_nxt(),
             fate: Fate::InFlight,
         };
@@ -352,6 +360,9 @@ impl Sender {
                 }
             }
         }
+        if self.app_limited != 0 && self.delivered > self.app_limited {
+            self.app_limited = 0;
+        }
         if cum > self.snd_una {
             self.sacked_out -= cum - self.snd_una;
             self.snd_una = cum;
@@ -374,6 +385,9 @@ impl Sender {
             in_recovery: matches!(self.recovery, Some(Recovery::Fast(_))),
         };
         self.cc.on_ack(now, &sample);
+        if self.cc.marks_app_limited() {
+            self.app_limited = (self.delivered + self.in_flight).max(1);
+        }
         self.send(now, path);
     }
 
@@ -403,6 +417,7 @@ impl Sender {
                 prior_delivered: seg.delivered,
                 send_elapsed: seg.sent.saturating_sub(seg.first_sent_time),
                 ack_elapsed: now.saturating_sub(seg.delivered_time),
+                is_app_limited: seg.app_limited,
             });
             self.first_sent_time = seg.sent;
         }
@@ -433,6 +448,7 @@ impl Sender {
             delivered: self.delivered - p.prior_delivered,
             interval,
             prior_delivered: p.prior_delivered,
+            is_app_limited: p.is_app_limited,
         })
     }
 
