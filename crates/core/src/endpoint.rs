@@ -562,10 +562,12 @@ pub struct BundleStats {
     pub reorder_depth: usize,
     pub reorder_timeout_us: u64,
     /// Back-pressure ([`Endpoint::set_backpressure`]): on or off; packets waiting in the
-    /// bundle's queue now, and that waited there so far (drops in `drops.queue_delay`).
+    /// bundle's queue now, and that waited there so far (drops in `drops.queue_delay`), and
+    /// those it marked Congestion Experienced instead of dropping (ECN-capable).
     pub backpressure: bool,
     pub queue_depth: usize,
     pub queued: u64,
+    pub queue_marked: u64,
     /// How long a packet may wait in the bundle's queue now, and how many times the queue was
     /// found standing (its limit cut to one round trip: [`crate::bqueue::Standing`]).
     pub queue_limit_us: u64,
@@ -3925,6 +3927,7 @@ impl Endpoint {
             backpressure: self.queue.on,
             queue_depth: self.queue.len(),
             queued: self.queue.queued,
+            queue_marked: self.queue.marked,
             queue_limit_us: self.queue.max_delay(now).as_micros() as u64,
             queue_stood: self.queue.standing.found,
             equalize_us: self.hold.add().as_micros() as u64,

@@ -161,9 +161,84 @@ pub fn ipv4_checksum(header: &[u8]) -> u16 {
     !fold16(sum16(header, 0))
 }
 
+/// The packet's ECN field (RFC 3168: 0 not ECN-capable, 1 or 2 ECN-capable, 3 Congestion
+/// Experienced), IPv4 or IPv6; `None` for anything else.
+pub fn ecn(packet: &[u8]) -> Option<u8> {
+    match packet.first()? >> 4 {
+        4 if packet.len() >= 20 => Some(packet[1] & 0x03),
+        6 if packet.len() >= 40 => Some((packet[1] >> 4) & 0x03),
+        _ => None,
+    }
+}
+
+/// Marks an ECN-capable packet Congestion Experienced (RFC 3168 section 5), as a router's
+/// queue does instead of dropping it, the IPv4 header checksum mended incrementally (RFC 1624);
+/// returns whether the packet now carries the mark (false: not ECN-capable, left as it was).
+pub fn mark_ce(packet: &mut [u8]) -> bool {
+    match ecn(packet) {
+        None | Some(0) => false,
+        Some(3) => true,
+        Some(_) if packet[0] >> 4 == 4 => {
+            let old = u16::from_be_bytes([packet[0], packet[1]]);
+            packet[1] |= 0x03;
+            let new = u16::from_be_bytes([packet[0], packet[1]]);
+            let check = u16::from_be_bytes([packet[10], packet[11]]);
+            // HC' = ~(~HC + ~m + m')
+            let sum = u64::from(!check) + u64::from(!old) + u64::from(new);
+            packet[10..12].copy_from_slice(&(!fold16(sum)).to_be_bytes());
+            true
+        }
+        Some(_) => {
+            packet[1] |= 0x30;
+            true
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ecn_capable_packets_are_marked_and_the_ipv4_checksum_stays_right() {
+        for (tos, marked) in [
+            (0x00u8, false),
+            (0x01, true),
+            (0x02, true),
+            (0xb8 | 0x02, true),
+            (0x03, true),
+        ] {
+            let mut p = v4_tcp(0x10, 100);
+            p[1] = tos;
+            p[8] = 64;
+            p[12..20].copy_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
+            let c = ipv4_checksum(&p[..20]);
+            p[10..12].copy_from_slice(&c.to_be_bytes());
+            let before = p.clone();
+            assert_eq!(mark_ce(&mut p), marked, "tos {tos:#x}");
+            assert_eq!(ipv4_checksum(&p[..20]), 0, "tos {tos:#x}: checksum");
+            if marked {
+                assert_eq!(ecn(&p), Some(3));
+                assert_eq!(p[1] & 0xfc, tos & 0xfc, "DSCP kept");
+            } else {
+                assert_eq!(p, before);
+            }
+        }
+        let mut v6 = vec![0u8; 60];
+        v6[0] = 0x60 | 0x0b; // traffic class 0xb2: DSCP 0x2c, ECT(0)
+        v6[1] = 0x20;
+        assert_eq!(ecn(&v6), Some(2));
+        assert!(mark_ce(&mut v6));
+        assert_eq!((v6[0], v6[1]), (0x6b, 0x30));
+        assert_eq!(ecn(&v6), Some(3));
+        v6[1] = 0;
+        assert!(!mark_ce(&mut v6));
+        for short in [&[0x45u8; 19][..], &[0x60; 39], &[], &[0x15; 40]] {
+            let mut p = short.to_vec();
+            assert!(!mark_ce(&mut p));
+            assert_eq!(p, short);
+        }
+    }
 
     fn v4_tcp(flags: u8, payload: usize) -> Vec<u8> {
         let total = 20 + 20 + payload;

@@ -364,6 +364,71 @@ fn a_flow_begun_before_the_slow_link_is_measured_still_uses_it() {
     }
 }
 
+/// ECN (RFC 3168) through the failover of [`failover_mid_transfer`], back-pressure on: a CUBIC
+/// flow that negotiated it is told of the overshoot after the 3 Mbit/s link goes dark by marks
+/// in the bundle's queue (`bqueue`: at half the limit, before the limit's drop), so it backs off
+/// with no hole to wait for and nothing to send again. A BBR flow (v1 ignores ECN) meets the
+/// same drops as without.
+#[test]
+fn ecn_failover_backs_off_without_loss() {
+    let base = sim::failover_scenarios()[0].clone().backpressure(true);
+    for cc in CcKind::ALL {
+        for dir in [Upload, Download] {
+            let sc = base.clone().cc(cc).direction(dir);
+            let (off, on) = (runs(&sc), runs(&sc.clone().ecn(true)));
+            for r in off.iter().chain(&on) {
+                eprintln!(
+                    "{} | ce reductions {} marked {} dropped {}",
+                    r.table_row(),
+                    r.ce_reductions,
+                    r.repair.queue_marked,
+                    r.repair.queue_dropped
+                );
+            }
+            let total = |rs: &[sim::TcpReport], f: fn(&sim::TcpReport) -> u64| -> u64 {
+                rs.iter().map(f).sum()
+            };
+            let what = format!("{} {}", cc.name(), dir.name());
+            assert_eq!(
+                total(&off, |r| r.repair.queue_marked),
+                0,
+                "{what}: marks without ECN"
+            );
+            assert!(
+                total(&on, |r| r.repair.queue_marked) > 0,
+                "{what}: no marks"
+            );
+            let goodput = |rs: &[sim::TcpReport]| median(rs, |r| r.of_sum);
+            assert!(
+                goodput(&on) > goodput(&off) - 0.02,
+                "{what}: ECN cost goodput"
+            );
+            if cc == Cubic {
+                let (re_off, re_on) = (
+                    total(&off, |r| r.retransmits),
+                    total(&on, |r| r.retransmits),
+                );
+                assert!(
+                    re_on * 3 < re_off,
+                    "{what}: {re_on} retransmitted with ECN, {re_off} without"
+                );
+                assert!(
+                    total(&on, |r| r.ce_reductions) > 0,
+                    "{what}: never backed off for a mark"
+                );
+                let (st_off, st_on) = (
+                    median(&off, |r| r.longest_stall_ms),
+                    median(&on, |r| r.longest_stall_ms),
+                );
+                assert!(
+                    st_on < st_off,
+                    "{what}: stall {st_on:.0} ms with ECN, {st_off:.0} without"
+                );
+            }
+        }
+    }
+}
+
 /// Failover on a high-delay mix (2 x 10 Mbit/s, 20 and 120 ms one way), either link dark, CUBIC
 /// both ways, no rates configured. This cell is chaotic (one run's inner window before the
 /// failure decides whether the link left overflows after it: 106 to 4624 retransmissions over

@@ -220,6 +220,12 @@ pub struct LabArgs {
     /// set the hosts, then puts the list back.
     #[arg(long, value_name = "NAME", default_value = "cubic")]
     pub cc: String,
+    /// Let the two hosts' TCP negotiate ECN (`net.ipv4.tcp_ecn = 1` in their namespaces; Linux
+    /// asks for it only so set, and answers a peer that asks by default): braid's bundle queue
+    /// then marks their packets Congestion Experienced before it would drop them. Applies to
+    /// every run.
+    #[arg(long)]
+    pub ecn: bool,
     /// Download: host B (behind the server endpoint) sends and host A receives. Applies to every
     /// run (links alone, bundle, comparison).
     #[arg(long)]
@@ -348,6 +354,8 @@ pub struct LabOptions {
     pub seed: u64,
     /// TCP congestion control of hosts A and B.
     pub cc: String,
+    /// Hosts A and B ask for ECN (`net.ipv4.tcp_ecn = 1`).
+    pub ecn: bool,
 }
 
 impl LabOptions {
@@ -358,6 +366,7 @@ impl LabOptions {
             queue_ms: braid_core::netem::DEFAULT_QUEUE_MS,
             seed: 1,
             cc: "cubic".to_string(),
+            ecn: false,
         }
     }
 }
@@ -528,6 +537,12 @@ impl Lab {
         hostcheck::require_tools(hostcheck::LAB_TOOLS)?;
         let topo = Topology::create(&opts.prefix, specs.len())?;
         hostcheck::set_hosts_cc(&[topo.ns_a(), topo.ns_b()], &opts.cc)?;
+        if opts.ecn {
+            for ns in [topo.ns_a(), topo.ns_b()] {
+                braid_linux::sysctl::write_in_netns(&ns, "net.ipv4.tcp_ecn", "1")
+                    .with_context(|| format!("setting net.ipv4.tcp_ecn = 1 in namespace {ns}"))?;
+            }
+        }
         let mut args: Vec<String> = vec!["lab-internal".into(), "emulate".into()];
         for s in specs {
             args.push("--link".into());
@@ -1233,6 +1248,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     opts.queue_ms = args.queue_ms;
     opts.seed = args.seed;
     opts.cc = args.cc.clone();
+    opts.ecn = args.ecn;
     let direction = if args.reverse {
         Direction::Download
     } else {
@@ -1337,6 +1353,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
         bundle,
     );
     report.tcp_congestion_control = args.cc.clone();
+    report.tcp_ecn = args.ecn;
     report.direction = direction;
     report.set_compare(compare);
     Ok(report)

@@ -45,6 +45,8 @@ pub struct LabReport {
     pub queue_ms: u64,
     /// TCP congestion control of the test hosts.
     pub tcp_congestion_control: String,
+    /// The hosts negotiated ECN (`--ecn`).
+    pub tcp_ecn: bool,
     /// Which way the data went: upload (host A sends) or download (host B sends).
     pub direction: crate::Direction,
     pub links: Vec<LinkReport>,
@@ -172,10 +174,12 @@ pub struct EndSample {
     pub wanted_ms: f64,
     pub send_hold_ms: f64,
     /// Packets that waited in the bundle's queue so far (back-pressure), those waiting now, and
-    /// those it dropped for waiting too long so far.
+    /// those it dropped for waiting too long so far, or marked Congestion Experienced instead
+    /// (ECN-capable packets).
     pub queued: u64,
     pub queue_depth: u64,
     pub queue_drops: u64,
+    pub queue_marked: u64,
     /// The bundle queue's limit now (ms; 0 if the end does not say).
     pub queue_limit_ms: f64,
     /// In-tunnel repair counters so far (the status reply's `repair`).
@@ -233,6 +237,7 @@ impl EndSample {
                 .pointer("/drops/queue_delay")
                 .and_then(|q| q.as_u64())
                 .unwrap_or(0),
+            queue_marked: st.get("queue_marked").and_then(|q| q.as_u64()).unwrap_or(0),
             queue_limit_ms: num(st, "queue_limit_us") / 1e3,
             repair: st.get("repair").cloned().unwrap_or_default(),
             links,
@@ -281,6 +286,7 @@ impl LabReport {
             flows,
             queue_ms,
             tcp_congestion_control: String::new(),
+            tcp_ecn: false,
             direction: crate::Direction::Upload,
             compare: None,
             compare_of_nominal: None,
@@ -404,7 +410,7 @@ pub fn render(r: &LabReport) -> String {
         out += &format!(
             "bundle ({}, {}): {} Mbit/s of {} ({:.0}%{of_alone}){compare}\n",
             direction_name(r.direction),
-            r.tcp_congestion_control,
+            cc_label(r),
             mbit(b.run.goodput_bps),
             mbit(r.nominal_sum_bps),
             100.0 * b.run.goodput_bps / r.nominal_sum_bps
@@ -414,13 +420,22 @@ pub fn render(r: &LabReport) -> String {
             "{} ({}, {}): {} Mbit/s of {} ({:.0}%)\n",
             c.name,
             direction_name(r.direction),
-            r.tcp_congestion_control,
+            cc_label(r),
             mbit(c.run.goodput_bps),
             mbit(r.nominal_sum_bps),
             100.0 * c.run.goodput_bps / r.nominal_sum_bps
         );
     }
     out
+}
+
+/// The hosts' congestion control as the text report names it ("cubic", "cubic with ECN").
+fn cc_label(r: &LabReport) -> String {
+    if r.tcp_ecn {
+        format!("{} with ECN", r.tcp_congestion_control)
+    } else {
+        r.tcp_congestion_control.clone()
+    }
 }
 
 fn direction_name(d: crate::Direction) -> &'static str {
@@ -482,7 +497,7 @@ fn render_run(
         .map_or(String::new(), |ms| format!(", connected in {ms:.0} ms"));
     *out += &format!(
         "  TCP sender ({}): {} segments, {} retransmitted ({:.2}%){connect}\n",
-        r.tcp_congestion_control,
+        cc_label(r),
         run.tcp_segments,
         run.tcp_retransmits,
         100.0 * run.tcp_retransmits as f64 / (run.tcp_segments.max(1)) as f64

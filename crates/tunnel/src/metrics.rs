@@ -407,6 +407,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "IP packets that waited in the bundle's queue under back-pressure because every link was full",
         &[(b.clone(), s.queued)],
     );
+    r.counter(
+        "bundle_queue_ce_marked",
+        "ECN-capable IP packets the bundle's queue marked Congestion Experienced instead of dropping them",
+        &[(b.clone(), s.queue_marked)],
+    );
     r.gauge(
         "bundle_queue_depth",
         "IP packets waiting in the bundle's queue under back-pressure now",
@@ -709,6 +714,7 @@ mod tests {
             "braid_drops_total{bundle=\"b0\",reason=\"udp_send\"} 3",
             "braid_udp_opened_in_parallel_total{bundle=\"b0\"} 7",
             "braid_bundle_queued_total{bundle=\"b0\"} 0",
+            "braid_bundle_queue_ce_marked_total{bundle=\"b0\"} 0",
             "braid_bundle_queue_depth{bundle=\"b0\"} 0",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",

@@ -84,6 +84,10 @@ pub trait CongestionControl {
     /// Loss detected outside recovery: the sender enters fast recovery.
     fn on_recovery_start(&mut self, now: Duration, in_flight: u64);
     fn on_recovery_end(&mut self, now: Duration);
+    /// An ACK echoed a Congestion Experienced mark (ECE) outside a reduction: the sender
+    /// enters CWR (RFC 3168). Linux reduces the window as for a loss, with nothing to send
+    /// again; BBR v1 ignores ECN (its window is set by its model), hence the default.
+    fn on_ce_echo(&mut self, _now: Duration, _in_flight: u64) {}
     /// The retransmission timer fired.
     fn on_rto(&mut self, now: Duration);
     /// Congestion window, segments.
@@ -249,6 +253,10 @@ impl CongestionControl for Cubic {
     }
 
     fn on_recovery_end(&mut self, _now: Duration) {}
+
+    fn on_ce_echo(&mut self, now: Duration, in_flight: u64) {
+        self.on_recovery_start(now, in_flight);
+    }
 
     fn on_rto(&mut self, _now: Duration) {
         self.reduce();

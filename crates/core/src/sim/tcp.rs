@@ -63,6 +63,10 @@ mod layout {
     pub const KIND: usize = 24;
     pub const SEQ: usize = 25;
     pub const NBLOCKS: usize = 33;
+    /// ECN's TCP flags, where a TCP header has its window: CWR on data, ECE on ACKs.
+    pub const ECN_FLAGS: usize = 34;
+    pub const CWR: u8 = 0x80;
+    pub const ECE: u8 = 0x40;
     pub const BLOCKS: usize = super::ACK_LEN;
     pub const DATA: u8 = 1;
     pub const ACK: u8 = 2;
@@ -128,6 +132,8 @@ fn read_u32(p: &[u8], at: usize) -> Option<u32> {
 struct AckInfo {
     cum: u64,
     blocks: Vec<(u64, u64)>,
+    /// ECN-Echo: the receiver saw a Congestion Experienced mark and no CWR since.
+    ece: bool,
 }
 
 impl AckInfo {
@@ -142,7 +148,10 @@ impl AckInfo {
                 Some((cum + u64::from(s), cum + u64::from(e)))
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(AckInfo { cum, blocks })
+        let ece = p
+            .get(layout::ECN_FLAGS)
+            .is_some_and(|f| f & layout::ECE != 0);
+        Some(AckInfo { cum, blocks, ece })
     }
 
     fn emit(&self, from: Side) -> Vec<u8> {
@@ -151,6 +160,9 @@ impl AckInfo {
         p[layout::KIND] = layout::ACK;
         p[layout::SEQ..layout::SEQ + 8].copy_from_slice(&self.cum.to_be_bytes());
         p[layout::NBLOCKS] = self.blocks.len() as u8;
+        if self.ece {
+            p[layout::ECN_FLAGS] = layout::ECE;
+        }
         for (i, &(s, e)) in self.blocks.iter().enumerate() {
             let at = layout::BLOCKS + i * SACK_BLOCK_LEN;
             p[at..at + 4].copy_from_slice(&((s - self.cum) as u32).to_be_bytes());
@@ -188,6 +200,8 @@ enum Recovery {
     Fast(u64),
     /// After a retransmission timeout.
     Timeout(u64),
+    /// Congestion Window Reduced after an ECN echo (RFC 3168): nothing to send again.
+    Cwr(u64),
 }
 
 /// The in-progress rate sample of one ACK.
@@ -234,14 +248,28 @@ struct Sender {
     next_send: Duration,
     retransmits: u64,
     rtos: u64,
+    /// ECN-capable (RFC 3168, as Linux's `tcp_ecn = 1`): segments go out ECT(0).
+    ecn: bool,
+    /// The next segment carries CWR (a window reduction for an echo).
+    cwr_pending: bool,
+    /// Window reductions for ECN echoes after the warm-up.
+    ce_reductions: u64,
     packet: Vec<u8>,
 }
 
 impl Sender {
-    fn new(side: Side, cc: Box<dyn CongestionControl>, start: Duration, warmup: Duration) -> Self {
+    fn new(
+        side: Side,
+        cc: Box<dyn CongestionControl>,
+        (start, warmup): (Duration, Duration),
+        ecn: bool,
+    ) -> Self {
         let mut packet = vec![0u8; DATA_LEN];
         ip_header(&mut packet, side);
         packet[layout::KIND] = layout::DATA;
+        if ecn {
+            packet[1] = 0x02; // ECT(0)
+        }
         Sender {
             side,
             warmup,
@@ -270,6 +298,9 @@ impl Sender {
             next_send: start,
             retransmits: 0,
             rtos: 0,
+            ecn,
+            cwr_pending: false,
+            ce_reductions: 0,
             packet,
         }
     }
@@ -343,6 +374,11 @@ impl Sender {
         }
         self.rto_at.get_or_insert(now + self.rto);
         self.packet[layout::SEQ..layout::SEQ + 8].copy_from_slice(&seq.to_be_bytes());
+        self.packet[layout::ECN_FLAGS] = if std::mem::take(&mut self.cwr_pending) {
+            layout::CWR
+        } else {
+            0
+        };
         path.send(now, self.side, &self.packet);
     }
 
@@ -374,6 +410,15 @@ impl Sender {
         }
         let lost = self.detect_loss(now);
         self.update_recovery(now, lost);
+        if ack.ece && self.ecn && self.recovery.is_none() {
+            // RFC 3168: one reduction per window, CWR on the next segment.
+            self.recovery = Some(Recovery::Cwr(self.snd_nxt()));
+            self.cc.on_ce_echo(now, self.in_flight);
+            self.cwr_pending = true;
+            if now >= self.warmup {
+                self.ce_reductions += 1;
+            }
+        }
         let sample = Ack {
             acked,
             lost,
@@ -382,7 +427,7 @@ impl Sender {
             in_flight: self.in_flight,
             delivered: self.delivered,
             rate: probe.and_then(|p| self.rate_sample(p)),
-            in_recovery: matches!(self.recovery, Some(Recovery::Fast(_))),
+            in_recovery: matches!(self.recovery, Some(Recovery::Fast(_) | Recovery::Cwr(_))),
         };
         self.cc.on_ack(now, &sample);
         if self.cc.marks_app_limited() {
@@ -511,11 +556,13 @@ impl Sender {
     }
 
     fn update_recovery(&mut self, now: Duration, lost: u64) {
-        if let Some(Recovery::Fast(point) | Recovery::Timeout(point)) = self.recovery {
-            if self.snd_una >= point {
+        match self.recovery {
+            Some(Recovery::Fast(point) | Recovery::Timeout(point)) if self.snd_una >= point => {
                 self.recovery = None;
                 self.cc.on_recovery_end(now);
             }
+            Some(Recovery::Cwr(point)) if self.snd_una >= point => self.recovery = None,
+            _ => {}
         }
         self.enter_recovery(now, lost);
     }
@@ -564,6 +611,8 @@ struct Receiver {
     measured: u64,
     last_delivery: Option<Duration>,
     longest_stall: Duration,
+    /// A Congestion Experienced mark came and no CWR since: every ACK echoes it (RFC 3168).
+    ece: bool,
 }
 
 impl Receiver {
@@ -579,6 +628,7 @@ impl Receiver {
             measured: 0,
             last_delivery: None,
             longest_stall: Duration::ZERO,
+            ece: false,
         }
     }
 
@@ -601,7 +651,18 @@ impl Receiver {
                 .is_some_and(|(_, &e)| seq < e)
     }
 
-    fn on_data<P: Path>(&mut self, now: Duration, seq: u64, path: &mut P) {
+    fn on_data<P: Path>(&mut self, now: Duration, p: &[u8], path: &mut P) {
+        let Some(seq) = read_u64(p, layout::SEQ) else {
+            return;
+        };
+        if p.get(layout::ECN_FLAGS)
+            .is_some_and(|f| f & layout::CWR != 0)
+        {
+            self.ece = false;
+        }
+        // A mark is echoed at once (Linux: quick ACK on CE).
+        let ce = crate::inner::ecn(p) == Some(3);
+        self.ece |= ce;
         let duplicate = self.holds(seq);
         let in_order = seq == self.rcv_nxt;
         let had_holes = !self.ooo.is_empty();
@@ -616,7 +677,7 @@ impl Receiver {
         }
         self.newest = seq;
         self.unacked += 1;
-        if duplicate || !in_order || had_holes || self.unacked >= 2 {
+        if ce || duplicate || !in_order || had_holes || self.unacked >= 2 {
             self.send_ack(now, path);
         } else {
             self.delack_at.get_or_insert(now + DELAYED_ACK);
@@ -666,6 +727,7 @@ impl Receiver {
         let ack = AckInfo {
             cum: self.rcv_nxt,
             blocks,
+            ece: self.ece,
         };
         self.unacked = 0;
         self.delack_at = None;
@@ -695,9 +757,7 @@ impl Traffic for TcpFlow {
     fn on_deliver<P: Path>(&mut self, now: Duration, to: Side, p: &[u8], path: &mut P) {
         match p.get(layout::KIND) {
             Some(&layout::DATA) if to == self.receiver.side => {
-                if let Some(seq) = read_u64(p, layout::SEQ) {
-                    self.receiver.on_data(now, seq, path);
-                }
+                self.receiver.on_data(now, p, path);
             }
             Some(&layout::ACK) if to == self.sender.side => {
                 if let Some(ack) = AckInfo::parse(p) {
@@ -734,6 +794,9 @@ pub struct TcpScenario {
     /// Both ends push back as `braid up` does with `backpressure = true`
     /// ([`super::net::BundleOptions::backpressure`]; default [`SIM_BACKPRESSURE`], not braid's).
     pub backpressure: bool,
+    /// The flow negotiated ECN (RFC 3168): its segments are ECN-capable, marks are echoed and
+    /// answered. Default off, as Linux's initiator (`tcp_ecn = 2`).
+    pub ecn: bool,
 }
 
 /// The equalisation bound the scenarios run at unless told otherwise: 100 ms, not braid's
@@ -763,8 +826,14 @@ impl TcpScenario {
             events: Vec::new(),
             nack: None,
             backpressure: SIM_BACKPRESSURE,
+            ecn: false,
         }
     }
+    pub fn ecn(mut self, on: bool) -> Self {
+        self.ecn = on;
+        self
+    }
+
     pub fn backpressure(mut self, on: bool) -> Self {
         self.backpressure = on;
         self
@@ -812,7 +881,12 @@ impl TcpScenario {
     fn flow(&self) -> TcpFlow {
         let from = self.direction.data_from();
         TcpFlow {
-            sender: Sender::new(from, self.cc.build(self.seed), self.start, self.warmup),
+            sender: Sender::new(
+                from,
+                self.cc.build(self.seed),
+                (self.start, self.warmup),
+                self.ecn,
+            ),
             receiver: Receiver::new(from.other(), self.warmup),
         }
     }
@@ -835,6 +909,7 @@ impl TcpScenario {
             best_single: None,
             retransmits: flow.sender.retransmits,
             rtos: flow.sender.rtos,
+            ce_reductions: flow.sender.ce_reductions,
             longest_stall_ms: r.longest_stall.max(tail).as_secs_f64() * 1e3,
             links,
             repair: TunnelRepair::default(),
@@ -869,6 +944,8 @@ pub struct TcpReport {
     pub retransmits: u64,
     /// Retransmission timeouts after the warm-up.
     pub rtos: u64,
+    /// Window reductions for ECN echoes after the warm-up ([`TcpScenario::ecn`]).
+    pub ce_reductions: u64,
     /// Longest time after the warm-up with nothing delivered to the receiving application.
     pub longest_stall_ms: f64,
     /// Per link, in the data's direction: share of the data packets, drops.
@@ -889,6 +966,8 @@ pub struct TunnelRepair {
     pub duplicates: u64,
     /// Data sender: IP packets its bundle queue dropped for waiting (back-pressure).
     pub queue_dropped: u64,
+    /// Data sender: IP packets its bundle queue marked Congestion Experienced instead.
+    pub queue_marked: u64,
 }
 
 impl TcpReport {
@@ -972,6 +1051,7 @@ pub fn run_tcp(sc: &TcpScenario) -> TcpReport {
         given_up: rx.reorder.repair_given_up,
         duplicates: rx.repair.duplicates_suppressed,
         queue_dropped: tx.drops.queue_delay,
+        queue_marked: tx.queue_marked,
     };
     report
 }
@@ -1109,6 +1189,7 @@ mod tests {
                 ((1 << 40) + 5, (1 << 40) + 9),
                 ((1 << 40) + 2, (1 << 40) + 3),
             ],
+            ece: true,
         };
         let p = ack.emit(Side::Server);
         assert_eq!(p.len(), ACK_LEN + 16);
@@ -1122,22 +1203,59 @@ mod tests {
         let mut path = Capture::default();
         let mut r = Receiver::new(Side::Server, Duration::ZERO);
         let t = Duration::from_millis(1);
-        r.on_data(t, 0, &mut path);
+        r.on_data(t, &seg(0, 0), &mut path);
         assert!(path.0.is_empty(), "first in-order segment: delayed");
-        r.on_data(t, 1, &mut path);
+        r.on_data(t, &seg(1, 0), &mut path);
         assert_eq!(path.0.len(), 1);
         // 2 is lost; 3 and 5 arrive, then 6.
         for seq in [3, 5, 6] {
-            r.on_data(t, seq, &mut path);
+            r.on_data(t, &seg(seq, 0), &mut path);
         }
         let last = AckInfo::parse(path.0.last().unwrap()).unwrap();
         assert_eq!(path.0.len(), 4, "out of order: ACK at once");
         assert_eq!(last.cum, 2);
         assert_eq!(last.blocks, vec![(5, 7), (3, 4)]);
         // The hole fills: everything up to 7 goes to the application.
-        r.on_data(t, 2, &mut path);
-        r.on_data(t, 4, &mut path);
+        r.on_data(t, &seg(2, 0), &mut path);
+        r.on_data(t, &seg(4, 0), &mut path);
         assert_eq!(AckInfo::parse(path.0.last().unwrap()).unwrap().cum, 7);
         assert_eq!(r.measured, 7);
+    }
+
+    /// Data segment `seq` with the ECN field `ecn` (3: Congestion Experienced) and CWR if
+    /// `ecn` has bit 0x80.
+    fn seg(seq: u64, ecn: u8) -> Vec<u8> {
+        let mut p = vec![0u8; DATA_LEN];
+        ip_header(&mut p, Side::Client);
+        p[1] = ecn & 0x03;
+        p[layout::KIND] = layout::DATA;
+        p[layout::SEQ..layout::SEQ + 8].copy_from_slice(&seq.to_be_bytes());
+        if ecn & 0x80 != 0 {
+            p[layout::ECN_FLAGS] = layout::CWR;
+        }
+        p
+    }
+
+    #[test]
+    fn receiver_echoes_a_mark_at_once_until_the_sender_says_cwr() {
+        let mut path = Capture::default();
+        let mut r = Receiver::new(Side::Server, Duration::ZERO);
+        let t = Duration::from_millis(1);
+        r.on_data(t, &seg(0, 0x02), &mut path);
+        assert!(path.0.is_empty(), "no mark: delayed");
+        r.on_data(t, &seg(1, 0x03), &mut path);
+        r.on_data(t, &seg(2, 0x02), &mut path);
+        r.on_data(t, &seg(3, 0x02), &mut path);
+        let acks: Vec<_> = path.0.iter().map(|p| AckInfo::parse(p).unwrap()).collect();
+        assert_eq!(
+            acks.len(),
+            2,
+            "the mark acknowledged at once, then every second"
+        );
+        assert!(acks.iter().all(|a| a.ece), "echoed until CWR");
+        r.on_data(t, &seg(4, 0x82), &mut path);
+        r.on_data(t, &seg(5, 0x02), &mut path);
+        let last = AckInfo::parse(path.0.last().unwrap()).unwrap();
+        assert_eq!((last.cum, last.ece), (6, false));
     }
 }
