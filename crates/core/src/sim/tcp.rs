@@ -248,13 +248,19 @@ struct Sender {
     next_send: Duration,
     retransmits: u64,
     rtos: u64,
-    /// ECN-capable (RFC 3168, as Linux's `tcp_ecn = 1`): segments go out ECT(0).
-    ecn: bool,
-    /// The next segment carries CWR (a window reduction for an echo).
-    cwr_pending: bool,
-    /// Window reductions for ECN echoes after the warm-up.
-    ce_reductions: u64,
+    ecn: SenderEcn,
     packet: Vec<u8>,
+}
+
+/// The sender's side of ECN (RFC 3168).
+#[derive(Debug, Default)]
+struct SenderEcn {
+    /// Negotiated (as Linux's `tcp_ecn = 1` at both ends): segments go out ECT(0).
+    on: bool,
+    /// The next segment carries CWR (the window was reduced for an echo).
+    cwr_pending: bool,
+    /// Window reductions for echoes after the warm-up.
+    reductions: u64,
 }
 
 impl Sender {
@@ -298,9 +304,10 @@ impl Sender {
             next_send: start,
             retransmits: 0,
             rtos: 0,
-            ecn,
-            cwr_pending: false,
-            ce_reductions: 0,
+            ecn: SenderEcn {
+                on: ecn,
+                ..SenderEcn::default()
+            },
             packet,
         }
     }
@@ -374,7 +381,7 @@ impl Sender {
         }
         self.rto_at.get_or_insert(now + self.rto);
         self.packet[layout::SEQ..layout::SEQ + 8].copy_from_slice(&seq.to_be_bytes());
-        self.packet[layout::ECN_FLAGS] = if std::mem::take(&mut self.cwr_pending) {
+        self.packet[layout::ECN_FLAGS] = if std::mem::take(&mut self.ecn.cwr_pending) {
             layout::CWR
         } else {
             0
@@ -410,13 +417,13 @@ impl Sender {
         }
         let lost = self.detect_loss(now);
         self.update_recovery(now, lost);
-        if ack.ece && self.ecn && self.recovery.is_none() {
+        if ack.ece && self.ecn.on && self.recovery.is_none() {
             // RFC 3168: one reduction per window, CWR on the next segment.
             self.recovery = Some(Recovery::Cwr(self.snd_nxt()));
             self.cc.on_ce_echo(now, self.in_flight);
-            self.cwr_pending = true;
+            self.ecn.cwr_pending = true;
             if now >= self.warmup {
-                self.ce_reductions += 1;
+                self.ecn.reductions += 1;
             }
         }
         let sample = Ack {
@@ -909,7 +916,7 @@ impl TcpScenario {
             best_single: None,
             retransmits: flow.sender.retransmits,
             rtos: flow.sender.rtos,
-            ce_reductions: flow.sender.ce_reductions,
+            ce_reductions: flow.sender.ecn.reductions,
             longest_stall_ms: r.longest_stall.max(tail).as_secs_f64() * 1e3,
             links,
             repair: TunnelRepair::default(),
