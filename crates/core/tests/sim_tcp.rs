@@ -364,6 +364,53 @@ fn a_flow_begun_before_the_slow_link_is_measured_still_uses_it() {
     }
 }
 
+/// A link whose way back falls quiet for 0.4 s under a transfer (10 Mbit/s at 20 and 120 ms,
+/// rates configured, braid's back-pressure and bound): the data's sender hears nothing on it
+/// while the other link speaks, and takes it for silent, as it did in the lab when a BBR
+/// download's PROBE_RTT stopped what the receiver sent back on the slow link. The link must
+/// keep its place once it speaks again. Before, the sender's view of the peer's hold fell to
+/// none and climbed back by steps, the slow link left out meanwhile (lab: 69.6% of the sum
+/// over 60 s), and the bundle's queue, whose round trip took the sender's own receive hold,
+/// dropped all it held at once (simulator: 20-24% of the sum, the flow standing 10 s).
+#[test]
+fn a_link_silent_for_a_moment_keeps_its_place() {
+    let ms = Duration::from_millis;
+    let links = vec![
+        LinkSpec::new(10_000_000, ms(20)).configured(),
+        LinkSpec::new(10_000_000, ms(120)).configured(),
+    ];
+    let base = TcpScenario::new("2x10 Mbit/s, 20/120 ms", links)
+        .backpressure(true)
+        .equalize_max(braid_core::endpoint::DEFAULT_EQUALIZE_MAX)
+        .duration(Duration::from_secs(30))
+        .warmup(Duration::from_secs(14));
+    for cc in CcKind::ALL {
+        for dir in [Upload, Download] {
+            let sc = base.clone().cc(cc).direction(dir);
+            // The way back: what the data's receiver sends.
+            let back = match dir {
+                Upload => sim::net::Side::Server,
+                Download => sim::net::Side::Client,
+            };
+            let quiet = sc
+                .clone()
+                .event(Duration::from_secs(12), sim::LinkEvent::Mute(1, back))
+                .event(ms(12_400), sim::LinkEvent::Light(1));
+            let (calm, hushed) = (median_run(&sc), median_run(&quiet));
+            eprintln!("{}\n{}", calm.table_row(), hushed.table_row());
+            assert!(
+                hushed.of_sum > calm.of_sum - 0.03,
+                "{} {}: {:.1}% after the quiet spell, {:.1}% without",
+                cc.name(),
+                dir.name(),
+                hushed.of_sum * 100.0,
+                calm.of_sum * 100.0
+            );
+            assert!(hushed.links[1].share > 0.35, "{}", hushed.table_row());
+        }
+    }
+}
+
 /// ECN (RFC 3168) through the failover of [`failover_mid_transfer`], back-pressure on: a CUBIC
 /// flow that negotiated it is told of the overshoot after the 3 Mbit/s link goes dark by marks
 /// in the bundle's queue (`bqueue`: at half the limit, before the limit's drop), so it backs off

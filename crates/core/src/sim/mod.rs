@@ -91,7 +91,10 @@ impl LinkSpec {
 pub enum LinkEvent {
     /// The link stops carrying anything, both ways.
     Dark(usize),
-    /// The link carries traffic again.
+    /// What one end sends on the link is lost (the other way still carries), until
+    /// [`LinkEvent::Light`].
+    Mute(usize, net::Side),
+    /// The link carries traffic again (both ways).
     Light(usize),
     /// The link's random loss (both ways) becomes this, in [0, 1).
     Loss(usize, f64),

@@ -233,6 +233,8 @@ struct SimLink {
     dirs: [LinkModel; 2],
     dark: bool,
     dark_since: Option<Duration>,
+    /// Per direction ([`Side::dir`]): what that side sends is lost.
+    muted: [bool; 2],
     /// Per direction: when the sending endpoint last put DATA on this link.
     last_use: [Option<Duration>; 2],
     counters: [DirCounters; 2],
@@ -309,6 +311,7 @@ impl Bundle {
                 dirs: link_pair(spec, opts.seed, i),
                 dark: false,
                 dark_since: None,
+                muted: [false; 2],
                 last_use: [None; 2],
                 counters: [DirCounters::default(); 2],
                 detected_down_after: None,
@@ -417,7 +420,7 @@ impl Bundle {
                 l.counters[d].data_packets += 1;
             }
         }
-        if l.dark {
+        if l.dark || l.muted[d] {
             return Some(payload);
         }
         match l.dirs[d].on_frame(inst, payload.len() + IP_UDP_OVERHEAD) {
@@ -470,9 +473,15 @@ impl Bundle {
                     l.dark_since = Some(now);
                 }
             }
+            Ev::Link(LinkEvent::Mute(i, side)) => {
+                if let Some(l) = self.links.get_mut(i) {
+                    l.muted[side.dir()] = true;
+                }
+            }
             Ev::Link(LinkEvent::Light(i)) => {
                 if let Some(l) = self.links.get_mut(i) {
                     l.dark = false;
+                    l.muted = [false; 2];
                 }
             }
             Ev::Link(LinkEvent::Loss(i, loss)) => {
