@@ -651,11 +651,11 @@ pub const IP_UDP_OVERHEAD: usize = 28;
 pub const WIRE_OVERHEAD: usize = IP_UDP_OVERHEAD + crate::wire::DATA_OVERHEAD;
 
 /// How long a link counts in the receiver's delay equalisation after the last packet it
-/// brought (unless it fell silent: `Link::brings_data`), and so in the sender's view of the
-/// peer's hold after the last packet *we* heard on it, silent or DOWN meanwhile
-/// (`Endpoint::cap_sender_equalization`): our silence and our DOWN are about the way back,
-/// which pauses whenever the inner flow does (a BBR flow's PROBE_RTT stops what the peer sends
-/// back on the slow link), while the peer counts the link by what we send it.
+/// brought (unless it fell silent: `Link::brings_data`), and in the sender's view of the
+/// peer's hold after the last packet *we* heard on it, DOWN meanwhile
+/// (`Endpoint::cap_sender_equalization`): our DOWN is about the way back, which pauses
+/// whenever the inner flow does (a BBR flow's PROBE_RTT stops what the peer sends back on the
+/// slow link), while the peer counts the link by what we send it.
 pub const HOLD_KEEPS_LINK: Duration = Duration::from_secs(1);
 
 /// How often rates, the reorder timeout and link expiry are refreshed.
@@ -3833,8 +3833,11 @@ impl Endpoint {
     /// DEGRADED link too: leaving it out here made a link's flaps restart the ramp), silent or
     /// not, and one DOWN that we heard within [`HOLD_KEEPS_LINK`]. Silence and DOWN are what
     /// we hear on a link, the peer's traffic towards us, and a busy link falls silent or even
-    /// DOWN whenever what comes back on it pauses; the peer's hold keeps a link for that long
-    /// after its last packet, silent or not. Leaving such a link out made our view fall to no
+    /// DOWN whenever what comes back on it pauses; the peer's hold counts the link by what it
+    /// gets from us there, which neither tells. A link truly lost leaves the scheduler's links
+    /// at once all the same (`usable_views`), and a view above the peer's hold for a moment
+    /// costs nothing then: the links left are placed by their own spread, which the peer's
+    /// hold covers. Leaving such a link out made our view fall to no
     /// hold and climb back by steps, the link given nothing meanwhile (lab, 10 Mbit/s at 20 and
     /// 120 ms, BBR download, a PROBE_RTT at 33 s: the 120 ms link idle to the run's end, 69.6%
     /// of the sum over 60 s against 89-90%; simulator,
