@@ -1067,6 +1067,8 @@ pub struct Endpoint {
     hold: crate::equalize::Hold,
     equalize_tx: crate::equalize::Ramp,
     equalize_send: Duration,
+    /// The lowest one-way delay among the links of that view: the hold counts from it.
+    equalize_send_lo: Duration,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -1156,6 +1158,7 @@ impl Endpoint {
             hold: crate::equalize::Hold::new(config.equalize_max),
             equalize_tx: crate::equalize::Ramp::sender(),
             equalize_send: Duration::ZERO,
+            equalize_send_lo: Duration::ZERO,
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -3801,18 +3804,26 @@ impl Endpoint {
         // and falls when one falls silent towards us, which says nothing of the way we send
         // (simulator: the way back of the 120 ms link of 20/120 ms lost for 0.4 s under a BBR
         // download, our hold fell to 0, the queue's limit to 120 ms, and the 203 packets
-        // queued were dropped at once: the flow stood 10 s).
+        // queued were dropped at once: the flow stood 10 s). That hold counts from the
+        // lowest delay of the links in our view, which may be a link just lost and still
+        // counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
         let fastest = self
             .links
             .iter()
             .filter(|l| l.health.state() != LinkState::Down && !l.silent)
-            .filter_map(|l| l.health.min_rtt())
-            .min();
-        let rtt = fastest.unwrap_or(Duration::ZERO);
+            .filter_map(|l| l.health.min_rtt().map(|r| (r, l.health.owd_offset())))
+            .min_by_key(|&(r, _)| r);
+        let rtt = fastest.map_or(Duration::ZERO, |(r, _)| r);
+        let fastest_owd = fastest.map(|(_, o)| o);
         self.hold.update(now, &bases, rtt);
         self.cap_sender_equalization(now, rtt);
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
+        let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
+        let above_lo = fastest_owd.map_or(Duration::ZERO, |o| {
+            (base + o).saturating_sub(self.equalize_send_lo)
+        });
         self.queue
-            .set_round_trip(fastest.map(|r| r + self.equalize_send));
+            .set_round_trip(fastest.map(|(r, _)| r + self.equalize_send.saturating_sub(above_lo)));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
@@ -3856,9 +3867,10 @@ impl Endpoint {
                 .map(|l| self.link_view(l, min_rtt_all)),
         );
         let counted = views.iter();
-        let wanted =
+        let (lo, wanted) =
             crate::sched::equalize_want(counted.clone().map(|v| v.owd), self.cfg.equalize_max)
-                .map_or(Duration::ZERO, |(_, wait)| wait);
+                .unwrap_or_default();
+        self.equalize_send_lo = lo;
         let mut known_before_traffic = false;
         for v in counted {
             known_before_traffic |= self.new_in_hold_view(v.id);
