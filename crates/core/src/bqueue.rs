@@ -41,10 +41,7 @@
 //!   flow's window lets it queue more than three round trips: the queue makes room for that
 //!   overshoot for ten of its rounds ([`Roomy`]), unless it was found standing lately, and
 //!   from then until every lost link is back its limit is at least a round trip plus
-//!   [`STANDING_ALLOWANCE`] (`BundleQueue::normal_limit`);
-//! - so is it while the queue drains now and then ([`DRAINED_ROUND_TRIPS`]): a paced sender
-//!   (BBR) keeps what Linux allows it for ACK aggregation queued, more than three round trips
-//!   of 20-30 ms hold, and drains once per gain cycle; a loss-based one never drains it.
+//!   [`STANDING_ALLOWANCE`] (`BundleQueue::normal_limit`).
 //!
 //! Why not leave the excess in the TUN device, as the first back-pressure did: the kernel's TUN
 //! ring has no clock and drops only at its tail once full (`txqueuelen`, 2000 packets, each up
@@ -70,11 +67,6 @@ pub const QUEUE_MAX_DELAY: Duration = Duration::from_secs(1);
 /// CUBIC flow, which keeps the queue full until a packet is lost, sees about this much delay
 /// added (1+2+3 Mbit/s at 10 ms: 60 ms).
 pub const QUEUE_ROUND_TRIPS: u32 = 3;
-/// A queue that drained (a packet left it within a quarter of a round trip, or passed it)
-/// within this many inner round trips is a paced sender's, and gets the floor of
-/// `BundleQueue::normal_limit`: BBR drains once per gain cycle of eight of its rounds, and a
-/// round of its may be longer than the queue's round trip (its own minimum).
-pub const DRAINED_ROUND_TRIPS: u32 = 16;
 /// A queue stands when no packet left it (or passed it) sooner than its standing wait over
 /// this many inner round trips: more than BBR's cycle of eight, in which it drains once.
 pub const STANDING_ROUND_TRIPS: u32 = 10;
@@ -157,7 +149,7 @@ impl BundleQueue {
         if self.standing.on {
             return self.limit(STANDING_LIMIT_ROUND_TRIPS);
         }
-        let limit = self.normal_limit(now);
+        let limit = self.normal_limit();
         match self.roomy {
             Some(r) if now < r.until => r.limit.max(limit),
             _ => limit,
@@ -177,19 +169,10 @@ impl BundleQueue {
     /// is lost (with the floor always, CUBIC's queue stood at 270 ms right after the failure
     /// and its stalls there reached 354-378 ms in five runs of twelve; in the simulator, 371
     /// ms median against 150).
-    ///
-    /// The same floor holds while the queue drains now and then ([`Standing::drained_lately`]):
-    /// a paced sender's (BBR drains it once per gain cycle of eight of its rounds; a loss-based
-    /// one keeps it full until it loses). Under three round trips of 20-30 ms, what Linux
-    /// allows BBR for ACK aggregation did not fit: lab, 1+2+3 Mbit/s at 10 ms, BBR upload over
-    /// 60 s, a window of 38-42 segments where two bandwidth-delay products are 25, 56 ms of
-    /// queue against a 64 ms limit, 92 drops, each a dip of the flow (92.5% of the sum against
-    /// MPTCP's 93.3%).
-    fn normal_limit(&self, now: Instant) -> Duration {
-        let rtt = self.round_trip();
+    fn normal_limit(&self) -> Duration {
         let floor = self
             .rtt
-            .filter(|_| self.roomy.is_some() || self.standing.drained_lately(now, rtt))
+            .filter(|_| self.roomy.is_some())
             .map_or(Duration::ZERO, |r| {
                 (r + STANDING_ALLOWANCE).min(QUEUE_MAX_DELAY)
             });
@@ -378,8 +361,6 @@ pub struct Standing {
     not_before: Option<Instant>,
     /// When it was last found standing.
     found_at: Option<Instant>,
-    /// The last time a packet left within a quarter of a round trip, or passed (drained).
-    drained_at: Option<Instant>,
 }
 
 impl Standing {
@@ -394,7 +375,6 @@ impl Standing {
         let short_at = self.not_before.map_or(short_at, |t| short_at.max(t));
         if waited < rtt / 4 {
             self.on = false;
-            self.drained_at = Some(now);
         }
         if waited <= Self::wait(rtt) {
             self.short_at = Some(now);
@@ -406,13 +386,6 @@ impl Standing {
             self.found += 1;
             self.found_at = Some(now);
         }
-    }
-
-    /// The queue drained within [`DRAINED_ROUND_TRIPS`] round trips of `now`: the sender
-    /// drains what it queued now and then, as a paced one does.
-    fn drained_lately(&self, now: Instant, rtt: Duration) -> bool {
-        self.drained_at
-            .is_some_and(|t| now.saturating_duration_since(t) < rtt * DRAINED_ROUND_TRIPS)
     }
 
     /// The least wait above which a queue stands.
@@ -571,31 +544,12 @@ mod tests {
         assert!(q.standing.on);
         q.link_lost(at(8300), 0.5);
         assert_eq!(q.max_delay(at(8300)), QUEUE_MIN_DELAY, "one round trip");
-        // ...and, drained, a round trip and the allowance: a queue that drains is a paced
-        // sender's ([`Standing::drained_lately`]).
+        // ...and, drained, its three round trips while it stood within a hundred.
         q.passed(at(8310));
-        assert_eq!(q.max_delay(at(8310)), ms(120));
+        assert_eq!(q.max_delay(at(8310)), ms(60));
         // A hundred round trips after it stood, a lost link makes room again.
         q.link_lost(at(10300), 0.5);
         assert_eq!(q.max_delay(at(10300)), ms(320));
-    }
-
-    #[test]
-    fn a_queue_that_drains_now_and_then_holds_a_round_trip_and_the_allowance() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut q = BundleQueue::default();
-        q.set_round_trip(Some(ms(20)));
-        // A sender that keeps 40 ms queued (two round trips, CUBIC-like): three round trips.
-        leave(&mut q, t0, (0, 1000, 5), 40);
-        assert_eq!(q.max_delay(t0 + ms(1000)), ms(60));
-        // It drains once (a packet left after 4 ms, under a quarter of a round trip): the
-        // floor for sixteen round trips...
-        leave(&mut q, t0, (1000, 1001, 1), 4);
-        assert_eq!(q.max_delay(t0 + ms(1000)), ms(120));
-        assert_eq!(q.max_delay(t0 + ms(1319)), ms(120));
-        // ...then three round trips again unless it drains again.
-        assert_eq!(q.max_delay(t0 + ms(1320)), ms(60));
     }
 
     #[test]
