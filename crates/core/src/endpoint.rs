@@ -3798,15 +3798,6 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
-        // The inner flows' round trip: there on the fastest usable link held to the slowest's
-        // delay, back on the fastest. The bundle's queue holds what we send, so the hold is
-        // the peer's as we count on it, not ours: ours counts the links that bring us data,
-        // and falls when one falls silent towards us, which says nothing of the way we send
-        // (simulator: the way back of the 120 ms link of 20/120 ms lost for 0.4 s under a BBR
-        // download, our hold fell to 0, the queue's limit to 120 ms, and the 203 packets
-        // queued were dropped at once: the flow stood 10 s). That hold counts from the
-        // lowest delay of the links in our view, which may be a link just lost and still
-        // counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
         let fastest = self
             .links
             .iter()
@@ -3814,16 +3805,10 @@ impl Endpoint {
             .filter_map(|l| l.health.min_rtt().map(|r| (r, l.health.owd_offset())))
             .min_by_key(|&(r, _)| r);
         let rtt = fastest.map_or(Duration::ZERO, |(r, _)| r);
-        let fastest_owd = fastest.map(|(_, o)| o);
         self.hold.update(now, &bases, rtt);
         self.cap_sender_equalization(now, rtt);
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
-        let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
-        let above_lo = fastest_owd.map_or(Duration::ZERO, |o| {
-            (base + o).saturating_sub(self.equalize_send_lo)
-        });
-        self.queue
-            .set_round_trip(fastest.map(|(r, _)| r + self.equalize_send.saturating_sub(above_lo)));
+        let round_trip = self.sent_round_trip(fastest);
+        self.queue.set_round_trip(round_trip);
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
@@ -3836,6 +3821,26 @@ impl Endpoint {
                     .is_none_or(|t| now.saturating_duration_since(t) < forget)
             });
         }
+    }
+
+    /// The inner flows' round trip for what we send, given the fastest usable link's minimum
+    /// RTT and delay offset (`fastest`): there on that link held to the slowest's delay, back
+    /// on it (the bundle's queue counts its limit in these).
+    ///
+    /// The bundle's queue holds what we send, so the hold is the peer's as we count on it,
+    /// not ours: ours counts the links that bring us data,
+    /// and falls when one falls silent towards us, which says nothing of the way we send
+    /// (simulator: the way back of the 120 ms link of 20/120 ms lost for 0.4 s under a BBR
+    /// download, our hold fell to 0, the queue's limit to 120 ms, and the 203 packets
+    /// queued were dropped at once: the flow stood 10 s). That hold counts from the
+    /// lowest delay of the links in our view, which may be a link just lost and still
+    /// counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
+    fn sent_round_trip(&self, fastest: Option<(Duration, Duration)>) -> Option<Duration> {
+        let (rtt, offset) = fastest?;
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
+        let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
+        let above_lo = (base + offset).saturating_sub(self.equalize_send_lo);
+        Some(rtt + self.equalize_send.saturating_sub(above_lo))
     }
 
     /// The hold the peer applies for now, as we send: what our view of the links calls for,
