@@ -1067,8 +1067,6 @@ pub struct Endpoint {
     hold: crate::equalize::Hold,
     equalize_tx: crate::equalize::Ramp,
     equalize_send: Duration,
-    /// The lowest one-way delay among the links of that view: the hold counts from it.
-    equalize_send_lo: Duration,
     next_data_seq: u64,
     transmits: VecDeque<Transmit>,
     direct: VecDeque<Vec<u8>>,
@@ -1158,7 +1156,6 @@ impl Endpoint {
             hold: crate::equalize::Hold::new(config.equalize_max),
             equalize_tx: crate::equalize::Ramp::sender(),
             equalize_send: Duration::ZERO,
-            equalize_send_lo: Duration::ZERO,
             next_data_seq: 0,
             transmits: VecDeque::new(),
             direct: VecDeque::new(),
@@ -3806,8 +3803,8 @@ impl Endpoint {
             .min_by_key(|&(r, _)| r);
         let rtt = fastest.map_or(Duration::ZERO, |(r, _)| r);
         self.hold.update(now, &bases, rtt);
-        self.cap_sender_equalization(now, rtt);
-        let round_trip = self.sent_round_trip(fastest);
+        let lo = self.cap_sender_equalization(now, rtt);
+        let round_trip = self.sent_round_trip(fastest, lo);
         self.queue.set_round_trip(round_trip);
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
@@ -3835,11 +3832,17 @@ impl Endpoint {
     /// queued were dropped at once: the flow stood 10 s). That hold counts from the
     /// lowest delay of the links in our view, which may be a link just lost and still
     /// counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
-    fn sent_round_trip(&self, fastest: Option<(Duration, Duration)>) -> Option<Duration> {
+    /// `lo`: the lowest one-way delay of the links in our view of the peer's hold, which the
+    /// hold counts from ([`Self::cap_sender_equalization`]).
+    fn sent_round_trip(
+        &self,
+        fastest: Option<(Duration, Duration)>,
+        lo: Duration,
+    ) -> Option<Duration> {
         let (rtt, offset) = fastest?;
         let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
-        let above_lo = (base + offset).saturating_sub(self.equalize_send_lo);
+        let above_lo = (base + offset).saturating_sub(lo);
         Some(rtt + self.equalize_send.saturating_sub(above_lo))
     }
 
@@ -3861,7 +3864,9 @@ impl Endpoint {
     ///
     /// A link counted for the first time this session whose delay we knew before our bulk
     /// traffic began is taken at once, not step by step ([`Self::new_in_hold_view`]).
-    fn cap_sender_equalization(&mut self, now: Instant, rtt: Duration) {
+    ///
+    /// Returns the lowest one-way delay of the links in the view: the hold counts from it.
+    fn cap_sender_equalization(&mut self, now: Instant, rtt: Duration) -> Duration {
         let mut views = std::mem::take(&mut self.views);
         let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         views.clear();
@@ -3875,7 +3880,6 @@ impl Endpoint {
         let (lo, wanted) =
             crate::sched::equalize_want(counted.clone().map(|v| v.owd), self.cfg.equalize_max)
                 .unwrap_or_default();
-        self.equalize_send_lo = lo;
         let mut known_before_traffic = false;
         for v in counted {
             known_before_traffic |= self.new_in_hold_view(v.id);
@@ -3887,6 +3891,7 @@ impl Endpoint {
         let cap = self.equalize_tx.allowed(now, wanted, rtt);
         self.equalize_send = cap;
         self.sched.cap_equalization((cap < wanted).then_some(cap));
+        lo
     }
 
     /// Our view of the peer's hold counts link `id` (UP or DEGRADED, its delay offset reported
