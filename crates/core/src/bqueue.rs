@@ -10,11 +10,13 @@
 //!
 //! - a packet that has waited longer than the limit ([`QUEUE_ROUND_TRIPS`] inner round trips)
 //!   is dropped at the head (a loss-based sender learns of it a queue sooner than from a tail
-//!   drop), one per inner round trip: a CUBIC flow backs off once per round trip whatever it
-//!   loses, so more drops would only cost retransmissions (the simulator's 1+2+3 Mbit/s failover,
-//!   CUBIC download: 299 inner retransmissions dropping every late packet, 40 one per round
-//!   trip). A packet that waited a round trip beyond the limit is dropped in any case: traffic
-//!   that never backs off meets a hard bound;
+//!   drop), one per inner round trip of the packets' arrivals: a CUBIC flow backs off once per
+//!   round trip whatever it loses, so more drops would only cost retransmissions (the
+//!   simulator's 1+2+3 Mbit/s failover, CUBIC download: 299 inner retransmissions dropping
+//!   every late packet, 40 one per round trip), and a packet that came within a round trip of
+//!   the last drop left its sender before it could hear of it. A packet that waited a round
+//!   trip beyond the limit it came under is dropped in any case: traffic that never backs off
+//!   meets a hard bound;
 //! - a packet whose sender said it reacts to ECN (ECT(0) or ECT(1), RFC 3168) is *marked*
 //!   Congestion Experienced once it waited half the limit, one mark per round trip: well
 //!   before the limit's drop. A mark costs the flow nothing
@@ -117,7 +119,9 @@ pub struct BundleQueue {
     rtt: Option<Duration>,
     /// Whether the queue stands, judged over windows of round trips.
     pub standing: Standing,
-    /// No drop for waiting before then.
+    /// Only a packet that came at or after then is dropped for waiting below the hard bound:
+    /// a round trip after the last drop, when its sender can have heard of it
+    /// ([`Self::pop_stale`]).
     next_drop: Option<Instant>,
     /// No Congestion Experienced mark before then.
     next_mark: Option<Instant>,
@@ -206,7 +210,10 @@ impl BundleQueue {
                 },
                 _ => room,
             };
-            until = until.max(room.until);
+            // What was queued in the room drains only once its senders heard of the first
+            // drop after it, a round trip and the room's wait later: the standing count
+            // starts afresh from then.
+            until = until.max(room.drained_from(rtt));
             self.roomy = Some(room);
         }
         self.standing.not_before = Some(self.standing.not_before.map_or(until, |t| t.max(until)));
@@ -244,13 +251,24 @@ impl BundleQueue {
     /// The head packet if it has waited longer than [`Self::max_delay`] at `now` (to drop).
     /// An ECN-capable head that waited half that is marked Congestion Experienced first, and
     /// stays ([`ECN_MARK_SHARE`]).
+    ///
+    /// One drop per round trip, counted in the packets' own time: after a drop, only a packet
+    /// that came a round trip later, when its sender can have heard of the drop, is dropped
+    /// for waiting. Those that came before left their sender before it could back off: a
+    /// loss-based sender backs off once for all of them, so dropping them would tell it
+    /// nothing more, and one of them may be the retransmission that fills the first hole,
+    /// which then costs another round trip and a queue (lab, 1+2+3 Mbit/s losing its 3
+    /// Mbit/s link: a CUBIC flow's queue at 165 ms when the room after the loss ended, one
+    /// drop per round trip of the moment dropped 14 packets in 400 ms, among them
+    /// retransmissions, a stall of 337 ms). Traffic that does not back off meets the hard
+    /// bound, a round trip past the limit it came under ([`Self::hard_limit`]).
     pub fn pop_stale(&mut self, now: Instant) -> Option<Vec<u8>> {
         let (limit, rtt) = (self.max_delay(now), self.round_trip());
         let &(came, _) = self.packets.front()?;
         let waited = now.saturating_duration_since(came);
-        // One drop per round trip tells a loss-based sender (it backs off once per round trip
-        // anyway); traffic that does not back off meets the hard bound, a round trip later.
-        if waited > limit + rtt || (waited > limit && self.next_drop.is_none_or(|t| now >= t)) {
+        if waited > self.hard_limit(came, limit) + rtt
+            || (waited > limit && self.next_drop.is_none_or(|t| came >= t))
+        {
             self.next_drop = Some(now + rtt);
             return self.packets.pop_front().map(|(_, p)| p);
         }
@@ -263,6 +281,23 @@ impl BundleQueue {
             }
         }
         None
+    }
+
+    /// The limit a packet that came at `came` is held to, `limit` holding now: the room's, for
+    /// one sent into the room after a lost link, up to when its senders can have heard of the
+    /// room's end ([`Roomy::drained_from`]). When the room ends, what a sender queued in it is
+    /// over the normal limit's hard bound at once: dropped there, it went all together (lab,
+    /// the same CUBIC flow: 13-25 packets at once, their retransmissions 84-100 ms on the wire
+    /// behind the rest of the queue, stalls of 313-364 ms); it goes one drop per round trip of
+    /// arrivals instead. A queue found standing is cut to its limit's hard bound at once, as
+    /// meant ([`Standing`]).
+    fn hard_limit(&self, came: Instant, limit: Duration) -> Duration {
+        match self.roomy {
+            Some(r) if !self.standing.on && came < r.drained_from(self.round_trip()) => {
+                r.limit.max(limit)
+            }
+            _ => limit,
+        }
     }
 
     /// The head packet if it has waited longer than [`QUEUE_MAX_DELAY`] at `now` (to drop): the
@@ -318,6 +353,13 @@ pub struct Roomy {
 }
 
 impl Roomy {
+    /// When what was queued in the room can drain, the inner round trip `rtt`: its senders
+    /// hear of the first drop after the room a round trip and the room's wait after it ends,
+    /// and what they sent before then was sent as into the room.
+    fn drained_from(&self, rtt: Duration) -> Instant {
+        self.until + self.limit + rtt
+    }
+
     /// The room after a loss at `now`, the inner round trip `rtt`, the capacity's share `kept`.
     fn after(now: Instant, rtt: Duration, kept: f64) -> Self {
         let kept = kept.clamp(0.1, 1.0);
@@ -486,35 +528,74 @@ mod tests {
     }
 
     #[test]
-    fn one_drop_per_round_trip_then_all_a_round_trip_beyond_the_limit() {
+    fn one_drop_per_round_trip_of_arrivals_then_all_a_round_trip_beyond_the_limit() {
         let t0 = Instant::now();
-        let mut q = BundleQueue::default();
-        q.set_round_trip(Some(Duration::from_millis(20))); // limit 60 ms
-        assert_eq!(q.max_delay(t0), Duration::from_millis(60));
-        for i in 0..10 {
-            q.push(t0 + Duration::from_millis(5 * i), vec![i as u8]);
-        }
         let at = |ms| t0 + Duration::from_millis(ms);
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(Duration::from_millis(20))); // limit 60 ms, hard bound 80
+        assert_eq!(q.max_delay(t0), Duration::from_millis(60));
+        for (i, ms) in [0, 5, 89, 90, 95].into_iter().enumerate() {
+            q.push(at(ms), vec![i as u8]);
+        }
         assert_eq!(q.pop_stale(at(70)), Some(vec![0]), "waited 70 ms");
         assert!(q.pop_stale(at(70)).is_none(), "one per round trip");
         assert!(
             q.pop_stale(at(75)).is_none(),
-            "packet 1 waited 70 ms, 5 after the drop"
+            "packet 1 waited 70 ms, but left its sender before it could hear of the drop"
+        );
+        assert_eq!(q.pop(at(75)), Some(vec![1]));
+        assert!(
+            q.pop_stale(at(152)).is_none(),
+            "packet 2 came 19 ms after the drop"
+        );
+        assert_eq!(q.pop(at(152)), Some(vec![2]));
+        assert_eq!(
+            q.pop_stale(at(152)),
+            Some(vec![3]),
+            "came a round trip after the drop, waited 62 ms"
+        );
+        assert!(
+            q.pop_stale(at(175)).is_none(),
+            "packet 4 waited 80 ms, came within a round trip of the last drop"
         );
         assert_eq!(
-            q.pop_stale(at(90)),
-            Some(vec![1]),
-            "a round trip after the drop"
+            q.pop_stale(at(176)),
+            Some(vec![4]),
+            "a round trip beyond the limit, whatever came when"
         );
-        assert!(q.pop_stale(at(90)).is_none(), "packet 2 waited 80 ms");
-        // A round trip beyond the limit (80 ms), whatever the pace.
-        assert_eq!(q.pop_stale(at(100)), Some(vec![2]));
-        assert_eq!(q.pop_stale(at(100)), Some(vec![3]));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn what_came_in_the_room_meets_the_rooms_hard_bound_after_it() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ms = Duration::from_millis;
+        let mut q = BundleQueue::default();
+        q.set_round_trip(Some(ms(20)));
+        q.link_lost(t0, 0.5); // a limit of 320 ms until 3400 ms, then 120
+        for (i, ms) in [3300, 3301, 3650, 3745].into_iter().enumerate() {
+            q.push(at(ms), vec![i as u8]);
+        }
+        assert_eq!(q.max_delay(at(3450)), ms(120));
+        assert_eq!(q.pop_stale(at(3450)), Some(vec![0]), "over the limit now");
         assert!(
-            q.pop_stale(at(100)).is_none(),
-            "packet 4 waited 80 ms: paced again"
+            q.pop_stale(at(3450)).is_none(),
+            "149 ms, past the normal limit's hard bound, but queued under the room's"
         );
-        assert_eq!(q.len(), 6);
+        assert!(q.pop_stale(at(3641)).is_none());
+        assert_eq!(q.pop_stale(at(3642)), Some(vec![1]), "past 340 ms");
+        assert!(
+            q.pop_stale(at(3800)).is_none(),
+            "sent before its sender could hear of the room's end (3740 ms): the room's bound"
+        );
+        assert_eq!(q.pop(at(3800)), Some(vec![2]));
+        assert!(q.pop_stale(at(3865)).is_none());
+        assert_eq!(
+            q.pop_stale(at(3866)),
+            Some(vec![3]),
+            "came after: the normal limit"
+        );
     }
 
     #[test]
