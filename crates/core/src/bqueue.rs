@@ -43,7 +43,9 @@
 //!   flow's window lets it queue more than three round trips: the queue makes room for that
 //!   overshoot for ten of its rounds ([`Roomy`]), unless it was found standing lately, and
 //!   from then until every lost link is back its limit is at least a round trip plus
-//!   [`STANDING_ALLOWANCE`] (`BundleQueue::normal_limit`).
+//!   [`STANDING_ALLOWANCE`] (`BundleQueue::normal_limit`). What was sent into the room meets
+//!   the room's hard bound until its senders can have heard of the room's end
+//!   (`BundleQueue::hard_limit`): it drains one drop per round trip, not all at once.
 //!
 //! Why not leave the excess in the TUN device, as the first back-pressure did: the kernel's TUN
 //! ring has no clock and drops only at its tail once full (`txqueuelen`, 2000 packets, each up
