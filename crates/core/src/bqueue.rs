@@ -263,7 +263,7 @@ impl BundleQueue {
     /// Mbit/s link: a CUBIC flow's queue at 165 ms when the room after the loss ended, one
     /// drop per round trip of the moment dropped 14 packets in 400 ms, among them
     /// retransmissions, a stall of 337 ms). Traffic that does not back off meets the hard
-    /// bound, a round trip past the limit it came under ([`Self::hard_limit`]).
+    /// bound, a round trip past the limit it came under (`BundleQueue::hard_limit`).
     pub fn pop_stale(&mut self, now: Instant) -> Option<Vec<u8>> {
         let (limit, rtt) = (self.max_delay(now), self.round_trip());
         let &(came, _) = self.packets.front()?;
