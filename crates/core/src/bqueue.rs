@@ -269,8 +269,10 @@ impl BundleQueue {
         let (limit, rtt) = (self.max_delay(now), self.round_trip());
         let &(came, _) = self.packets.front()?;
         let waited = now.saturating_duration_since(came);
-        if waited > self.hard_limit(came, limit) + rtt
-            || (waited > limit && self.next_drop.is_none_or(|t| came >= t))
+        // The hard bound is never under the limit: under it nothing is dropped.
+        if waited > limit
+            && (waited > self.hard_limit(came, limit) + rtt
+                || self.next_drop.is_none_or(|t| came >= t))
         {
             self.next_drop = Some(now + rtt);
             return self.packets.pop_front().map(|(_, p)| p);

@@ -848,6 +848,12 @@ enum HelloVerdict {
     New,
 }
 
+/// Link `l`'s one-way delay as the views count it: half the least minimum RTT of all links
+/// (`min_rtt_all`) plus the link's delay offset above the fastest.
+fn one_way_delay(l: &Link, min_rtt_all: Option<Duration>) -> Duration {
+    min_rtt_all.map_or(Duration::ZERO, |r| r / 2) + l.health.owd_offset()
+}
+
 /// The header of the HELLO-ACK answering `hello` that came in with `header`.
 fn id_ack_header(header: &Header, hello: &HelloRepr) -> Header {
     Header {
@@ -3279,7 +3285,6 @@ impl Endpoint {
     }
 
     fn link_view(&self, l: &Link, min_rtt_all: Option<Duration>) -> LinkView {
-        let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
         LinkView {
             id: l.id,
             state: l.health.state(),
@@ -3287,7 +3292,7 @@ impl Endpoint {
             bandwidth_bps: l.cfg.bandwidth_bps.or(l.peer_hint_bps),
             delivery_rate_bps: l.health.delivery_rate_bps(),
             srtt: l.health.srtt(),
-            owd: base + l.health.owd_offset(),
+            owd: one_way_delay(l, min_rtt_all),
             qdelay: l.health.qdelay(),
             loss: l.health.loss(),
             loss_basis_pps: Some(l.health.loss_basis_pps()),
@@ -3795,17 +3800,22 @@ impl Endpoint {
             None => 0,
         };
         self.reorder.set_links(&active);
+        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         let fastest = self
             .links
             .iter()
             .filter(|l| l.health.state() != LinkState::Down && !l.silent)
-            .filter_map(|l| l.health.min_rtt().map(|r| (r, l.health.owd_offset())))
+            .filter_map(|l| {
+                l.health
+                    .min_rtt()
+                    .map(|r| (r, one_way_delay(l, min_rtt_all)))
+            })
             .min_by_key(|&(r, _)| r);
         let rtt = fastest.map_or(Duration::ZERO, |(r, _)| r);
         self.hold.update(now, &bases, rtt);
-        let lo = self.cap_sender_equalization(now, rtt);
-        let round_trip = self.sent_round_trip(fastest, lo);
-        self.queue.set_round_trip(round_trip);
+        let lo = self.cap_sender_equalization(now, rtt, min_rtt_all);
+        self.queue
+            .set_round_trip(fastest.map(|(r, owd)| self.sent_round_trip(r, owd, lo)));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.tick_repair(now);
@@ -3821,7 +3831,7 @@ impl Endpoint {
     }
 
     /// The inner flows' round trip for what we send, given the fastest usable link's minimum
-    /// RTT and delay offset (`fastest`): there on that link held to the slowest's delay, back
+    /// RTT `rtt` and one-way delay `owd`: there on that link held to the slowest's delay, back
     /// on it (the bundle's queue counts its limit in these).
     ///
     /// The bundle's queue holds what we send, so the hold is the peer's as we count on it,
@@ -3834,16 +3844,8 @@ impl Endpoint {
     /// counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
     /// `lo`: the lowest one-way delay of the links in our view of the peer's hold, which the
     /// hold counts from ([`Self::cap_sender_equalization`]).
-    fn sent_round_trip(
-        &self,
-        fastest: Option<(Duration, Duration)>,
-        lo: Duration,
-    ) -> Option<Duration> {
-        let (rtt, offset) = fastest?;
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
-        let base = min_rtt_all.map_or(Duration::ZERO, |r| r / 2);
-        let above_lo = (base + offset).saturating_sub(lo);
-        Some(rtt + self.equalize_send.saturating_sub(above_lo))
+    fn sent_round_trip(&self, rtt: Duration, owd: Duration, lo: Duration) -> Duration {
+        rtt + self.equalize_send.saturating_sub(owd.saturating_sub(lo))
     }
 
     /// The hold the peer applies for now, as we send: what our view of the links calls for,
@@ -3866,9 +3868,15 @@ impl Endpoint {
     /// traffic began is taken at once, not step by step ([`Self::new_in_hold_view`]).
     ///
     /// Returns the lowest one-way delay of the links in the view: the hold counts from it.
-    fn cap_sender_equalization(&mut self, now: Instant, rtt: Duration) -> Duration {
+    /// `min_rtt_all`: the least minimum RTT of all links, which one-way delays count from
+    /// ([`one_way_delay`]).
+    fn cap_sender_equalization(
+        &mut self,
+        now: Instant,
+        rtt: Duration,
+        min_rtt_all: Option<Duration>,
+    ) -> Duration {
         let mut views = std::mem::take(&mut self.views);
-        let min_rtt_all = self.links.iter().filter_map(|l| l.health.min_rtt()).min();
         views.clear();
         views.extend(
             self.links
