@@ -9,9 +9,11 @@
 //! arrive reordered or not at all. So, as ROHC-TCP does with acknowledged references:
 //!
 //! - The compressor chooses a reference (the values of one packet) and sends it in a 21-byte
-//!   reference block behind the absolute fields of the next packets (flag [`super::F_REF`]),
-//!   in one of two *epochs*, until the decompressor acknowledges it (a FEEDBACK entry with the
-//!   reference bit and the epoch). Every copy of the block carries the same values.
+//!   reference block behind the absolute fields of a packet (flag [`super::F_REF`]), in one of
+//!   two *epochs*, again on one packet per [`super::REF_REPEAT`] until the decompressor
+//!   acknowledges it (a FEEDBACK entry with the reference bit and the epoch). Every copy of the
+//!   block carries the same values. The packets between copies are coded against the
+//!   acknowledged reference of the other epoch, if there is one, else absolute.
 //! - From then on a packet may be coded as a *delta* packet (`00`): each field as its
 //!   difference from the reference of the epoch it names, in as few bytes as that difference
 //!   needs; an acknowledgement number and a window equal to the reference's are left out; the

@@ -244,6 +244,16 @@ fn context_id(kind: u8, gen: u8, cid: u16) -> [u8; 2] {
     [kind | ((gen & 3) << 4) | (cid >> 8) as u8, cid as u8]
 }
 
+/// While a new reference is not yet acknowledged, one packet in this span carries its block
+/// (21 bytes more than an absolute packet, 33 more than a delta one); the others are coded
+/// against the acknowledged reference, if the flow has one, else absolute without the block.
+/// Every packet carried it before: on a 77 Mbit/s bundle with a 160 ms round trip, where a
+/// reference wears every 8 MB (0.9 s), 8% of the packets, 2.6 bytes a packet on average (lab,
+/// ratio7; BENCHMARKS.md §4, "The reference block on a few packets"). A span, not a count, so
+/// that a slow flow's reference is acknowledged as soon as a fast one's; at 10 ms a lost block
+/// costs at most that much more of the old reference's longer differences.
+pub const REF_REPEAT: Duration = Duration::from_millis(10);
+
 /// The sending side: one per session.
 pub struct Compressor {
     limits: Limits,
@@ -264,6 +274,8 @@ struct Slot {
     epoch: u8,
     /// The epoch whose reference is being sent, not yet acknowledged.
     pending: Option<u8>,
+    /// When a packet last carried the pending reference's block (`None`: not yet).
+    ref_carried: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -309,7 +321,21 @@ impl Slot {
             last_coded: None,
         };
         self.pending = Some(e);
+        self.ref_carried = None;
         true
+    }
+
+    /// Whether the packet coded at `now` carries the pending reference's block: the first one
+    /// after the reference was started, then one every [`REF_REPEAT`] until it is acknowledged.
+    fn carries_ref(&mut self, now: Instant) -> bool {
+        let due = self.pending.is_some()
+            && self
+                .ref_carried
+                .is_none_or(|t| now.saturating_duration_since(t) >= REF_REPEAT);
+        if due {
+            self.ref_carried = Some(now);
+        }
+        due
     }
 }
 
@@ -354,8 +380,9 @@ impl Compressor {
         if slot.pending.is_none() && usable.is_none_or(|r| r.worn(&f.values)) {
             slot.start_ref(now, reuse_idle, f.values);
         }
-        match (slot.pending, usable) {
-            (None, Some(reference)) => {
+        let carry = slot.carries_ref(now);
+        match (carry, usable) {
+            (false, Some(reference)) => {
                 slot.refs[usize::from(slot.epoch)].last_coded = Some(now);
                 let f = Fields {
                     flags: f.flags | (slot.epoch * F_REF),
@@ -365,9 +392,9 @@ impl Compressor {
                 out.extend_from_slice(&context_id(0x00, slot.gen, cid));
                 delta::emit(&f, &reference, out);
             }
-            (pending, _) => {
+            (carry, _) => {
                 out.extend_from_slice(&context_id(0xc0, slot.gen, cid));
-                let reference = pending.and_then(|e| {
+                let reference = slot.pending.filter(|_| carry).and_then(|e| {
                     let r = &mut slot.refs[usize::from(e)];
                     r.last_coded = Some(now);
                     Some((e, r.values?))
@@ -1004,8 +1031,8 @@ mod tests {
     }
 
     /// Whole until the context is acknowledged, then absolute (26 and 24 bytes for TCP/IPv4 and
-    /// IPv6 with timestamps) plus the 21-byte reference block until the reference is
-    /// acknowledged, then delta packets: 13 bytes over IPv4 for a segment of a one-way transfer
+    /// IPv6 with timestamps), the first one with the 21-byte reference block, until the
+    /// reference is acknowledged, then delta packets: 13 bytes over IPv4 for a segment of a one-way transfer
     /// with a right checksum 1000 bytes past the reference (14 from 64 KB to 16 MB past it; 2
     /// more with a wrong checksum, sent as it is), 11 over IPv6.
     #[test]
@@ -1036,6 +1063,86 @@ mod tests {
             let (_, len) = roundtrip(&mut c, &mut d, now, &p);
             assert_eq!(len - 1000, delta, "v6={v6}");
         }
+    }
+
+    /// A reference not yet acknowledged rides on one packet per [`REF_REPEAT`], every copy the
+    /// same; the packets between are delta packets against the acknowledged reference (or, for
+    /// the flow's first reference, absolute packets without the block), and all of them decode.
+    #[test]
+    fn a_pending_reference_rides_on_one_packet_per_repeat() {
+        let t0 = Instant::now();
+        let (mut c, mut d) = pair();
+        let payload = [5u8; 1000];
+        let seg =
+            |seq: u32| with_tcp_checksum(segment(false, 40003, seq, &ts(seq / 4096), &payload));
+        let send = |c: &mut Compressor, now: Instant, seq: u32| {
+            let mut w = Vec::new();
+            assert_eq!(c.compress(now, &seg(seq), &mut w), Encoding::Compressed);
+            w
+        };
+        let decodes = |d: &mut Decompressor, w: &[u8], seq: u32| {
+            let mut back = Vec::new();
+            d.decompress(w, &mut back).unwrap();
+            assert_eq!(back, seg(seq));
+        };
+        let block = |w: &[u8]| w[w.len() - 1000 - REF_BLOCK_LEN..w.len() - 1000].to_vec();
+        let absolute = 26;
+        // The context, acknowledged.
+        roundtrip(&mut c, &mut d, t0, &seg(1));
+        // The first reference: on the first packet, then absolute packets without it.
+        let first = send(&mut c, t0, 1001);
+        assert_eq!(
+            (first[0] >> 6, first.len() - 1000),
+            (0b11, absolute + REF_BLOCK_LEN)
+        );
+        let ms = Duration::from_millis;
+        let bare = send(&mut c, t0 + ms(3), 2001);
+        assert_eq!((bare[0] >> 6, bare.len() - 1000), (0b11, absolute));
+        assert_eq!(bare[2] & F_REF, 0);
+        let again = send(&mut c, t0 + REF_REPEAT, 3001);
+        assert_eq!(block(&again), block(&first), "every copy the same");
+        for (w, seq) in [(&bare, 2001), (&again, 3001), (&first, 1001)] {
+            decodes(&mut d, w, seq);
+        }
+        d.take_feedback().into_iter().for_each(|f| c.on_feedback(f));
+        // Worn (8 MB past it): the next reference rides on one packet per REF_REPEAT, the
+        // packets between are delta packets against the old one (epoch 0, 14 bytes).
+        let t1 = t0 + Duration::from_secs(5);
+        let far = 1001 + (1 << 23);
+        let mut sent = Vec::new();
+        for (i, at) in [0, 1, 4, 9, 10, 12, 25].into_iter().enumerate() {
+            let seq = far + 1000 * i as u32;
+            sent.push((send(&mut c, t1 + ms(at), seq), seq));
+        }
+        let kinds: Vec<_> = sent
+            .iter()
+            .map(|(w, _)| (w[0] >> 6, w.len() - 1000))
+            .collect();
+        let (carrier, delta) = ((0b11, absolute + REF_BLOCK_LEN), (0b00, 14));
+        assert_eq!(
+            kinds,
+            [carrier, delta, delta, delta, carrier, delta, carrier],
+            "at 0, 10 and 25 ms"
+        );
+        assert!(sent
+            .iter()
+            .filter(|(w, _)| w[0] >> 6 == 0)
+            .all(|(w, _)| w[2] & F_REF == 0));
+        assert_eq!(block(&sent[4].0), block(&sent[0].0));
+        // Reordered and with the first copy lost, everything decodes; once a copy is
+        // acknowledged the packets are coded against the new reference (epoch 1).
+        for (w, seq) in sent.iter().skip(1).rev() {
+            decodes(&mut d, w, *seq);
+        }
+        d.take_feedback().into_iter().for_each(|f| c.on_feedback(f));
+        let next = send(&mut c, t1 + ms(26), far + 7000);
+        assert_eq!(
+            (next[0] >> 6, next.len() - 1000),
+            (0b00, 13),
+            "2 bytes of seq difference"
+        );
+        assert_ne!(next[2] & F_REF, 0, "epoch 1");
+        decodes(&mut d, &next, far + 7000);
     }
 
     /// A worn reference is replaced in the other epoch only once nothing was coded against that
