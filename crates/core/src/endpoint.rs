@@ -2113,6 +2113,7 @@ impl Endpoint {
         // until they aged out.
         self.ring.clear();
         self.reinjections.clear();
+        self.backlog_taken();
         self.reorder.reset(0);
         self.reassembler.abandon();
         self.direct.clear();
@@ -2714,6 +2715,7 @@ impl Endpoint {
         let ring = &mut self.ring;
         self.reinjections
             .retain(|&seq| ring.get_mut(seq).is_some_and(|s| s.link != id));
+        self.backlog_taken();
         self.events.push_back(Event::LinkSilent {
             link: self.links[li].id,
             silent: false,
@@ -2996,6 +2998,21 @@ impl Endpoint {
     /// Packets wait before the links: in the bundle's queue, or copies to reinject.
     fn backlog_waits(&self) -> bool {
         !self.queue.is_empty() || !self.reinjections.is_empty()
+    }
+
+    /// When to try the links again for what waits: never when nothing does. A time to try
+    /// again left behind by a backlog that emptied some other way (a link that speaks again
+    /// takes its copies back) would be due forever and never cleared: a runner asking
+    /// `poll_timeout` would spin (the simulator did, at one instant, from a 2-byte change in
+    /// packet sizes on its LTE mix).
+    fn queue_resume(&self) -> Option<Instant> {
+        self.queue.resume.filter(|_| self.backlog_waits())
+    }
+
+    /// Some of the backlog was taken away other than by draining it: if nothing waits any
+    /// more, there is no time to try again.
+    fn backlog_taken(&mut self) {
+        self.queue.resume = self.queue_resume();
     }
 
     /// [`Self::drain_queue`] over the usable links as they are now.
@@ -3326,10 +3343,11 @@ impl Endpoint {
             if self.backlog_waits() {
                 self.drain_queue(now, &views);
             }
+            let resume = self.queue_resume();
             let full = if !self.backlog_waits() {
                 self.links_full(now, &views)
             } else {
-                self.queue.resume.map(|t| t.saturating_duration_since(now))
+                resume.map(|t| t.saturating_duration_since(now))
             };
             if let Some(d) = full {
                 let mut b = self.take_buf();
@@ -3338,7 +3356,7 @@ impl Endpoint {
                     self.drops.queue_delay += 1;
                     self.recycle(old);
                 }
-                self.queue.resume.get_or_insert(now + d);
+                self.queue.resume = Some(resume.unwrap_or(now + d));
                 self.views = views;
                 return;
             }
@@ -3696,7 +3714,7 @@ impl Endpoint {
         if let Some(r) = self.reorder.poll_timeout() {
             t = t.min(r);
         }
-        if let Some(r) = self.queue.resume {
+        if let Some(r) = self.queue_resume() {
             t = t.min(r);
         }
         Some(t)
@@ -4037,6 +4055,44 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The copies waiting for a link that speaks again are taken back (`speaks_again`); if
+    /// nothing else waits, the time to try again goes with them. Left behind, it was due
+    /// forever: `handle_timeout` drains only a backlog, so nothing cleared it and the
+    /// simulator spun at one instant (LTE mix, BBR download, back-pressure, seed 4).
+    #[test]
+    fn copies_taken_back_leave_no_time_to_try_again() {
+        let now = Instant::now();
+        let rng = Box::new(<rand_chacha::ChaCha8Rng as rand_core::SeedableRng>::seed_from_u64(1));
+        let mut ep = Endpoint::new(Config::new(Role::Client, [7; 32]), now, rng).unwrap();
+        ep.set_backpressure(true);
+        for id in [1, 2] {
+            let cfg = LinkConfig {
+                name: format!("l{id}"),
+                ..Default::default()
+            };
+            ep.add_link(now, id, cfg).unwrap();
+        }
+        let li = ep.link_index(2).unwrap();
+        ep.links[li].silent = true;
+        ep.ring.push(now, 5, 2, &[0x45; 40]);
+        ep.reinjections.push_back(5);
+        let soon = now + Duration::from_millis(3);
+        ep.queue.resume = Some(soon);
+        assert_eq!(ep.queue_resume(), Some(soon), "a copy waits");
+        assert!(ep.poll_timeout().is_some_and(|t| t <= soon));
+        ep.speaks_again(now, li);
+        assert!(!ep.backlog_waits(), "its only copy was link 2's");
+        assert_eq!(ep.queue_resume(), None);
+        // Handled past the old time, nothing of it is due again.
+        let later = soon + Duration::from_millis(1);
+        ep.handle_timeout(later);
+        assert!(
+            ep.poll_timeout().is_none_or(|t| t > later),
+            "{:?}",
+            ep.poll_timeout().map(|t| t - now)
+        );
+    }
 
     #[test]
     fn a_window_count_covers_one_or_two_windows_then_forgets() {

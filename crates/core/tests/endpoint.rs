@@ -245,7 +245,11 @@ impl Pair {
 
     fn run_for(&mut self, d: Duration) {
         let end = self.now + d;
+        // A timer that stays due however often it is handled would have a runner spin at one
+        // instant: fail rather than hang.
+        let mut at_once = 0;
         while self.now < end {
+            let before = self.now;
             let next = [self.client.poll_timeout(), self.server.poll_timeout()]
                 .into_iter()
                 .flatten()
@@ -261,6 +265,12 @@ impl Pair {
             if next == end {
                 break;
             }
+            at_once = if next == before { at_once + 1 } else { 0 };
+            assert!(
+                at_once < 1000,
+                "a timer stays due at {:?}",
+                self.now - self.base
+            );
         }
     }
 
