@@ -11,7 +11,7 @@ use std::hint::black_box;
 
 use braid_core::crypto::{self, Aead};
 use braid_core::wire::{
-    Body, CipherId, Common, DataRepr, Header, PacketType, DATA_HEADER_LEN, HEADER_LEN, TAG_LEN,
+    Body, CipherId, Common, DataRepr, Header, PacketType, DATA_HEADER_LEN, TAG_LEN,
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -87,12 +87,12 @@ fn parse_emit(c: &mut Criterion) {
     let payload = vec![0x45u8; 1400];
     let body = data(&payload);
     let h = header(42);
-    let mut dgram = vec![0u8; HEADER_LEN + body.buffer_len() + TAG_LEN];
+    let mut dgram = vec![0u8; DATA_HEADER_LEN + body.buffer_len() + TAG_LEN];
     if let Body::Data(d) = &body {
         d.emit_header(&h, &mut dgram);
     }
-    body.emit(&mut dgram[HEADER_LEN..]);
-    let plain_end = HEADER_LEN + body.buffer_len();
+    body.emit(&mut dgram[DATA_HEADER_LEN..]);
+    let plain_end = DATA_HEADER_LEN + body.buffer_len();
 
     let mut g = c.benchmark_group("wire");
     g.throughput(Throughput::Elements(1));
@@ -100,13 +100,13 @@ fn parse_emit(c: &mut Criterion) {
         b.iter(|| {
             let d = black_box(&dgram[..]);
             let h = Header::parse(d).unwrap();
-            let data = DataRepr::parse_sent(d, &d[HEADER_LEN..plain_end]).unwrap();
+            let data = DataRepr::parse_sent(d, &d[DATA_HEADER_LEN..plain_end]).unwrap();
             black_box((h.counter, data.seq, data.payload.len()))
         })
     });
-    // Emit of the 16 header bytes only (DATA has no body header): the payload copy is
+    // Emit of the 14 header bytes only (DATA has no body header): the payload copy is
     // measured by seal.
-    let mut out = [0u8; HEADER_LEN + DATA_HEADER_LEN];
+    let mut out = [0u8; DATA_HEADER_LEN];
     let empty = DataRepr {
         common: Common::default(),
         seq: 42,

@@ -1,12 +1,12 @@
 //! Keys and sealing (normative text: `docs/protocol.md`, "Key schedule").
 //!
 //! - Handshake keys: one per HELLO / HELLO-ACK packet. `hs_prk = HKDF-Extract(salt =
-//!   "braid v2 handshake", ikm = psk)` (computed once), and the packet's key is
-//!   `HKDF-Expand(hs_prk, info = "braid v2 hello" || packet_salt)`, where `packet_salt` is 32
+//!   "braid v3 handshake", ikm = psk)` (computed once), and the packet's key is
+//!   `HKDF-Expand(hs_prk, info = "braid v3 hello" || packet_salt)`, where `packet_salt` is 32
 //!   random bytes the sender puts in clear after the header. Each key seals exactly one packet,
 //!   so the nonce is all zeros.
 //! - Session keys: `prk = HKDF-Extract(salt = client_salt || server_salt, ikm = psk)`;
-//!   client-to-server key = Expand(prk, "braid v2 c2s"), server-to-client = Expand(prk, "braid v2 s2c").
+//!   client-to-server key = Expand(prk, "braid v3 c2s"), server-to-client = Expand(prk, "braid v3 s2c").
 //! - Nonce for session packets: 2 zero bytes || the header's 16-bit link id || its 64-bit
 //!   counter (big-endian). Each link has its own counter, so links never share a nonce.
 //! - AAD: the 16-byte outer header (handshake packets: header and packet salt, 48 bytes).
@@ -31,18 +31,18 @@ use ring::hkdf;
 
 use crate::wire::{
     handshake_datagram_len, Body, CipherId, DataRepr, Header, HelloAckRepr, HelloRepr, WireError,
-    HEADER_LEN, PACKET_SALT_LEN, TAG_LEN,
+    DATA_HEADER_LEN, HEADER_LEN, PACKET_SALT_LEN, TAG_LEN,
 };
 use crate::LinkId;
 
 /// HKDF salt of the handshake PRK.
-pub const HANDSHAKE_SALT: &[u8] = b"braid v2 handshake";
+pub const HANDSHAKE_SALT: &[u8] = b"braid v3 handshake";
 /// HKDF info prefix of a handshake packet's key (the packet salt follows it).
-pub const HANDSHAKE_INFO: &[u8] = b"braid v2 hello";
+pub const HANDSHAKE_INFO: &[u8] = b"braid v3 hello";
 /// HKDF info of the client-to-server session key.
-pub const C2S_INFO: &[u8] = b"braid v2 c2s";
+pub const C2S_INFO: &[u8] = b"braid v3 c2s";
 /// HKDF info of the server-to-client session key.
-pub const S2C_INFO: &[u8] = b"braid v2 s2c";
+pub const S2C_INFO: &[u8] = b"braid v3 s2c";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CryptoError {
@@ -206,8 +206,8 @@ fn seal_with(
 ) {
     out.clear();
     // No allocation when `out` already has the capacity (buffers are recycled by the endpoint).
-    out.resize(HEADER_LEN + body_len + TAG_LEN, 0);
-    let (hdr, rest) = out.split_at_mut(HEADER_LEN);
+    out.resize(header.buffer_len() + body_len + TAG_LEN, 0);
+    let (hdr, rest) = out.split_at_mut(header.buffer_len());
     emit_header(hdr);
     let (body, tag_out) = rest.split_at_mut(body_len);
     fill(body);
@@ -244,6 +244,8 @@ pub struct Seal {
     key: Arc<Aead>,
     link: LinkId,
     counter: u64,
+    /// The length of the datagram's header (the AAD): DATA's or the long one.
+    header_len: usize,
 }
 
 impl std::fmt::Debug for Seal {
@@ -261,6 +263,7 @@ impl Seal {
             key,
             link: header.link,
             counter: header.counter,
+            header_len: header.buffer_len(),
         }
     }
 
@@ -271,7 +274,7 @@ impl Seal {
     /// # Panics
     /// If `datagram` is shorter than the header (a bug in braid, never input from the network).
     pub fn apply(self, datagram: &mut Vec<u8>) {
-        let (hdr, body) = datagram.split_at_mut(HEADER_LEN);
+        let (hdr, body) = datagram.split_at_mut(self.header_len);
         let tag = self
             .key
             .key
@@ -285,8 +288,8 @@ impl Seal {
 /// [`Seal`]: what [`seal`] writes, before encryption and without the tag.
 pub fn lay_out(header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
     out.clear();
-    out.resize(HEADER_LEN + body.buffer_len(), 0);
-    let (hdr, rest) = out.split_at_mut(HEADER_LEN);
+    out.resize(header.buffer_len() + body.buffer_len(), 0);
+    let (hdr, rest) = out.split_at_mut(header.buffer_len());
     match body {
         Body::Data(d) => d.emit_header(header, hdr),
         _ => header.emit(hdr),
@@ -297,10 +300,10 @@ pub fn lay_out(header: &Header, body: &Body<'_>, out: &mut Vec<u8>) {
 /// [`seal_data_in_place`] without the sealing: writes DATA's compact header into the headroom of
 /// `buf` and leaves the payload for a [`Seal`].
 pub fn lay_out_data_in_place(header: &Header, data: &DataRepr<'_>, buf: &mut [u8]) {
-    data.emit_header(header, &mut buf[..HEADER_LEN]);
+    data.emit_header(header, &mut buf[..DATA_HEADER_LEN]);
 }
 
-/// Seals a DATA datagram in place: `buf` holds [`HEADER_LEN`] bytes of headroom (whatever they
+/// Seals a DATA datagram in place: `buf` holds [`DATA_HEADER_LEN`] bytes of headroom (whatever they
 /// are) followed by the payload. The compact header is written into the headroom, the payload is
 /// encrypted where it lies and the tag appended: no zero-fill, no copy (and no allocation when
 /// `buf` has [`TAG_LEN`] bytes of spare capacity). `data.payload` is ignored: the payload is what
@@ -309,7 +312,7 @@ pub fn lay_out_data_in_place(header: &Header, data: &DataRepr<'_>, buf: &mut [u8
 /// # Panics
 /// If `buf` is shorter than the headroom (a bug in braid, never input from the network).
 pub fn seal_data_in_place(key: &Aead, header: &Header, data: &DataRepr<'_>, buf: &mut Vec<u8>) {
-    let (hdr, body) = buf.split_at_mut(HEADER_LEN);
+    let (hdr, body) = buf.split_at_mut(DATA_HEADER_LEN);
     data.emit_header(header, hdr);
     let tag = key
         .key
@@ -440,8 +443,8 @@ pub fn seal_plaintext(key: &Aead, header: &Header, plaintext: &[u8], out: &mut V
 /// body bytes (to be parsed with `Body::parse(header.ptype, ..)`). The caller has already parsed the
 /// header with `Header::parse` (to choose the key) and passes it in.
 ///
-/// The AAD is the datagram's own first 16 bytes; the nonce comes from `header.link` and
-/// `header.counter`.
+/// The AAD is the datagram's own header (its first 14 bytes for DATA, 16 for the others); the
+/// nonce comes from `header.link` and `header.counter`.
 /// A datagram shorter than header + tag is `WireError::Truncated`; anything that does not
 /// authenticate is `CryptoError::Auth` (and the buffer's body bytes are then unspecified).
 pub fn open<'a>(
@@ -449,10 +452,11 @@ pub fn open<'a>(
     header: &Header,
     datagram: &'a mut [u8],
 ) -> Result<&'a [u8], CryptoError> {
-    if datagram.len() < HEADER_LEN + TAG_LEN {
+    let header_len = header.buffer_len();
+    if datagram.len() < header_len + TAG_LEN {
         return Err(WireError::Truncated.into());
     }
-    let (hdr, sealed) = datagram.split_at_mut(HEADER_LEN);
+    let (hdr, sealed) = datagram.split_at_mut(header_len);
     let plain = key
         .key
         .open_in_place(nonce(header.link, header.counter), Aad::from(&*hdr), sealed)
@@ -543,13 +547,20 @@ mod tests {
                 };
                 let mut out = Vec::new();
                 seal(&keys_c.send, &header, body, &mut out);
-                assert_eq!(out.len(), HEADER_LEN + body.buffer_len() + TAG_LEN);
-                assert_eq!(Header::parse(&out), Ok(header));
+                assert_eq!(out.len(), header.buffer_len() + body.buffer_len() + TAG_LEN);
                 let h = Header::parse(&out).unwrap();
-                let hdr = out[..HEADER_LEN].to_vec();
+                let hdr = out[..header.buffer_len()].to_vec();
                 let plain = open(&keys_s.recv, &h, &mut out).unwrap();
                 match body {
                     Body::Data(d) => {
+                        // DATA's header carries the counter's low 24 bits.
+                        assert_eq!(
+                            h,
+                            Header {
+                                counter: i as u64 & 0xff_ffff,
+                                ..header
+                            }
+                        );
                         let got = DataRepr::parse_sent(&hdr, plain).unwrap();
                         let want = DataRepr {
                             common: Common {
@@ -560,7 +571,10 @@ mod tests {
                         };
                         assert_eq!(got, want);
                     }
-                    _ => assert_eq!(Body::parse(h.ptype, plain).unwrap(), *body),
+                    _ => {
+                        assert_eq!(h, header);
+                        assert_eq!(Body::parse(h.ptype, plain).unwrap(), *body)
+                    }
                 }
             }
         }
@@ -581,8 +595,8 @@ mod tests {
                 };
                 let mut want = Vec::new();
                 seal(&key, &header, &body, &mut want);
-                let mut buf = Vec::with_capacity(HEADER_LEN + len + TAG_LEN);
-                buf.extend_from_slice(&[0xee; HEADER_LEN]);
+                let mut buf = Vec::with_capacity(DATA_HEADER_LEN + len + TAG_LEN);
+                buf.extend_from_slice(&[0xee; DATA_HEADER_LEN]);
                 buf.extend_from_slice(&payload);
                 let ptr = buf.as_ptr();
                 seal_data_in_place(&key, &header, &data, &mut buf);
@@ -628,7 +642,7 @@ mod tests {
                 let Body::Data(data) = body else {
                     unreachable!()
                 };
-                let mut buf = vec![0xee; HEADER_LEN];
+                let mut buf = vec![0xee; DATA_HEADER_LEN];
                 buf.extend_from_slice(&payload);
                 lay_out_data_in_place(&header, &data, &mut buf);
                 Seal::new(key.clone(), &header).apply(&mut buf);
@@ -829,17 +843,24 @@ mod tests {
     #[test]
     fn short_datagrams_are_truncated_not_panics() {
         let k = Aead::new(CipherId::ChaCha20Poly1305, &[1; 32]);
-        let h = data_header(0);
-        for n in 0..HEADER_LEN + TAG_LEN {
-            let mut d = vec![0u8; n];
-            assert_eq!(
-                open(&k, &h, &mut d),
-                Err(CryptoError::Wire(WireError::Truncated))
-            );
+        for h in [
+            data_header(0),
+            Header {
+                ptype: PacketType::Probe,
+                ..data_header(0)
+            },
+        ] {
+            for n in 0..h.buffer_len() + TAG_LEN {
+                let mut d = vec![0u8; n];
+                assert_eq!(
+                    open(&k, &h, &mut d),
+                    Err(CryptoError::Wire(WireError::Truncated))
+                );
+            }
+            // Exactly header + tag: an empty body, which can authenticate.
+            let mut d = vec![0u8; h.buffer_len() + TAG_LEN];
+            assert_eq!(open(&k, &h, &mut d), Err(CryptoError::Auth));
         }
-        // Exactly header + tag: an empty body, which can authenticate.
-        let mut d = vec![0u8; HEADER_LEN + TAG_LEN];
-        assert_eq!(open(&k, &h, &mut d), Err(CryptoError::Auth));
     }
 
     #[test]
@@ -908,9 +929,9 @@ mod tests {
         }
     }
 
-    const KAT_HANDSHAKE: &str = "795cc1da9b32ff337aa04d168ebd74a289b673bb911fcbfe7d23dce0df2abe7e";
-    const KAT_C2S: &str = "019bfd91ab94bc0458ad44d0a5f6dc766d640428cadfb87083dec8993a21f27d";
-    const KAT_S2C: &str = "94431492034c3d3b07e6c1465594626b27695377f9e084e625be0b39992cb805";
+    const KAT_HANDSHAKE: &str = "5ebca16975d9d29338bf748b8857c26994a7a5c301f6b88999c37c719d033076";
+    const KAT_C2S: &str = "999218f5ce80eb85e04d8845f6b577659b76c3da15c70f4d75c071db8e5ead98";
+    const KAT_S2C: &str = "f6d942a96a0025d1ddfae5ee5b5048d4159cb751ff2fc26419ff63f662397acf";
 
     /// Pins a full sealed datagram too (nonce layout and AAD, not just the key schedule).
     #[test]
@@ -933,11 +954,11 @@ mod tests {
     }
 
     // Computed with Python's `cryptography` (docs/protocol.md §11): compact DATA header
-    // 02 03 03 12345678 05060708 0003e8 004d, nonce 0000 0003 0102030405060708.
+    // d0 03 12345678 060708 0003e8 004d, nonce 0000 0003 0102030405060708.
     const KAT_SEALED_CHACHA: &str =
-        "02030312345678050607080003e8004d0c73cdd4630e139a575d7057c033c4c542857d6594";
+        "d003123456780607080003e8004df882c5ae954b40d8a820c46c377341b0f649ed9088";
     const KAT_SEALED_AES: &str =
-        "02030312345678050607080003e8004dbd283220d2e4a7085068274e766baf0b4cecd1588d";
+        "d003123456780607080003e8004d03c8dd6a3fe8865047be6c2a402c7b63887eec0acd";
 
     /// A whole HELLO datagram pinned too (packet salt, per-packet key, zero nonce, 48-byte AAD).
     #[test]
@@ -968,6 +989,6 @@ mod tests {
         }
     }
 
-    const KAT_HELLO_CHACHA: &str = "02010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf47fab06e7f9ba38b65ff027f57d35046bd9544c1ef7909b9f8ae5ca72bd0838be8abcc85b12e28fd2678549ec702a1503a297fe57a90be446620cb1f852cdb39";
-    const KAT_HELLO_AES: &str = "02010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf9e8f36e21f94b8125a6186364388908167a6148d63191dc6240709582a0642cde54287717d941455c54ae93ec696a5c96b867c164d07cfeb2f817a82aca04468";
+    const KAT_HELLO_CHACHA: &str = "03010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf8d908f1c1934bf8f820b1a730f75d03273986c320b7ecdbe51cfef96a545bd4b3801f95079425ac6ed90572e753d100fdbd3aba13a5fa4958ec61813882f479b";
+    const KAT_HELLO_AES: &str = "03010001000000000000000000000000c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf5b759ec215a3da71fa442f31357381109603978a08c983d362207b4506ec7a6bcdfb1a2fa1f7c7c670173e558a306d37f79b03963d269a1a3c22c1618f75bead";
 }

@@ -415,7 +415,7 @@ impl OpenJob {
     fn plaintext<'a>(&self, datagram: &'a [u8]) -> Result<&'a [u8], crypto::CryptoError> {
         match self.opened {
             Some(Ok(len)) => datagram
-                .get(wire::HEADER_LEN..wire::HEADER_LEN + len)
+                .get(self.header.buffer_len()..self.header.buffer_len() + len)
                 .ok_or(wire::WireError::Truncated.into()),
             Some(Err(e)) => Err(e),
             // Not opened: nothing authenticated it.
@@ -2177,7 +2177,7 @@ impl Endpoint {
         let parsed = match job.header.ptype {
             // DATA's seq, ts and flags ride in its header (authenticated as the AAD).
             PacketType::Data => {
-                let header = datagram.get(..wire::HEADER_LEN).unwrap_or_default();
+                let header = datagram.get(..wire::DATA_HEADER_LEN).unwrap_or_default();
                 DataRepr::parse_sent(header, plaintext).map(Body::Data)
             }
             t => Body::parse(t, plaintext),
@@ -3431,7 +3431,7 @@ impl Endpoint {
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
         // once, after room for the DATA header: the last link it goes on seals it in place.
         let mut sealing = self.take_buf();
-        sealing.extend_from_slice(&[0; wire::HEADER_LEN]);
+        sealing.extend_from_slice(&[0; wire::DATA_HEADER_LEN]);
         match self.session.as_mut() {
             Some(session) if self.cfg.compression => {
                 session.compressor.compress(now, packet, &mut sealing);
@@ -3441,7 +3441,7 @@ impl Endpoint {
                 sealing.extend_from_slice(packet);
             }
         }
-        let payload_len = sealing.len() - wire::HEADER_LEN;
+        let payload_len = sealing.len() - wire::DATA_HEADER_LEN;
         // A payload too big for a link's path is cut to fit every link the scheduler may pick,
         // so that each piece goes wherever a packet would.
         let room = views
@@ -3457,9 +3457,10 @@ impl Endpoint {
             for (range, piece) in frag::split(payload_len, room) {
                 self.frag.tx_pieces += 1;
                 let mut buf = self.take_buf();
-                buf.extend_from_slice(&[0; wire::HEADER_LEN]);
+                buf.extend_from_slice(&[0; wire::DATA_HEADER_LEN]);
                 buf.extend_from_slice(
-                    &sealing[wire::HEADER_LEN + range.start..wire::HEADER_LEN + range.end],
+                    &sealing
+                        [wire::DATA_HEADER_LEN + range.start..wire::DATA_HEADER_LEN + range.end],
                 );
                 // A piece the links cannot take dooms the packet: the rest need not go.
                 if !self.send_piece(now, buf, piece, flow, views, &mut picks) {
@@ -3499,7 +3500,7 @@ impl Endpoint {
     }
 
     /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next
-    /// bundle sequence number. `sealing` holds the payload after [`wire::HEADER_LEN`] bytes of
+    /// bundle sequence number. `sealing` holds the payload after [`wire::DATA_HEADER_LEN`] bytes of
     /// room: the last link it goes on seals it there, in place. False if the scheduler dropped
     /// it (every link's queue full).
     fn send_piece(
@@ -3512,7 +3513,7 @@ impl Endpoint {
         picks: &mut Vec<LinkId>,
     ) -> bool {
         picks.clear();
-        let payload_len = sealing.len() - wire::HEADER_LEN;
+        let payload_len = sealing.len() - wire::DATA_HEADER_LEN;
         // Schedulers account what the packet costs on the wire (outer IPv4/UDP headers included),
         // the unit in which the peer reports delivery rates.
         self.sched
@@ -3536,7 +3537,7 @@ impl Endpoint {
         if self.cfg.repair && flags & FLAG_UNORDERED == 0 && picks.len() == 1 {
             let held = self
                 .ring
-                .push(now, seq, picks[0], &sealing[wire::HEADER_LEN..]);
+                .push(now, seq, picks[0], &sealing[wire::DATA_HEADER_LEN..]);
             if let Some(sent) = held {
                 sent.flags = piece.flags();
                 // The counter `queue_data_in_place` seals it with below.
@@ -3572,7 +3573,7 @@ impl Endpoint {
         true
     }
 
-    /// Seals DATA whose payload `buf` holds after [`wire::HEADER_LEN`] bytes of headroom, in
+    /// Seals DATA whose payload `buf` holds after [`wire::DATA_HEADER_LEN`] bytes of headroom, in
     /// place, for link index `li`, and queues it (as [`Self::queue_sealed`] does for a body).
     fn queue_data_in_place(
         &mut self,

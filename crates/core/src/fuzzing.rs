@@ -37,7 +37,7 @@ use crate::crypto::{self, Aead, HandshakeKey};
 use crate::endpoint::{BundleStats, Config, Endpoint, LinkConfig, Role};
 use crate::wire::{
     Body, CipherId, Common, DataRepr, Header, HelloAckRepr, HelloRepr, Packet, PacketType,
-    HEADER_LEN, MIN_DATAGRAM_LEN,
+    DATA_HEADER_LEN, HEADER_LEN, MIN_DATAGRAM_LEN,
 };
 use crate::LinkId;
 
@@ -74,9 +74,9 @@ pub fn parse_any(data: &[u8]) {
             // seq, ts and flags are DataRepr's (reserved flag bits are not kept).
             let d = DataRepr::parse_sent(data, &[]).expect("a DATA header");
             d.emit_header(&h, &mut canonical);
-            canonical[1] |= data[1] & 0xc0;
         }
-        assert_eq!(&canonical[..], &data[..HEADER_LEN], "header not canonical");
+        let n = h.buffer_len();
+        assert_eq!(&canonical[..n], &data[..n], "header not canonical");
         // Opening with a wrong key must be an error, never a panic, whatever the length.
         let mut copy = data.to_vec();
         if h.ptype.is_handshake() {
@@ -98,7 +98,11 @@ pub fn parse_any(data: &[u8]) {
         }
     }
     // Each body parser over the whole input and over what follows a header, as after `open`.
-    let tails: [&[u8]; 2] = [data, data.get(HEADER_LEN..).unwrap_or(&[])];
+    let tails: [&[u8]; 3] = [
+        data,
+        data.get(HEADER_LEN..).unwrap_or(&[]),
+        data.get(DATA_HEADER_LEN..).unwrap_or(&[]),
+    ];
     for bytes in tails {
         if let Ok(hello) = HelloRepr::parse(bytes) {
             let mut out = vec![0u8; hello.buffer_len()];
@@ -495,10 +499,10 @@ impl Harness {
             } else {
                 session
             },
-            // Mostly far above the endpoints' own counters (fresh, but within the 2^31 that
-            // DATA's 32-bit counter is extended over), sometimes anywhere.
+            // Mostly far above the endpoints' own counters (fresh, but within the 2^23 that
+            // DATA's 24-bit counter is extended over), sometimes anywhere.
             counter: if counter & 1 == 0 {
-                (1 << 24) + (counter >> 1) % 1_000_000
+                (1 << 20) + (counter >> 1) % 1_000_000
             } else {
                 counter
             },
@@ -867,7 +871,7 @@ pub fn learn_addresses_report(data: &[u8]) -> LearnReport {
                 let counter = next.get(&link).copied().unwrap_or(0);
                 let mut d = Vec::new();
                 seal(link, counter, false, seq, &mut d);
-                let i = HEADER_LEN + pos % (d.len() - HEADER_LEN);
+                let i = DATA_HEADER_LEN + pos % (d.len() - DATA_HEADER_LEN);
                 d[i] ^= 0x20;
                 server.handle_datagram(now, None, src, &mut d);
             }

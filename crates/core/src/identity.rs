@@ -37,11 +37,11 @@ use crate::wire::{
 };
 
 /// HKDF salt of the identity handshake's extracts.
-pub const ID_SALT: &[u8] = b"braid v2 identity";
+pub const ID_SALT: &[u8] = b"braid v3 identity";
 /// HKDF info prefixes (the packet salt follows each).
-pub const ID_STATIC_INFO: &[u8] = b"braid v2 id static";
-pub const ID_HELLO_INFO: &[u8] = b"braid v2 id hello";
-pub const ID_ACK_INFO: &[u8] = b"braid v2 id ack";
+pub const ID_STATIC_INFO: &[u8] = b"braid v3 id static";
+pub const ID_HELLO_INFO: &[u8] = b"braid v3 id hello";
+pub const ID_ACK_INFO: &[u8] = b"braid v3 id ack";
 
 /// Length of an X25519 key (private or public).
 pub const KEY_LEN: usize = 32;

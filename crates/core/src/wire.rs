@@ -1,4 +1,4 @@
-//! Wire protocol v2: every byte braid puts in a UDP datagram. The normative text is
+//! Wire protocol v3: every byte braid puts in a UDP datagram. The normative text is
 //! `docs/protocol.md`; this module is its only implementation.
 //!
 //! Shape (smoltcp style): a `Packet<T: AsRef<[u8]>>` view over bytes whose `new_checked` is the one
@@ -15,13 +15,14 @@
 //! ```
 //! then the sealed body: ciphertext || 16-byte tag. All integers big-endian.
 //!
-//! DATA has a compact header of its own (also 16 bytes, also the AEAD associated data), and its
-//! sealed body is the payload alone:
+//! DATA has a compact header of its own (14 bytes, also the AEAD associated data), and its
+//! sealed body is the payload alone. Its first byte is `0xd0` and the four DATA flags, never a
+//! version number (those are below `0x80`), so the first byte tells the two layouts apart:
 //! ```text
-//!  0      1         2      3                    7                 11             14        16
-//!  +------+---------+------+--------------------+-----------------+--------------+---------+
-//!  | ver  |flags|typ| link | receiver session id| counter (low 32)| seq (low 24) | ts / 64 |
-//!  +------+---------+------+--------------------+-----------------+--------------+---------+
+//!  0           1      2                    6                 9              12        14
+//!  +-----------+------+--------------------+-----------------+--------------+---------+
+//!  | 1101 flags| link | receiver session id| counter (low 24)| seq (low 24) | ts / 64 |
+//!  +-----------+------+--------------------+-----------------+--------------+---------+
 //! ```
 //! The receiver extends the counter (against the link's anti-replay window), the bundle seq
 //! (against the highest it received) and the timestamp (against the peer's clock as it last saw
@@ -49,24 +50,26 @@
 
 use crate::LinkId;
 
-pub const VERSION: u8 = 2;
-/// Both header layouts (the long one of HELLO, PROBE, ... and DATA's compact one) are 16 bytes.
+pub const VERSION: u8 = 3;
+/// The long header (HELLO, PROBE, ... every type but DATA).
 pub const HEADER_LEN: usize = 16;
+/// DATA's compact header.
+pub const DATA_HEADER_LEN: usize = 14;
+/// DATA's first byte: this mark in the high nibble, the flags in the low one. A long header's
+/// first byte is the version, below `0x80`.
+pub const DATA_MARK: u8 = 0xd0;
 pub const TAG_LEN: usize = 16;
 /// Sealed-body prefix common to DATA, PROBE, PROBE-ACK and CLOSE: link seq (4) + timestamp (4).
 pub const COMMON_LEN: usize = 8;
-/// Plaintext length of a DATA body before its payload: nothing (DATA's fields are in its
-/// compact header).
-pub const DATA_HEADER_LEN: usize = 0;
 /// Bytes braid adds around one tunnelled IP packet (compact header + tag), not counting the
 /// outer IP and UDP headers.
-pub const DATA_OVERHEAD: usize = HEADER_LEN + DATA_HEADER_LEN + TAG_LEN;
+pub const DATA_OVERHEAD: usize = DATA_HEADER_LEN + TAG_LEN;
 /// Largest link id: DATA's compact header has one byte for it (a bundle has at most 256 links).
 pub const MAX_LINK_ID: LinkId = u8::MAX as LinkId;
 /// Bits of the bundle seq a DATA header carries (the receiver extends them, [`extend`]).
 pub const DATA_SEQ_BITS: u32 = 24;
 /// Bits of the per-link counter a DATA header carries.
-pub const DATA_COUNTER_BITS: u32 = 32;
+pub const DATA_COUNTER_BITS: u32 = 24;
 /// Every `ts` braid sends is a multiple of this many microseconds (the low bits are zero), so
 /// that DATA can carry bits 6..22 of it exactly.
 pub const TS_UNIT_US: u32 = 64;
@@ -109,28 +112,25 @@ pub const NACK_RANGE_LEN: usize = 10;
 pub const MAX_NACK_RANGES: usize = 64;
 /// Largest PROBE padding (the `padding` field of [`ProbeRepr`] is a `u16`).
 pub const MAX_PROBE_PADDING: usize = u16::MAX as usize;
-/// Smallest datagram that can possibly authenticate: a header and a tag around an empty body.
-pub const MIN_DATAGRAM_LEN: usize = HEADER_LEN + TAG_LEN;
-/// The packet type is the low nibble of byte 1 for DATA (the high nibble holds its flags); the
-/// other types use the whole byte.
-const TYPE_MASK: u8 = 0x0f;
+/// Smallest datagram that can possibly authenticate: a DATA header and a tag around an empty
+/// payload (a long header's packets are at least [`HEADER_LEN`] + [`TAG_LEN`]).
+pub const MIN_DATAGRAM_LEN: usize = DATA_HEADER_LEN + TAG_LEN;
 /// Most entries in one FEEDBACK body.
 pub const MAX_FEEDBACK_ENTRIES: usize = 256;
 /// Bytes of one FEEDBACK entry (`compress::Feedback`).
 pub const FEEDBACK_ENTRY_LEN: usize = 2;
 
 /// DATA flag: deliver without waiting for earlier sequence numbers (set by `flow-hash`).
-/// On the wire it is bit 4 of the type byte (`0x10`).
+/// On the wire the flags are the low nibble of DATA's first byte, with these values.
 pub const FLAG_UNORDERED: u8 = 0x01;
 /// DATA flag: a copy of a packet sent before (an answer to a NACK, or reinjected off a link that
 /// died); the receiver counts it and drops it if it already has the sequence number.
-/// On the wire it is bit 5 of the type byte (`0x20`).
 pub const FLAG_RETRANSMIT: u8 = 0x02;
 /// DATA flag: the payload is a piece of a packet cut to fit the path, and more pieces follow
-/// ([`crate::frag`]). On the wire it is bit 6 of the type byte (`0x40`).
+/// ([`crate::frag`]).
 pub const FLAG_MORE: u8 = 0x04;
 /// DATA flag: the payload is a piece that continues a packet begun by the previous sequence
-/// number. On the wire it is bit 7 of the type byte (`0x80`). Neither piece flag: a whole packet;
+/// number. Neither piece flag: a whole packet;
 /// `MORE` alone: the first piece; both: a middle one; `CONT` alone: the last.
 pub const FLAG_CONT: u8 = 0x08;
 /// The DATA flags a sender may set (every bit of the nibble now has a meaning).
@@ -218,7 +218,6 @@ mod field {
     pub const LINK: Field = 2..4;
     pub const SESSION: Field = 4..8;
     pub const COUNTER: Field = 8..16;
-    pub const SEALED: Rest = 16..;
 
     // HELLO / HELLO-ACK body.
     pub const HELLO_SESSION: Field = 0..4;
@@ -231,12 +230,13 @@ mod field {
     pub const LINK_SEQ: Field = 0..4;
     pub const TS: Field = 4..8;
 
-    // DATA's compact header (VERSION and TYPE as above; TYPE's high nibble holds the flags).
-    pub const D_LINK: usize = 2;
-    pub const D_SESSION: Field = 3..7;
-    pub const D_COUNTER: Field = 7..11;
-    pub const D_SEQ: Field = 11..14;
-    pub const D_TS: Field = 14..16;
+    // DATA's compact header.
+    pub const D_MARK_FLAGS: usize = 0;
+    pub const D_LINK: usize = 1;
+    pub const D_SESSION: Field = 2..6;
+    pub const D_COUNTER: Field = 6..9;
+    pub const D_SEQ: Field = 9..12;
+    pub const D_TS: Field = 12..14;
 
     // PROBE.
     pub const PROBE_ID: Field = 8..12;
@@ -273,6 +273,11 @@ mod field {
 fn get_u16(b: &[u8], f: field::Field) -> u16 {
     u16::from_be_bytes(b[f].try_into().unwrap())
 }
+/// A 3-byte field.
+fn get_u24(b: &[u8], f: field::Field) -> u32 {
+    let b = &b[f];
+    u32::from_be_bytes([0, b[0], b[1], b[2]])
+}
 fn get_u32(b: &[u8], f: field::Field) -> u32 {
     u32::from_be_bytes(b[f].try_into().unwrap())
 }
@@ -281,6 +286,10 @@ fn get_u64(b: &[u8], f: field::Field) -> u64 {
 }
 fn put_u16(b: &mut [u8], f: field::Field, v: u16) {
     b[f].copy_from_slice(&v.to_be_bytes())
+}
+/// The low 24 bits of `v` in a 3-byte field.
+fn put_u24(b: &mut [u8], f: field::Field, v: u32) {
+    b[f].copy_from_slice(&v.to_be_bytes()[1..])
 }
 fn put_u32(b: &mut [u8], f: field::Field, v: u32) {
     b[f].copy_from_slice(&v.to_be_bytes())
@@ -305,7 +314,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Packet { buffer }
     }
 
-    /// Wraps untrusted bytes: fails unless the buffer holds at least a full header (16 bytes).
+    /// Wraps untrusted bytes: fails unless the buffer holds at least a full long header (16
+    /// bytes; every DATA datagram that can authenticate is longer, [`MIN_DATAGRAM_LEN`]).
     /// Version and type are checked by [`Header::parse`], not here, so that a view can still
     /// read the fields of a packet from a future version.
     pub fn new_checked(buffer: T) -> Result<Packet<T>, WireError> {
@@ -342,13 +352,25 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn counter(&self) -> u64 {
         get_u64(self.buffer.as_ref(), field::COUNTER)
     }
-    /// The 16 header bytes (the AEAD associated data).
+    /// Whether the first byte marks DATA's compact header.
+    pub fn is_data(&self) -> bool {
+        is_data_mark(self.buffer.as_ref()[0])
+    }
+    /// The header's length: [`DATA_HEADER_LEN`] for DATA, else [`HEADER_LEN`].
+    pub fn header_len(&self) -> usize {
+        if self.is_data() {
+            DATA_HEADER_LEN
+        } else {
+            HEADER_LEN
+        }
+    }
+    /// The header's bytes (the AEAD associated data).
     pub fn header_bytes(&self) -> &[u8] {
-        &self.buffer.as_ref()[..HEADER_LEN]
+        &self.buffer.as_ref()[..self.header_len()]
     }
     /// Ciphertext || tag.
     pub fn sealed(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::SEALED]
+        &self.buffer.as_ref()[self.header_len()..]
     }
 }
 
@@ -369,7 +391,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put_u64(self.buffer.as_mut(), field::COUNTER, v)
     }
     pub fn sealed_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::SEALED]
+        let at = self.header_len();
+        &mut self.buffer.as_mut()[at..]
     }
 }
 
@@ -387,22 +410,32 @@ pub struct Header {
 
 impl Header {
     /// Parses the header at the start of `datagram` (which may, and normally does, continue with
-    /// the sealed body). Checks the length, the version and the packet type.
+    /// the sealed body). Checks the length, the version (or DATA's mark) and the packet type.
     pub fn parse(datagram: &[u8]) -> Result<Header, WireError> {
-        let p = Packet::new_checked(datagram)?;
-        if p.version() != VERSION {
-            return Err(WireError::Version(p.version()));
-        }
-        if p.packet_type() & TYPE_MASK == PacketType::Data as u8 {
-            // The compact layout: `counter` is the low 32 bits as sent (the receiver extends it).
+        let first = *datagram.first().ok_or(WireError::Truncated)?;
+        if is_data_mark(first) {
+            if datagram.len() < DATA_HEADER_LEN {
+                return Err(WireError::Truncated);
+            }
+            // The compact layout: `counter` is the low 24 bits as sent (the receiver extends it).
             return Ok(Header {
                 ptype: PacketType::Data,
                 link: LinkId::from(datagram[field::D_LINK]),
                 session: get_u32(datagram, field::D_SESSION),
-                counter: u64::from(get_u32(datagram, field::D_COUNTER)),
+                counter: u64::from(get_u24(datagram, field::D_COUNTER)),
             });
         }
+        let p = Packet::new_checked(datagram)?;
+        match p.version() {
+            VERSION => {}
+            v if v >= 0x80 => return Err(WireError::UnknownType(v)),
+            v => return Err(WireError::Version(v)),
+        }
         let ptype = PacketType::try_from(p.packet_type())?;
+        if ptype == PacketType::Data {
+            // DATA never has the long header.
+            return Err(WireError::UnknownType(p.packet_type()));
+        }
         if p.link() > MAX_LINK_ID {
             return Err(WireError::Malformed);
         }
@@ -414,13 +447,14 @@ impl Header {
         })
     }
 
+    /// [`DATA_HEADER_LEN`] for DATA, else [`HEADER_LEN`].
     pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
+        header_len(self.ptype)
     }
 
-    /// Writes the 16 header bytes at the start of `buf` (at least [`HEADER_LEN`] long). A DATA
+    /// Writes the header at the start of `buf` (at least [`Self::buffer_len`] long). A DATA
     /// header gets the compact layout with seq, ts and flags zero ([`DataRepr::emit_header`]
-    /// writes the real ones) and the counter's low 32 bits.
+    /// writes the real ones) and the counter's low 24 bits.
     pub fn emit(&self, buf: &mut [u8]) {
         if self.ptype == PacketType::Data {
             DataRepr {
@@ -440,12 +474,36 @@ impl Header {
         p.set_counter(self.counter);
     }
 
-    /// The header as its 16 wire bytes.
+    /// The header as its wire bytes ([`Self::buffer_len`] of them; a DATA header's last two
+    /// of the 16 are zero).
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         self.emit(&mut b);
         b
     }
+}
+
+/// The length of a `ptype` packet's header: [`DATA_HEADER_LEN`] for DATA, else [`HEADER_LEN`].
+pub const fn header_len(ptype: PacketType) -> usize {
+    match ptype {
+        PacketType::Data => DATA_HEADER_LEN,
+        _ => HEADER_LEN,
+    }
+}
+
+/// The packet type of a datagram of this version, read from its clear first bytes without any
+/// check beyond them (`None`: another version, an unknown type, or too short to say).
+pub fn peek_type(datagram: &[u8]) -> Option<PacketType> {
+    match *datagram.first()? {
+        first if is_data_mark(first) => Some(PacketType::Data),
+        VERSION => PacketType::from_u8(*datagram.get(1)?).filter(|&t| t != PacketType::Data),
+        _ => None,
+    }
+}
+
+/// Whether a datagram's first byte marks DATA's compact header.
+pub const fn is_data_mark(first: u8) -> bool {
+    first & 0xf0 == DATA_MARK
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,14 +810,14 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
         Ok(p)
     }
 
-    /// DATA: at least 17 bytes. PROBE: 12 to 12 + 65535. PROBE-ACK: exactly 44. CLOSE: exactly 8.
+    /// DATA: any length. PROBE: 12 to 12 + 65535. PROBE-ACK: exactly 44. CLOSE: exactly 8.
     /// LINK-INFO and LINK-NACK: exactly 16.
     /// NACK: 8 + 10k bytes, 1 <= k <= 64 (a length between two multiples: `Malformed`).
     /// HELLO / HELLO-ACK are not session bodies: `Malformed`.
     pub fn check_len(&self) -> Result<(), WireError> {
         let n = self.buffer.as_ref().len();
         let (min, max) = match self.ptype {
-            PacketType::Data => (DATA_HEADER_LEN, usize::MAX),
+            PacketType::Data => (0, usize::MAX),
             PacketType::Feedback => {
                 if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(FEEDBACK_ENTRY_LEN) {
                     return Err(WireError::Malformed);
@@ -892,38 +950,36 @@ pub struct DataRepr<'a> {
 }
 
 impl<'a> DataRepr<'a> {
-    /// Reads a DATA packet's fields as sent: `header` is the datagram's first [`HEADER_LEN`]
-    /// bytes (already accepted by [`Header::parse`]), `payload` its opened body. `seq` holds the
-    /// low 24 bits, `common.ts` bits 6..22 (the rest zero), `common.link_seq` the counter's low
-    /// 32 bits.
+    /// Reads a DATA packet's fields as sent: `header` is the datagram's first
+    /// [`DATA_HEADER_LEN`] bytes (already accepted by [`Header::parse`]), `payload` its opened
+    /// body. `seq` holds the low 24 bits, `common.ts` bits 6..22 (the rest zero),
+    /// `common.link_seq` the counter's low 24 bits (the receiver puts the extended counter's low
+    /// 32 there).
     pub fn parse_sent(header: &[u8], payload: &'a [u8]) -> Result<DataRepr<'a>, WireError> {
-        if header.len() < HEADER_LEN {
+        if header.len() < DATA_HEADER_LEN {
             return Err(WireError::Truncated);
         }
-        let seq = u32::from_be_bytes([0, header[11], header[12], header[13]]);
-        debug_assert_eq!(field::D_SEQ, 11..14);
         let ts = u32::from(get_u16(header, field::D_TS)) * TS_UNIT_US;
         Ok(DataRepr {
             common: Common {
-                link_seq: get_u32(header, field::D_COUNTER),
+                link_seq: get_u24(header, field::D_COUNTER),
                 ts,
             },
-            seq: u64::from(seq),
-            flags: (header[field::TYPE] >> 4) & DATA_FLAGS_KNOWN,
+            seq: u64::from(get_u24(header, field::D_SEQ)),
+            flags: header[field::D_MARK_FLAGS] & DATA_FLAGS_KNOWN,
             payload,
         })
     }
 
-    /// Writes the 16-byte compact header of this packet sent under `header` (link, session,
+    /// Writes the 14-byte compact header of this packet sent under `header` (link, session,
     /// counter) at the start of `buf`.
     pub fn emit_header(&self, header: &Header, buf: &mut [u8]) {
-        let buf = &mut buf[..HEADER_LEN];
-        buf[field::VERSION] = VERSION;
-        buf[field::TYPE] = PacketType::Data as u8 | ((self.flags & DATA_FLAGS_KNOWN) << 4);
+        let buf = &mut buf[..DATA_HEADER_LEN];
+        buf[field::D_MARK_FLAGS] = DATA_MARK | (self.flags & DATA_FLAGS_KNOWN);
         buf[field::D_LINK] = header.link as u8;
         put_u32(buf, field::D_SESSION, header.session);
-        put_u32(buf, field::D_COUNTER, header.counter as u32);
-        buf[field::D_SEQ].copy_from_slice(&(self.seq as u32).to_be_bytes()[1..]);
+        put_u24(buf, field::D_COUNTER, header.counter as u32);
+        put_u24(buf, field::D_SEQ, self.seq as u32);
         put_u16(buf, field::D_TS, (self.common.ts / TS_UNIT_US) as u16);
     }
 }
@@ -1249,19 +1305,23 @@ pub fn route_of(session: u32) -> u16 {
 /// if the bytes are not a braid packet of this version that carries one (a HELLO-ACK, which
 /// only servers send, or anything too short).
 pub fn peek_route(datagram: &[u8]) -> Option<u16> {
-    if datagram.len() < HEADER_LEN || datagram[field::VERSION] != VERSION {
-        return None;
-    }
-    let ty = datagram[field::TYPE];
-    let at = if ty & 0x0f == PacketType::Data as u8 {
+    let first = *datagram.first()?;
+    let server_sent = |ty: u8| {
+        matches!(
+            PacketType::from_u8(ty),
+            Some(PacketType::HelloAck | PacketType::IdHelloAck)
+        )
+    };
+    let at = if is_data_mark(first) {
         field::D_SESSION
-    } else if ty == PacketType::HelloAck as u8 || ty == PacketType::IdHelloAck as u8 {
+    } else if first != VERSION || datagram.len() < HEADER_LEN || server_sent(datagram[field::TYPE])
+    {
         return None;
     } else {
         // Every other type, including those a later braid adds (§12), has the long header.
         field::SESSION
     };
-    let session = u32::from_be_bytes(datagram[at].try_into().ok()?);
+    let session = u32::from_be_bytes(datagram.get(at)?.try_into().ok()?);
     Some(route_of(session))
 }
 
@@ -1272,11 +1332,11 @@ mod tests {
 
     #[test]
     fn layout_constants() {
-        assert_eq!(DATA_HEADER_LEN, 0);
-        assert_eq!(DATA_OVERHEAD, 32);
-        // Issue 11: at most 60 bytes per packet with outer IPv4 and UDP.
-        const { assert!(28 + DATA_OVERHEAD <= 60) };
-        assert_eq!(field::D_TS.end, HEADER_LEN);
+        assert_eq!(DATA_HEADER_LEN, 14);
+        assert_eq!(DATA_OVERHEAD, 30);
+        // Issue 11: at most 60 bytes per packet with outer IPv4 and UDP (58 since version 3).
+        const { assert!(28 + DATA_OVERHEAD <= 58) };
+        assert_eq!(field::D_TS.end, DATA_HEADER_LEN);
         assert_eq!(PROBE_LEN, 12);
         assert_eq!(PROBE_ACK_LEN, 44);
         assert_eq!(field::ACK_OWD_OFFSET_US.end, PROBE_ACK_LEN);
@@ -1296,7 +1356,7 @@ mod tests {
         };
         assert_eq!(
             h.to_bytes(),
-            [2, 4, 0, 0x12, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            [3, 4, 0, 0x12, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
         );
         assert_eq!(Header::parse(&h.to_bytes()), Ok(h));
         // A link id above 255 cannot carry DATA: refused in every header.
@@ -1324,22 +1384,24 @@ mod tests {
         };
         let mut b = [0u8; HEADER_LEN];
         d.emit_header(&h, &mut b);
-        // ts / 64 = 0x0048d159: its low 16 bits.
+        // The mark and the flags (8 + 2 + 1); ts / 64 = 0x0048d159: its low 16 bits. Nothing
+        // past the 14 header bytes is written.
         assert_eq!(
             b,
-            [2, 0xb3, 0x12, 3, 4, 5, 6, 0x0b, 0x0c, 0x0d, 0x0e, 0x06, 0x07, 0x08, 0xd1, 0x59]
+            [0xdb, 0x12, 3, 4, 5, 6, 0x0c, 0x0d, 0x0e, 0x06, 0x07, 0x08, 0xd1, 0x59, 0, 0]
         );
         let parsed = Header::parse(&b).unwrap();
         assert_eq!(
             parsed,
             Header {
-                counter: 0x0b0c_0d0e,
+                counter: 0x0c_0d0e,
                 ..h
             }
         );
+        assert_eq!(parsed.buffer_len(), DATA_HEADER_LEN);
         let sent = DataRepr::parse_sent(&b, b"x").unwrap();
         assert_eq!(sent.seq, 0x06_0708);
-        assert_eq!(sent.common.link_seq, 0x0b0c_0d0e);
+        assert_eq!(sent.common.link_seq, 0x0c_0d0e);
         assert_eq!(sent.common.ts, 0xd159 * 64);
         assert_eq!(sent.flags, FLAG_RETRANSMIT | FLAG_UNORDERED | FLAG_CONT);
         // Extended against nearby references, every field comes back whole.
@@ -1348,12 +1410,12 @@ mod tests {
             0x0102_0304_0506_0708
         );
         assert_eq!(
-            extend(0x0708_090a_0b00_0000, parsed.counter, DATA_COUNTER_BITS),
+            extend(0x0708_090a_0b0c_0000, parsed.counter, DATA_COUNTER_BITS),
             0x0708_090a_0b0c_0d0e
         );
         assert_eq!(extend_ts(0x1230_0000, sent.common.ts), 0x1234_5640);
-        // The piece flags (bits 6 and 7) do not change the header's type.
-        b[1] = (b[1] & 0x3f) | 0x40;
+        // The piece flags do not change the header's type.
+        b[0] = (b[0] & !(FLAG_MORE | FLAG_CONT)) | FLAG_MORE;
         assert_eq!(Header::parse(&b), Ok(parsed));
         assert_eq!(DataRepr::parse_sent(&b, b"").unwrap().flags, FLAG_MORE | 3);
     }
@@ -1386,13 +1448,19 @@ mod tests {
         .to_bytes();
         assert_eq!(Header::parse(&b[..15]), Err(WireError::Truncated));
         assert_eq!(Header::parse(&[]), Err(WireError::Truncated));
-        // Version 1 (before per-link nonces and timestamped HELLOs) is not spoken any more.
-        for v in [0u8, 1, 3, 255] {
+        // Versions 1 and 2 are not spoken any more; a first byte of 0x80 or more that is not
+        // DATA's mark is no packet of any version.
+        for v in [0u8, 1, 2, 4, 0x7f] {
             b[0] = v;
             assert_eq!(Header::parse(&b), Err(WireError::Version(v)));
         }
+        for v in [0x80u8, 0xc3, 0xe0, 0xff] {
+            b[0] = v;
+            assert_eq!(Header::parse(&b), Err(WireError::UnknownType(v)));
+        }
         b[0] = VERSION;
-        for t in [0u8, 13, 0x14, 255] {
+        // DATA (3) never has the long header.
+        for t in [0u8, 3, 13, 0x14, 0xd3, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -1632,10 +1700,15 @@ mod tests {
     #[test]
     fn route_id_is_read_from_every_packet_a_client_sends() {
         let mut data = [0u8; 40];
-        data[0] = VERSION;
-        data[1] = 0x20 | PacketType::Data as u8; // RETRANSMIT flag set: still DATA
-        data[3..7].copy_from_slice(&route_session(0x1234, 0x5678).to_be_bytes());
+        data[0] = DATA_MARK | FLAG_RETRANSMIT; // a flag set: still DATA
+        data[2..6].copy_from_slice(&route_session(0x1234, 0x5678).to_be_bytes());
         assert_eq!(peek_route(&data), Some(0x1234));
+        assert_eq!(
+            peek_route(&data[..6]),
+            Some(0x1234),
+            "the session id is all it needs"
+        );
+        assert_eq!(peek_route(&data[..5]), None, "short");
         let mut long = [0u8; 40];
         long[0] = VERSION;
         long[4..8].copy_from_slice(&route_session(0xabcd, 0).to_be_bytes());
@@ -1655,10 +1728,35 @@ mod tests {
         // A type a later braid adds has the long header too: its route is read.
         long[1] = 0x7f;
         assert_eq!(peek_route(&long), Some(0xabcd), "type unknown here");
-        data[0] = 1;
+        data[0] = 2;
         assert_eq!(peek_route(&data), None, "other version");
+        long[0] = 2;
+        assert_eq!(peek_route(&long), None, "other version");
+        assert_eq!(peek_route(&[]), None);
         assert_eq!(peek_route(&long[..15]), None, "short");
         assert_eq!(route_of(route_session(7, 9)), 7);
+    }
+
+    #[test]
+    fn type_is_read_from_the_first_bytes() {
+        let data = Header {
+            ptype: PacketType::Data,
+            link: 4,
+            session: 5,
+            counter: 6,
+        }
+        .to_bytes();
+        assert_eq!(peek_type(&data), Some(PacketType::Data));
+        let probe = Header {
+            ptype: PacketType::Probe,
+            ..Header::parse(&data).unwrap()
+        }
+        .to_bytes();
+        assert_eq!(peek_type(&probe), Some(PacketType::Probe));
+        assert_eq!(peek_type(&[VERSION, 3]), None, "DATA has no long header");
+        assert_eq!(peek_type(&[2, 4]), None, "another version");
+        assert_eq!(peek_type(&[VERSION]), None);
+        assert_eq!(peek_type(&[]), None);
     }
 
     #[test]
@@ -1780,15 +1878,20 @@ mod tests {
         #[test]
         fn header_round_trip(t in arb_ptype(), link in 0..=MAX_LINK_ID, session: u32, counter: u64,
                              tail in proptest::collection::vec(any::<u8>(), 0..64)) {
-            // DATA's compact header carries the counter's low 32 bits.
-            let counter = if t == PacketType::Data { counter as u32 as u64 } else { counter };
+            // DATA's compact header carries the counter's low 24 bits.
+            let counter = if t == PacketType::Data { counter & 0xff_ffff } else { counter };
             let h = Header { ptype: t, link, session, counter };
-            let mut b = vec![0xaa; HEADER_LEN];
+            let mut b = vec![0xaa; h.buffer_len()];
             h.emit(&mut b);
             b.extend_from_slice(&tail);
             prop_assert_eq!(Header::parse(&b), Ok(h));
-            let p = Packet::new_checked(&b[..]).unwrap();
-            prop_assert_eq!(p.sealed(), &tail[..]);
+            // The view needs a long header's 16 bytes; a DATA datagram that can authenticate
+            // has more.
+            if let Ok(p) = Packet::new_checked(&b[..]) {
+                prop_assert_eq!(p.sealed(), &tail[..]);
+            } else {
+                prop_assert!(t == PacketType::Data && b.len() < HEADER_LEN);
+            }
         }
 
         #[test]
@@ -1827,11 +1930,11 @@ mod tests {
             if let Ok(h) = Header::parse(&bytes) {
                 if h.ptype == PacketType::Data {
                     // seq, ts and flags are DataRepr's; the rest re-emits.
-                    prop_assert_eq!(&h.to_bytes()[2..11], &bytes[2..11]);
+                    prop_assert_eq!(&h.to_bytes()[1..9], &bytes[1..9]);
                     let d = DataRepr::parse_sent(&bytes, &[]).unwrap();
-                    let mut out = [0u8; HEADER_LEN];
+                    let mut out = [0u8; DATA_HEADER_LEN];
                     d.emit_header(&h, &mut out);
-                    prop_assert_eq!(&out[2..], &bytes[2..HEADER_LEN]);
+                    prop_assert_eq!(&out[..], &bytes[..DATA_HEADER_LEN]);
                 } else {
                     prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
                 }

@@ -9,7 +9,7 @@ use braid_core::endpoint::{
     BatchJob, Config, Endpoint, Event, Identity, LinkConfig, Nack, OpenJob, Opening, Received, Role,
 };
 use braid_core::identity::KeyPair;
-use braid_core::wire::PacketType;
+use braid_core::wire::{peek_type, PacketType, FLAG_CONT, FLAG_MORE, FLAG_RETRANSMIT};
 use braid_core::LinkState;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -287,12 +287,13 @@ impl Pair {
 
 /// A DATA datagram marked as the first piece of a cut packet (docs/protocol.md §2.1).
 fn is_first_piece(datagram: &[u8]) -> bool {
-    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0xc0 == 0x40
+    peek_type(datagram) == Some(PacketType::Data)
+        && datagram[0] & (FLAG_MORE | FLAG_CONT) == FLAG_MORE
 }
 
 /// A DATA datagram marked as any piece of a cut packet.
 fn is_piece(datagram: &[u8]) -> bool {
-    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0xc0 != 0
+    peek_type(datagram) == Some(PacketType::Data) && datagram[0] & (FLAG_MORE | FLAG_CONT) != 0
 }
 
 fn ip_packet(id: u8) -> Vec<u8> {
@@ -513,7 +514,7 @@ fn eventful_run(how: Receive) -> Outcome {
         .captured
         .iter()
         .rev()
-        .find(|(_, d)| d[1] & 0x0f == PacketType::Data as u8)
+        .find(|(_, d)| peek_type(d) == Some(PacketType::Data))
         .map(|(_, d)| d.clone());
     assert!(p.replay.is_some());
     p.dark.push(1);
@@ -648,7 +649,7 @@ fn a_job_whose_session_closed_before_its_commit_is_dropped_and_counted() {
             p.client.send_packet(p.now, &ip_packet(7));
             p.client.close(p.now);
         });
-        let is = |d: &[u8], t: PacketType| d[1] & 0x0f == t as u8;
+        let is = |d: &[u8], t: PacketType| peek_type(d) == Some(t);
         let data = sent.iter().find(|(_, d)| is(d, PacketType::Data)).unwrap();
         let close = sent.iter().find(|(_, d)| is(d, PacketType::Close)).unwrap();
         let mut batch = vec![close.clone(), data.clone()];
@@ -1168,7 +1169,7 @@ fn a_busy_link_that_falls_silent_is_left_within_a_few_of_its_gaps() {
 /// A DATA datagram marked RETRANSMIT: a copy, reinjected or sent again for a NACK
 /// (docs/protocol.md §2.1).
 fn is_copy(datagram: &[u8]) -> bool {
-    datagram.len() > 1 && datagram[1] & 0x0f == 3 && datagram[1] & 0x20 != 0
+    peek_type(datagram) == Some(PacketType::Data) && datagram[0] & FLAG_RETRANSMIT != 0
 }
 
 /// A dead link's copies spread over the links left: each goes where it arrives soonest
@@ -1477,7 +1478,7 @@ fn every_packet_to_the_server_names_the_clients_route_id() {
             d.len(),
             &d[..16]
         );
-        kinds.insert(d[1] & 0x0f);
+        kinds.insert(peek_type(d).map_or(0, |t| t as u8));
         links.insert(*link);
     }
     assert!(
@@ -1522,7 +1523,7 @@ fn a_server_that_no_longer_hears_the_client_makes_it_handshake_again() {
         p.server.send_packet(p.now, &ip_packet(1));
         // Everything the client sends is lost; everything the server sends arrives.
         while let Some(t) = p.client.poll_transmit() {
-            if t.payload[1] == 1 {
+            if peek_type(&t.payload) == Some(PacketType::Hello) {
                 hello_at = Some(p.now);
             }
         }
@@ -1782,7 +1783,7 @@ fn the_path_mtu_is_searched_and_lowered_by_icmp() {
     assert!(p
         .captured
         .iter()
-        .all(|(_, d)| d.len() <= 1300 || d[1] & 0x0f == 4));
+        .all(|(_, d)| d.len() <= 1300 || peek_type(d) == Some(PacketType::Probe)));
     // ICMP never raises it.
     p.client.handle_too_big(p.now, 1, 1400);
     assert_eq!(p.client.stats(p.now).links[0].pmtu, Some(1300));

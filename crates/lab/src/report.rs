@@ -2,10 +2,10 @@
 //!
 //! What "% of the sum" means: a link's RATE counts IP bytes. One TCP flow alone on a link carries
 //! at most `(1500 - 52) / 1500` = 96.5% of it as payload (IPv4 + TCP headers with timestamps are
-//! 52 bytes per 1500-byte packet). Through the tunnel every packet also carries 60 bytes of outer
+//! 52 bytes per 1500-byte packet). Through the tunnel every packet also carries 58 bytes of outer
 //! IPv4, UDP and braid header and tag, and braid compresses the 52 bytes of inner headers to 14
-//! (docs/protocol.md §13), so with a tunnel MTU of 1440 a full segment of 1388 payload bytes
-//! takes `1388 + 14 + 60` = 1462 bytes on the uplink: a ceiling of 94.9% of the nominal rate.
+//! (docs/protocol.md §13), so with a tunnel MTU of 1442 a full segment of 1390 payload bytes
+//! takes `1390 + 14 + 58` = 1462 bytes on the uplink: a ceiling of 95.1% of the nominal rate.
 //! The report therefore gives the bundle's TCP
 //! goodput against the sum of the nominal rates (what a user bought), against the sum of what each
 //! link gave alone with plain TCP (what the bundle could at best add up to without its own

@@ -2075,16 +2075,21 @@ mod tests {
         /// A braid datagram from `src:sport` to the VIP, port 5050: a DATA packet, or (`hello`)
         /// a HELLO, for route id `route`.
         fn braid4(src: [u8; 4], sport: u16, route: u16, hello: bool) -> Vec<u8> {
+            use braid_core::wire::{route_session, Header, PacketType};
             let mut payload = vec![0u8; 60];
-            payload[0] = braid_core::wire::VERSION;
-            let sid = braid_core::wire::route_session(route, if hello { 0 } else { 0x5a5a });
-            if hello {
-                payload[1] = 1;
-                payload[4..8].copy_from_slice(&sid.to_be_bytes());
+            let sid = route_session(route, if hello { 0 } else { 0x5a5a });
+            let ptype = if hello {
+                PacketType::Hello
             } else {
-                payload[1] = 3;
-                payload[3..7].copy_from_slice(&sid.to_be_bytes());
+                PacketType::Data
+            };
+            Header {
+                ptype,
+                link: 1,
+                session: sid,
+                counter: 0,
             }
+            .emit(&mut payload);
             let b = etherparse::PacketBuilder::ethernet2(CLIENT, LB)
                 .ipv4(src, [198, 18, 0, 100], 64)
                 .udp(sport, 5050);

@@ -36,7 +36,7 @@ use braid_core::wire::CipherId;
 use braid_core::LinkId;
 use serde::Deserialize;
 
-/// Default MTU of the TUN device: leaves room for braid's 60 bytes of overhead (IPv4 + UDP +
+/// Default MTU of the TUN device: leaves room for braid's 58 bytes of overhead (IPv4 + UDP +
 /// header + tag) on a 1500-byte uplink, with margin for PPPoE and similar. Larger MTUs (1500 on
 /// 1500-byte uplinks) work: packets that do not fit a link's path MTU are cut into pieces
 /// (docs/protocol.md §10.1).
@@ -1344,8 +1344,8 @@ mod tests {
                 "6:7: bundle.mtu: 10 is out of range 576..65535",
             ),
             (
-                client("", LINKS).replace("mtu = 1400", "mtu = 9185"),
-                "6:7: bundle.mtu: 9185 is above 9184: a packet plus braid's 32 bytes of overhead must fit in a 9216-byte datagram",
+                client("", LINKS).replace("mtu = 1400", "mtu = 9187"),
+                "6:7: bundle.mtu: 9187 is above 9186: a packet plus braid's 30 bytes of overhead must fit in a 9216-byte datagram",
             ),
             (
                 client("", LINKS).replace("mtu = 1400", "mtu = \"big\""),

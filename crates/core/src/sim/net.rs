@@ -413,7 +413,8 @@ impl Bundle {
         let warm = self.warm;
         let l = &mut self.links[link];
         let d = from.dir();
-        let is_data = payload.get(1) == Some(&(crate::wire::PacketType::Data as u8));
+        // A whole DATA packet sent for the first time (no flags: not a copy, not a piece).
+        let is_data = payload.first() == Some(&crate::wire::DATA_MARK);
         if is_data {
             l.last_use[d] = Some(now);
             if warm {
