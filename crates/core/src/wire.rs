@@ -336,10 +336,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
+    /// The long header's version byte. The view's field accessors read the long header's
+    /// layout; a DATA datagram ([`Self::is_data`]) has its own ([`Header::parse`] reads both).
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::VERSION]
     }
-    /// The raw packet type byte.
+    /// The long header's raw packet type byte.
     pub fn packet_type(&self) -> u8 {
         self.buffer.as_ref()[field::TYPE]
     }
