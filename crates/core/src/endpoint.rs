@@ -2113,7 +2113,6 @@ impl Endpoint {
         // until they aged out.
         self.ring.clear();
         self.reinjections.clear();
-        self.backlog_taken();
         self.reorder.reset(0);
         self.reassembler.abandon();
         self.direct.clear();
@@ -2715,7 +2714,6 @@ impl Endpoint {
         let ring = &mut self.ring;
         self.reinjections
             .retain(|&seq| ring.get_mut(seq).is_some_and(|s| s.link != id));
-        self.backlog_taken();
         self.events.push_back(Event::LinkSilent {
             link: self.links[li].id,
             silent: false,
@@ -3000,19 +2998,14 @@ impl Endpoint {
         !self.queue.is_empty() || !self.reinjections.is_empty()
     }
 
-    /// When to try the links again for what waits: never when nothing does. A time to try
-    /// again left behind by a backlog that emptied some other way (a link that speaks again
-    /// takes its copies back) would be due forever and never cleared: a runner asking
-    /// `poll_timeout` would spin (the simulator did, at one instant, from a 2-byte change in
-    /// packet sizes on its LTE mix).
+    /// When to try the links again for what waits: never when nothing does. Every read of
+    /// `queue.resume` goes through here. A time to try again left behind by a backlog that
+    /// emptied some other way (a link that speaks again takes its copies back, a new session
+    /// forgets them) was due forever and never cleared, since `handle_timeout` drains only a
+    /// backlog: a runner asking `poll_timeout` spun (the simulator did, at one instant, from a
+    /// 2-byte change in packet sizes on its LTE mix).
     fn queue_resume(&self) -> Option<Instant> {
         self.queue.resume.filter(|_| self.backlog_waits())
-    }
-
-    /// Some of the backlog was taken away other than by draining it: if nothing waits any
-    /// more, there is no time to try again.
-    fn backlog_taken(&mut self) {
-        self.queue.resume = self.queue_resume();
     }
 
     /// [`Self::drain_queue`] over the usable links as they are now.
