@@ -48,6 +48,8 @@ pub struct Sent {
     pub packet: Vec<u8>,
     /// Its piece flags ([`crate::frag::Piece::flags`]), sent again with it.
     pub flags: u8,
+    /// The outer ECN field it went with (its inner packet's), which its copies take too.
+    pub ecn: u8,
 }
 
 /// Spare buffers kept at most.
@@ -109,6 +111,7 @@ impl SentRing {
             resent_at: None,
             resends: 0,
             packet: buf,
+            ecn: 0,
             flags: 0,
         });
         self.entries.back_mut()

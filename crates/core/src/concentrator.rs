@@ -413,11 +413,11 @@ impl Concentrator {
     }
 
     /// [`handle_datagram`](Self::handle_datagram) for a datagram that reached this host at
-    /// `arrived`, as [`Endpoint::handle_datagram_at`].
+    /// `arrived` (with its outer ECN field, if known), as [`Endpoint::handle_datagram_at`].
     pub fn handle_datagram_at(
         &mut self,
         now: Instant,
-        arrived: Instant,
+        arrived: impl Into<crate::endpoint::RxMeta>,
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {

@@ -48,6 +48,7 @@ use crate::compress::{Compressor, Decompressor, Feedback, Limits as CompressLimi
 use crate::crypto::{self, HandshakeKey, SessionKeys};
 use crate::frag::{self, Piece, Reassembler};
 use crate::health::{HealthConfig, LinkHealth, LinkState};
+use crate::inner;
 use crate::pmtu::{self, PathMtu};
 use crate::ratelimit::AckLimiter;
 use crate::reorder::{Arrival, Pushed, ReorderBuffer, ReorderConfig};
@@ -179,6 +180,10 @@ pub const LOSSY_LINK_QUIET_LOSSES: u64 = 3;
 /// reaches this far beyond the highest sequence number received (the lost packet may have a
 /// higher number than any other link has brought yet).
 const SUSPECT_SLACK: u64 = 64;
+/// A received DATA payload carries one byte after it to delivery: its piece flags
+/// ([`Piece::flags`], bits 2-3) and, from this bit up, the outer ECN field it arrived with.
+const MARK_ECN_SHIFT: u8 = 6;
+const _: () = assert!(Piece::Middle.flags() >> MARK_ECN_SHIFT == 0);
 /// Receiver: a link that fell silent may have carried DATA numbered up to this far beyond the
 /// highest received when the silence was seen (what the peer sent on it before it saw the
 /// silence itself: at 10 Mbit/s, 100 ms of its packets interleaved with another link's).
@@ -259,6 +264,10 @@ pub struct Transmit {
     /// With deferred sealing ([`Endpoint::set_deferred_sealing`]): `payload` is laid out but not
     /// sealed yet; [`Transmit::finish`] (on any thread) seals it. Always `None` otherwise.
     pub seal: Option<crypto::Seal>,
+    /// The ECN field of the outer IP header (RFC 3168 values, [`inner::ECN_CE`]...): a DATA
+    /// packet's is its inner packet's ([`inner::encapsulate_ecn`]), every other datagram's
+    /// is Not-ECT (0).
+    pub ecn: u8,
 }
 
 impl Transmit {
@@ -381,8 +390,8 @@ pub struct OpenJob {
     /// datagram did not open.
     opened: Option<Result<usize, crypto::CryptoError>>,
     /// When the datagram reached this host, if known better than the `now` it is handled at
-    /// (see [`Endpoint::handle_datagram_at`]).
-    arrived: Option<Instant>,
+    /// (see [`Endpoint::handle_datagram_at`]), and its outer ECN field.
+    rx: Option<RxMeta>,
 }
 
 // Jobs cross to the helper threads.
@@ -431,11 +440,35 @@ enum Checked {
     Dropped,
 }
 
-/// When a packet on the receive path was sent and arrived, in the wire's clock (microseconds).
+/// What the I/O layer knows of a received datagram besides its bytes and its source (see
+/// [`Endpoint::handle_datagram_at`]); an `Instant` alone converts into one whose ECN field is not
+/// known (Not-ECT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxMeta {
+    /// When it reached this host (e.g. the kernel's receive stamp).
+    pub arrived: Instant,
+    /// The ECN field of its outer IP header (RFC 3168 values): a DATA packet's is combined into
+    /// its inner packet at delivery ([`inner::decapsulate_ecn`]).
+    pub ecn: u8,
+}
+
+impl From<Instant> for RxMeta {
+    fn from(arrived: Instant) -> Self {
+        RxMeta {
+            arrived,
+            ecn: inner::ECN_NOT_ECT,
+        }
+    }
+}
+
+/// When a packet on the receive path was sent and arrived, in the wire's clock (microseconds),
+/// and the outer ECN field it came with.
 #[derive(Debug, Clone, Copy)]
 struct RxTiming {
     /// When it arrived (no later than the `now` it is handled at).
     arrived: Instant,
+    /// Its outer IP header's ECN field ([`RxMeta::ecn`]).
+    ecn: u8,
     /// Our clock at its arrival.
     local_ts: u32,
     /// DATA: its full send `ts`, `None` before the session's first full `ts` arrived.
@@ -589,6 +622,22 @@ pub struct BundleStats {
     pub compression: CompressionStats,
     /// Packets cut into pieces to fit the path, and their reassembly.
     pub frag: FragStats,
+    /// ECN across the tunnel (RFC 6040): what went ECN-capable, what came marked.
+    pub ecn: EcnStats,
+}
+
+/// ECN counters (RFC 6040 in the tunnel: [`inner::encapsulate_ecn`], [`inner::decapsulate_ecn`]).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EcnStats {
+    /// Sender: DATA packets sent with an ECN-capable outer header (their inner packet was).
+    pub tx_ect: u64,
+    /// Receiver: inner packets delivered after an outer packet marked Congestion Experienced
+    /// (by a link's path, or by the sending end's own queue, whose mark on the inner packet
+    /// the outer copies).
+    pub rx_ce: u64,
+    /// Receiver: inner packets dropped because their outer packet came marked CE while they
+    /// were not ECN-capable (RFC 6040 section 4.2).
+    pub rx_ce_dropped: u64,
 }
 
 /// Fragmentation counters (docs/protocol.md §2.1, [`crate::frag`]), both directions.
@@ -1067,6 +1116,10 @@ pub struct Endpoint {
     /// Packets cut into pieces, put back together after the reorder buffer.
     reassembler: Reassembler,
     frag: FragStats,
+    ecn: EcnStats,
+    /// The outer ECN field of the pieces of the packet being put back together so far
+    /// ([`inner::worse_ecn`] of them).
+    pieces_ecn: u8,
     /// Delay equalisation ([`crate::equalize`]): our hold as receiver, and as sender the
     /// scheduler's view of the peer's hold (how far it may have grown under traffic) and the
     /// hold we count on ([`BundleStats::equalize_send_us`]).
@@ -1159,6 +1212,8 @@ impl Endpoint {
             reorder,
             reassembler: Reassembler::new(config.max_packet),
             frag: FragStats::default(),
+            ecn: EcnStats::default(),
+            pieces_ecn: inner::ECN_NOT_ECT,
             hold: crate::equalize::Hold::new(config.equalize_max),
             equalize_tx: crate::equalize::Ramp::sender(),
             equalize_send: Duration::ZERO,
@@ -1433,6 +1488,7 @@ impl Endpoint {
                 dst: None,
                 payload: out,
                 seal: None,
+                ecn: inner::ECN_NOT_ECT,
             });
         }
         self.next_hello = Some(now + self.cfg.hello_interval);
@@ -1464,18 +1520,19 @@ impl Endpoint {
     /// queue. (A turn of the data plane reads the clock once, then reads its sockets; a
     /// datagram that arrived meanwhile would look early by the turn's length, and the link's
     /// base delay, a minimum, would keep that error for its whole window.) An `arrived` later
-    /// than `now` counts as `now`.
+    /// than `now` counts as `now`. `arrived` may carry the datagram's outer ECN field too
+    /// ([`RxMeta`]): a DATA packet's inner packet takes it in ([`inner::decapsulate_ecn`]).
     pub fn handle_datagram_at(
         &mut self,
         now: Instant,
-        arrived: Instant,
+        arrived: impl Into<RxMeta>,
         via: Option<LinkId>,
         from: SocketAddr,
         datagram: &mut [u8],
     ) -> Received {
         match self.check_datagram(via, datagram) {
             Checked::Sealed(mut job) => {
-                job.arrived = Some(arrived);
+                job.rx = Some(arrived.into());
                 job.open(datagram);
                 self.handle_opened(now, from, job, datagram)
             }
@@ -1525,10 +1582,10 @@ impl Endpoint {
     /// handled inline. `received` hears the outcome of every datagram that got that far, in
     /// arrival order. `jobs` is empty before and after (the caller keeps it for its allocation).
     /// Gives what [`Endpoint::handle_datagram`] on each datagram in turn gives.
-    pub fn receive_batch<'a, T>(
+    pub fn receive_batch<'a, T, A: Into<RxMeta>>(
         &mut self,
         now: Instant,
-        datagrams: impl IntoIterator<Item = (Option<LinkId>, SocketAddr, &'a mut [u8], Instant, T)>,
+        datagrams: impl IntoIterator<Item = (Option<LinkId>, SocketAddr, &'a mut [u8], A, T)>,
         jobs: &mut Vec<BatchJob<'a, T>>,
         mut open_all: impl FnMut(&mut [BatchJob<'a, T>]),
         mut received: impl FnMut(Received, SocketAddr, &T),
@@ -1537,7 +1594,7 @@ impl Endpoint {
         for (via, from, bytes, arrived, tag) in datagrams {
             match self.open_job(via, bytes) {
                 Opening::Job(mut job) => {
-                    job.arrived = Some(arrived);
+                    job.rx = Some(arrived.into());
                     jobs.push(BatchJob {
                         job,
                         from,
@@ -1643,7 +1700,7 @@ impl Endpoint {
             header,
             key: Arc::clone(&session.keys.recv),
             opened: None,
-            arrived: None,
+            rx: None,
         })
     }
 
@@ -1974,6 +2031,7 @@ impl Endpoint {
             dst: Some(from),
             payload: out,
             seal: None,
+            ecn: inner::ECN_NOT_ECT,
         });
     }
 
@@ -2136,8 +2194,11 @@ impl Endpoint {
             return None;
         };
         let mut body = self.opened_body(job, datagram)?;
-        let arrived = job.arrived.map_or(now, |a| a.min(now));
-        let timing = self.accept(now, arrived, pending, &job.header, &mut body)?;
+        let rx = job.rx.map_or(RxMeta::from(now), |r| RxMeta {
+            arrived: r.arrived.min(now),
+            ..r
+        });
+        let timing = self.accept(now, rx, pending, &job.header, &mut body)?;
         let li = self.rx_link(now, job.header.link, from)?;
         self.note_rx(now, li, &body, datagram.len(), timing);
         self.dispatch(now, li, body, timing);
@@ -2193,11 +2254,12 @@ impl Endpoint {
     fn accept(
         &mut self,
         now: Instant,
-        arrived: Instant,
+        rx: RxMeta,
         pending: bool,
         header: &Header,
         body: &mut Body<'_>,
     ) -> Option<RxTiming> {
+        let arrived = rx.arrived;
         let local_ts = self.wire_ts(arrived);
         let session = if pending {
             self.pending.as_mut()
@@ -2217,6 +2279,7 @@ impl Endpoint {
                 d.common.ts = data_ts.unwrap_or(0);
                 RxTiming {
                     arrived,
+                    ecn: rx.ecn,
                     local_ts,
                     data_ts,
                     timed: data_ts.is_some(),
@@ -2227,6 +2290,7 @@ impl Endpoint {
                 session.peer_clock = Some((other.common().ts, local_ts));
                 RxTiming {
                     arrived,
+                    ecn: rx.ecn,
                     local_ts,
                     data_ts: None,
                     timed: true,
@@ -2352,13 +2416,13 @@ impl Endpoint {
             self.repair.retransmits_received += 1;
         }
         let piece = Piece::from_flags(d.flags);
+        // The piece mark and the outer ECN field ride at the end of the buffer to delivery (read
+        // back in `poll_deliver`).
+        buf.push(piece.flags() | (t.ecn & 0x03) << MARK_ECN_SHIFT);
         if d.flags & FLAG_UNORDERED != 0 && piece == Piece::Whole {
             self.direct.push_back(buf);
             return;
         }
-        // The piece mark rides at the end of the buffer through the reorder buffer (read back
-        // in `poll_deliver`).
-        buf.push(piece.flags());
         // A copy sent again is late already: delivered as soon as its turn comes.
         let kind = match piece {
             _ if retransmit => Equalize::No,
@@ -2873,7 +2937,7 @@ impl Endpoint {
         let original = sent.link;
         sent.resent_at = Some(now);
         sent.resends += 1;
-        let piece_flags = sent.flags;
+        let (piece_flags, ecn) = (sent.flags, sent.ecn);
         let packet = std::mem::take(&mut sent.packet);
         let mut sent_on = None;
         if let Some(li) = self.copy_link(now, original, avoid) {
@@ -2884,7 +2948,7 @@ impl Endpoint {
                 flags: FLAG_RETRANSMIT | piece_flags,
                 payload: &packet,
             });
-            if self.send_sealed(now, li, PacketType::Data, &body) {
+            if self.send_sealed_ecn(now, li, PacketType::Data, &body, ecn) {
                 sent_on = Some(li);
             }
         }
@@ -3069,7 +3133,8 @@ impl Endpoint {
     // ------------------------------------------------------------------ send
 
     /// Seals `body` for link index `li` under the current session and queues it.
-    fn queue_sealed(&mut self, li: usize, ptype: PacketType, body: &Body<'_>) -> bool {
+    /// `ecn`: the outer ECN field ([`Transmit::ecn`]).
+    fn queue_sealed(&mut self, li: usize, ptype: PacketType, body: &Body<'_>, ecn: u8) -> bool {
         let Some(session) = self.session.as_mut() else {
             return false;
         };
@@ -3096,14 +3161,27 @@ impl Endpoint {
             self.recycle(out);
             return false;
         }
-        self.push_transmit(li, out, seal);
+        self.push_transmit(li, out, seal, ecn);
         true
     }
 
-    /// [`queue_sealed`](Self::queue_sealed), then counts the datagram as sent on the link (its
-    /// health sees the link sequence number and size, for loss and delivery rate).
+    /// [`queue_sealed`](Self::queue_sealed) a control packet (Not-ECT), then counts the datagram
+    /// as sent on the link (its health sees the link sequence number and size, for loss and
+    /// delivery rate).
     fn send_sealed(&mut self, now: Instant, li: usize, ptype: PacketType, body: &Body<'_>) -> bool {
-        if !self.queue_sealed(li, ptype, body) {
+        self.send_sealed_ecn(now, li, ptype, body, inner::ECN_NOT_ECT)
+    }
+
+    /// [`send_sealed`](Self::send_sealed) with the outer ECN field `ecn`.
+    fn send_sealed_ecn(
+        &mut self,
+        now: Instant,
+        li: usize,
+        ptype: PacketType,
+        body: &Body<'_>,
+        ecn: u8,
+    ) -> bool {
+        if !self.queue_sealed(li, ptype, body, ecn) {
             return false;
         }
         self.count_sent(now, li, body.common().link_seq);
@@ -3118,13 +3196,14 @@ impl Endpoint {
     }
 
     /// Queues a sealed datagram for link index `li`, counting it on the link.
-    fn push_transmit(&mut self, li: usize, payload: Vec<u8>, seal: Option<crypto::Seal>) {
+    fn push_transmit(&mut self, li: usize, payload: Vec<u8>, seal: Option<crypto::Seal>, ecn: u8) {
         let link = &mut self.links[li];
         let t = Transmit {
             link: link.id,
             dst: link.addr,
             payload,
             seal,
+            ecn,
         };
         link.tx_packets += 1;
         link.tx_bytes += t.wire_len() as u64;
@@ -3421,6 +3500,7 @@ impl Endpoint {
     fn send_now(&mut self, now: Instant, packet: &[u8], views: &[LinkView]) {
         let mut picks = std::mem::take(&mut self.picks);
         let flow = Self::flow_hash(packet);
+        let ecn = inner::encapsulate_ecn(packet);
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
         // once, after room for the DATA header: the last link it goes on seals it in place.
         let mut sealing = self.take_buf();
@@ -3444,7 +3524,7 @@ impl Endpoint {
             .min()
             .unwrap_or(usize::MAX);
         if payload_len <= room {
-            self.send_piece(now, sealing, Piece::Whole, flow, views, &mut picks);
+            self.send_piece(now, sealing, (Piece::Whole, ecn), flow, views, &mut picks);
         } else {
             self.frag.tx_split += 1;
             for (range, piece) in frag::split(payload_len, room) {
@@ -3456,7 +3536,7 @@ impl Endpoint {
                         [wire::DATA_HEADER_LEN + range.start..wire::DATA_HEADER_LEN + range.end],
                 );
                 // A piece the links cannot take dooms the packet: the rest need not go.
-                if !self.send_piece(now, buf, piece, flow, views, &mut picks) {
+                if !self.send_piece(now, buf, (piece, ecn), flow, views, &mut picks) {
                     break;
                 }
             }
@@ -3494,13 +3574,13 @@ impl Endpoint {
 
     /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next
     /// bundle sequence number. `sealing` holds the payload after [`wire::DATA_HEADER_LEN`] bytes of
-    /// room: the last link it goes on seals it there, in place. False if the scheduler dropped
-    /// it (every link's queue full).
+    /// room: the last link it goes on seals it there, in place; its copies' outer ECN field is
+    /// `ecn`, its inner packet's. False if the scheduler dropped it (every link's queue full).
     fn send_piece(
         &mut self,
         now: Instant,
         sealing: Vec<u8>,
-        piece: Piece,
+        (piece, ecn): (Piece, u8),
         flow: u64,
         views: &[LinkView],
         picks: &mut Vec<LinkId>,
@@ -3533,6 +3613,7 @@ impl Endpoint {
                 .push(now, seq, picks[0], &sealing[wire::DATA_HEADER_LEN..]);
             if let Some(sent) = held {
                 sent.flags = piece.flags();
+                sent.ecn = ecn;
                 // The counter `queue_data_in_place` seals it with below.
                 if let Some(session) = &self.session {
                     sent.link_seq = session.send_counters.peek(picks[0]) as u32;
@@ -3556,7 +3637,7 @@ impl Endpoint {
                 buf
             };
             let common = self.next_common(now, li);
-            if self.queue_data_in_place(li, common, seq, flags, buf) {
+            if self.queue_data_in_place(li, common, (seq, flags, ecn), buf) {
                 self.count_sent(now, li, common.link_seq);
             }
         }
@@ -3568,12 +3649,12 @@ impl Endpoint {
 
     /// Seals DATA whose payload `buf` holds after [`wire::DATA_HEADER_LEN`] bytes of headroom, in
     /// place, for link index `li`, and queues it (as [`Self::queue_sealed`] does for a body).
+    /// `(seq, flags, ecn)`: the DATA's sequence number and flags, the outer ECN field.
     fn queue_data_in_place(
         &mut self,
         li: usize,
         common: Common,
-        seq: u64,
-        flags: u8,
+        (seq, flags, ecn): (u64, u8, u8),
         mut buf: Vec<u8>,
     ) -> bool {
         let link = &self.links[li];
@@ -3604,7 +3685,10 @@ impl Endpoint {
             crypto::seal_data_in_place(&session.keys.send, &header, &data, &mut buf);
             None
         };
-        self.push_transmit(li, buf, seal);
+        if ecn != inner::ECN_NOT_ECT {
+            self.ecn.tx_ect += 1;
+        }
+        self.push_transmit(li, buf, seal, ecn);
         true
     }
 
@@ -3626,29 +3710,36 @@ impl Endpoint {
     /// dropped (counted in the decompressor's stats) and the next one is tried.
     pub fn poll_deliver(&mut self, now: Instant) -> Option<Vec<u8>> {
         let p = loop {
-            let encoded = if let Some(b) = self.direct.pop_front() {
-                b
+            let (encoded, ecn) = if let Some(mut b) = self.direct.pop_front() {
+                let mark = b.pop().unwrap_or(0);
+                (b, mark >> MARK_ECN_SHIFT)
             } else if let Some(d) = self.reorder.pop_seq(now) {
                 let (seq, late, mut b) = (d.seq, d.late, d.packet);
-                let piece = Piece::from_flags(b.pop().unwrap_or(0));
+                let mark = b.pop().unwrap_or(0);
+                let (piece, ecn) = (Piece::from_flags(mark), mark >> MARK_ECN_SHIFT);
                 // A late packet (delivered out of order after its gap was given up) comes from
                 // before whatever is being rebuilt: it must neither end that packet nor join it.
                 if piece == Piece::Whole {
                     if !late {
                         // A whole packet ends any packet in progress (its pieces never came).
                         self.reassembler.abandon();
+                        self.pieces_ecn = inner::ECN_NOT_ECT;
                     }
-                    b
+                    (b, ecn)
                 } else if late {
                     // A piece of a packet given up: the pieces around it went long ago.
                     self.frag.rx_late_pieces += 1;
                     self.recycle(b);
                     continue;
                 } else {
+                    if piece == Piece::First {
+                        self.pieces_ecn = inner::ECN_NOT_ECT;
+                    }
+                    self.pieces_ecn = inner::worse_ecn(self.pieces_ecn, ecn);
                     let whole = self.reassembler.push(now, seq, piece, &b);
                     self.recycle(b);
                     match whole {
-                        Some(w) => w,
+                        Some(w) => (w, std::mem::take(&mut self.pieces_ecn)),
                         None => continue,
                     }
                 }
@@ -3668,8 +3759,16 @@ impl Endpoint {
             if feedback >= MAX_FEEDBACK_BATCH {
                 self.send_feedback(now);
             }
-            if ok {
+            if ok && inner::decapsulate_ecn(&mut out, ecn) {
+                if ecn == inner::ECN_CE {
+                    self.ecn.rx_ce += 1;
+                }
                 break Some(out);
+            }
+            if ok {
+                // RFC 6040: an outer CE over a Not-ECT inner packet is dropped (the loss the
+                // path's queue would have made).
+                self.ecn.rx_ce_dropped += 1;
             }
             self.recycle(out);
         };
@@ -3948,7 +4047,12 @@ impl Endpoint {
         if self.session.is_some() {
             for li in 0..self.links.len() {
                 let common = self.next_common(now, li);
-                self.queue_sealed(li, PacketType::Close, &Body::Close(common));
+                self.queue_sealed(
+                    li,
+                    PacketType::Close,
+                    &Body::Close(common),
+                    inner::ECN_NOT_ECT,
+                );
             }
         }
         self.end_session();
@@ -4032,6 +4136,7 @@ impl Endpoint {
                     ..self.frag.clone()
                 }
             },
+            ecn: self.ecn.clone(),
         }
     }
 

@@ -29,7 +29,7 @@ pub enum Piece {
 
 impl Piece {
     /// The DATA header flags that mark this piece (docs/protocol.md §2.1).
-    pub fn flags(self) -> u8 {
+    pub const fn flags(self) -> u8 {
         match self {
             Piece::Whole => 0,
             Piece::First => FLAG_MORE,

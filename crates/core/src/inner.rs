@@ -177,10 +177,30 @@ pub fn ecn(packet: &[u8]) -> Option<u8> {
 pub fn mark_ce(packet: &mut [u8]) -> bool {
     match ecn(packet) {
         None | Some(0) => false,
-        Some(3) => true,
+        Some(_) => set_ecn(packet, ECN_CE),
+    }
+}
+
+/// ECN field values (RFC 3168): not ECN-capable ...
+pub const ECN_NOT_ECT: u8 = 0;
+/// ... ECN-capable, ECT(1) (L4S, RFC 9331) ...
+pub const ECN_ECT1: u8 = 1;
+/// ... ECN-capable, ECT(0) ...
+pub const ECN_ECT0: u8 = 2;
+/// ... Congestion Experienced.
+pub const ECN_CE: u8 = 3;
+
+/// Writes `value` (two bits) into the packet's ECN field, IPv4 or IPv6, the IPv4 header
+/// checksum mended incrementally (RFC 1624); false (and the packet left as it was) for
+/// anything else.
+fn set_ecn(packet: &mut [u8], value: u8) -> bool {
+    let value = value & 0x03;
+    match ecn(packet) {
+        None => false,
+        Some(v) if v == value => true,
         Some(_) if packet[0] >> 4 == 4 => {
             let old = u16::from_be_bytes([packet[0], packet[1]]);
-            packet[1] |= 0x03;
+            packet[1] = (packet[1] & 0xfc) | value;
             let new = u16::from_be_bytes([packet[0], packet[1]]);
             let check = u16::from_be_bytes([packet[10], packet[11]]);
             // HC' = ~(~HC + ~m + m')
@@ -189,9 +209,53 @@ pub fn mark_ce(packet: &mut [u8]) -> bool {
             true
         }
         Some(_) => {
-            packet[1] |= 0x30;
+            packet[1] = (packet[1] & 0xcf) | (value << 4);
             true
         }
+    }
+}
+
+/// The ECN field the outer (UDP) packet carrying `packet` gets: the inner packet's own, copied
+/// (RFC 6040 section 4.1, the normal mode, as Linux's IP tunnels and WireGuard do). A tunnel
+/// that sent every packet Not-ECT would leave the queues of the links' paths only drops to
+/// signal with, and an ECN flow's sender would see its marks nowhere; with the copy a path's
+/// AQM marks what it would have dropped, and the receiving end passes the mark on
+/// ([`decapsulate_ecn`]). Not an IP packet: not ECN-capable.
+pub fn encapsulate_ecn(packet: &[u8]) -> u8 {
+    ecn(packet).unwrap_or(ECN_NOT_ECT)
+}
+
+/// Combines the ECN field `outer` the outer packet arrived with into the inner `packet`, as RFC
+/// 6040 section 4.2 asks of a decapsulator: an outer CE marks an ECN-capable inner packet CE;
+/// an outer ECT(1) over an inner ECT(0) makes it ECT(1); anything else leaves the inner field
+/// as it is. Returns false when the packet must be dropped: an outer CE over a Not-ECT inner
+/// packet (its sender cannot hear a mark, so the congestion the path signalled becomes the
+/// loss it would have been). A packet that is not IPv4 or IPv6 is left alone.
+pub fn decapsulate_ecn(packet: &mut [u8], outer: u8) -> bool {
+    let Some(inner) = ecn(packet) else {
+        return true;
+    };
+    match (inner, outer & 0x03) {
+        (ECN_NOT_ECT, ECN_CE) => false,
+        (ECN_ECT0 | ECN_ECT1, ECN_CE) => set_ecn(packet, ECN_CE),
+        (ECN_ECT0, ECN_ECT1) => set_ecn(packet, ECN_ECT1),
+        _ => true,
+    }
+}
+
+/// The more severe of two outer ECN fields (CE over ECT(1) over ECT(0) over Not-ECT): what the
+/// pieces of one inner packet sent in several tell together.
+pub fn worse_ecn(a: u8, b: u8) -> u8 {
+    let rank = |e: u8| match e & 0x03 {
+        ECN_NOT_ECT => 0,
+        ECN_ECT0 => 1,
+        ECN_ECT1 => 2,
+        _ => 3,
+    };
+    if rank(b) > rank(a) {
+        b & 0x03
+    } else {
+        a & 0x03
     }
 }
 
@@ -238,6 +302,65 @@ mod tests {
             assert!(!mark_ce(&mut p));
             assert_eq!(p, short);
         }
+    }
+
+    /// RFC 6040's decapsulation table, for IPv4 (checksum kept right) and IPv6.
+    #[test]
+    fn the_outer_ecn_field_is_combined_as_rfc_6040_asks() {
+        // (inner, outer) -> the inner field after, or None: dropped.
+        let table: [(u8, u8, Option<u8>); 16] = [
+            (ECN_NOT_ECT, ECN_NOT_ECT, Some(ECN_NOT_ECT)),
+            (ECN_NOT_ECT, ECN_ECT0, Some(ECN_NOT_ECT)),
+            (ECN_NOT_ECT, ECN_ECT1, Some(ECN_NOT_ECT)),
+            (ECN_NOT_ECT, ECN_CE, None),
+            (ECN_ECT0, ECN_NOT_ECT, Some(ECN_ECT0)),
+            (ECN_ECT0, ECN_ECT0, Some(ECN_ECT0)),
+            (ECN_ECT0, ECN_ECT1, Some(ECN_ECT1)),
+            (ECN_ECT0, ECN_CE, Some(ECN_CE)),
+            (ECN_ECT1, ECN_NOT_ECT, Some(ECN_ECT1)),
+            (ECN_ECT1, ECN_ECT0, Some(ECN_ECT1)),
+            (ECN_ECT1, ECN_ECT1, Some(ECN_ECT1)),
+            (ECN_ECT1, ECN_CE, Some(ECN_CE)),
+            (ECN_CE, ECN_NOT_ECT, Some(ECN_CE)),
+            (ECN_CE, ECN_ECT0, Some(ECN_CE)),
+            (ECN_CE, ECN_ECT1, Some(ECN_CE)),
+            (ECN_CE, ECN_CE, Some(ECN_CE)),
+        ];
+        for (inner, outer, after) in table {
+            let mut p = v4_tcp(0x10, 100);
+            p[1] = 0xb8 | inner;
+            p[12..20].copy_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
+            let c = ipv4_checksum(&p[..20]);
+            p[10..12].copy_from_slice(&c.to_be_bytes());
+            assert_eq!(encapsulate_ecn(&p), inner);
+            let kept = decapsulate_ecn(&mut p, outer);
+            assert_eq!(kept, after.is_some(), "v4 inner {inner} outer {outer}");
+            if let Some(a) = after {
+                assert_eq!(ecn(&p), Some(a), "v4 inner {inner} outer {outer}");
+                assert_eq!(p[1] & 0xfc, 0xb8, "DSCP kept");
+                assert_eq!(ipv4_checksum(&p[..20]), 0, "v4 checksum");
+            }
+            let mut v6 = v6_tcp(0x10, 10);
+            v6[0] = 0x6b;
+            v6[1] = 0x80 | (inner << 4);
+            assert_eq!(encapsulate_ecn(&v6), inner);
+            assert_eq!(decapsulate_ecn(&mut v6, outer), after.is_some());
+            if let Some(a) = after {
+                assert_eq!(ecn(&v6), Some(a), "v6 inner {inner} outer {outer}");
+                assert_eq!((v6[0], v6[1] & 0xcf), (0x6b, 0x80), "traffic class kept");
+            }
+        }
+        // Not IP: nothing to combine, nothing dropped.
+        for junk in [&[][..], &[0x15; 40], &[0x45; 10]] {
+            let mut p = junk.to_vec();
+            assert_eq!(encapsulate_ecn(&p), ECN_NOT_ECT);
+            assert!(decapsulate_ecn(&mut p, ECN_CE));
+            assert_eq!(p, junk);
+        }
+        assert_eq!(worse_ecn(ECN_ECT0, ECN_CE), ECN_CE);
+        assert_eq!(worse_ecn(ECN_ECT1, ECN_ECT0), ECN_ECT1);
+        assert_eq!(worse_ecn(ECN_NOT_ECT, ECN_ECT0), ECN_ECT0);
+        assert_eq!(worse_ecn(ECN_CE, ECN_NOT_ECT), ECN_CE);
     }
 
     fn v4_tcp(flags: u8, payload: usize) -> Vec<u8> {

@@ -1988,3 +1988,94 @@ fn queueing_delay_is_measured_to_the_arrival_not_to_the_read() {
         "the control case should show the turn's lateness, got {unstamped:?}"
     );
 }
+
+/// `tcp_segment` with the ECN field `ecn`, its IPv4 checksum mended.
+fn tcp_segment_ecn(seq: u32, payload: usize, ecn: u8) -> Vec<u8> {
+    let mut p = tcp_segment(seq, payload);
+    p[1] = ecn;
+    p[10..12].fill(0);
+    let c = braid_core::inner::ipv4_checksum(&p[..20]);
+    p[10..12].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// The client's DATA datagrams queued now, sealed, each with its outer ECN field.
+fn client_data(p: &mut Pair) -> Vec<(u16, Vec<u8>, u8)> {
+    let mut out = Vec::new();
+    while let Some(mut t) = p.client.poll_transmit() {
+        t.finish();
+        if peek_type(&t.payload) == Some(PacketType::Data) {
+            out.push((t.link, t.payload, t.ecn));
+        }
+    }
+    out
+}
+
+/// ECN across the tunnel (RFC 6040): a DATA packet's outer ECN field is its inner packet's; a
+/// path's CE mark on the outer packet reaches an ECN-capable inner packet (any piece's, for a
+/// packet cut in pieces); over a Not-ECT inner packet it is a drop, counted.
+#[test]
+fn the_outer_ecn_field_is_copied_out_and_its_ce_mark_passed_on() {
+    use braid_core::endpoint::RxMeta;
+    use braid_core::inner::{ecn, ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
+    let mut p = Pair::new(1);
+    p.run_for(Duration::from_secs(1));
+    // (inner field, outer field on arrival, delivered inner field or None: dropped)
+    let cases = [
+        (ECN_ECT0, ECN_ECT0, Some(ECN_ECT0)),
+        (ECN_ECT0, ECN_CE, Some(ECN_CE)),
+        (ECN_ECT1, ECN_CE, Some(ECN_CE)),
+        (ECN_ECT0, ECN_ECT1, Some(ECN_ECT1)),
+        (ECN_NOT_ECT, ECN_NOT_ECT, Some(ECN_NOT_ECT)),
+        (ECN_NOT_ECT, ECN_CE, None),
+    ];
+    for (k, (inner, outer, after)) in cases.into_iter().enumerate() {
+        let sent = tcp_segment_ecn(1000 * k as u32, 500, inner);
+        p.client.send_packet(p.now, &sent);
+        let data = client_data(&mut p);
+        assert_eq!(data.len(), 1);
+        let (link, mut d, tx_ecn) = data.into_iter().next().unwrap();
+        assert_eq!(tx_ecn, inner, "the outer field copies the inner one");
+        let rx = RxMeta {
+            arrived: p.now,
+            ecn: outer,
+        };
+        p.server
+            .handle_datagram_at(p.now, rx, None, client_addr(link), &mut d);
+        let got = p.server.poll_deliver(p.now);
+        match after {
+            Some(a) => {
+                let got = got.expect("delivered");
+                assert_eq!(ecn(&got), Some(a), "inner {inner} outer {outer}");
+                assert_eq!(braid_core::inner::ipv4_checksum(&got[..20]), 0);
+                assert_eq!(got[20..], sent[20..], "only the ECN field changes");
+            }
+            None => assert!(got.is_none(), "inner {inner} outer {outer}: dropped"),
+        }
+        p.exchange();
+    }
+    let s = p.server.stats(p.now).ecn;
+    assert_eq!((s.rx_ce, s.rx_ce_dropped), (2, 1), "{s:?}");
+    assert_eq!(p.client.stats(p.now).ecn.tx_ect, 4);
+    // A packet cut in pieces: a mark on its last piece alone marks the whole.
+    p.path_mtu = vec![(1, 1472)];
+    p.client.set_link_mtu(1, 1472);
+    p.run_for(Duration::from_secs(1));
+    let sent = tcp_segment_ecn(99_000, 1448, ECN_ECT0);
+    p.client.send_packet(p.now, &sent);
+    let data = client_data(&mut p);
+    assert_eq!(data.len(), 2, "cut in two");
+    let last = data.len() - 1;
+    for (i, (link, mut d, tx_ecn)) in data.into_iter().enumerate() {
+        assert_eq!(tx_ecn, ECN_ECT0, "every piece goes ECN-capable");
+        let rx = RxMeta {
+            arrived: p.now,
+            ecn: if i == last { ECN_CE } else { tx_ecn },
+        };
+        p.server
+            .handle_datagram_at(p.now, rx, None, client_addr(link), &mut d);
+    }
+    let got = p.server.poll_deliver(p.now).expect("rebuilt");
+    assert_eq!(ecn(&got), Some(ECN_CE));
+    assert_eq!(got[20..], sent[20..]);
+}

@@ -85,6 +85,10 @@ pub struct BindOptions {
     /// socket of the host asks; datagrams before that are stamped as they are read, which is
     /// what a caller without stamps assumes anyway.)
     pub timestamps: bool,
+    /// Report each datagram's ECN field (`IP_RECVTOS`, and `IPV6_RECVTCLASS` on IPv6 sockets;
+    /// see [`RecvDatagram::ecn`]): a tunnel passes a path's Congestion Experienced mark on to
+    /// the packet it carried (RFC 6040).
+    pub ecn: bool,
 }
 
 /// One datagram to send.
@@ -94,13 +98,16 @@ pub struct Datagram<'a> {
     pub dst: Option<SocketAddr>,
     /// Source address to send from (`IP_PKTINFO`); `None`: the kernel chooses by route.
     pub src: Option<IpAddr>,
+    /// The ECN field of its IP header (RFC 3168 values; the DSCP stays 0): set per message with
+    /// `IP_TOS` / `IPV6_TCLASS`, so a GSO run holds one value.
+    pub ecn: u8,
     pub payload: &'a [u8],
 }
 
-/// Control-message space per received message. The most the kernel writes here is 128 bytes
+/// Control-message space per received message. The most the kernel writes here is 148 bytes
 /// (a dual-stack socket with packet info receiving IPv4-mapped traffic: UDP_GRO 24, the
-/// arrival stamp 32, IPV6_PKTINFO 40, IP_PKTINFO 32); twice that, so that one more option
-/// never silently cuts the others (the kernel drops what does not fit).
+/// arrival stamp 32, IPV6_PKTINFO 40, IP_PKTINFO 32, IP_TOS 20); more than that, so that one
+/// more option never silently cuts the others (the kernel drops what does not fit).
 const CMSG_SPACE: usize = 256;
 /// Receive buffer per message with UDP GRO: the kernel coalesces at most one IP packet's worth
 /// (64 KiB) of datagrams of one flow into one message.
@@ -117,6 +124,12 @@ pub struct UdpSocket {
     /// UDP GRO on receive: the kernel took `UDP_GRO` (a kernel that refuses it hands out one
     /// datagram per message, as before).
     gro: bool,
+    /// The ECN field is set on send, until the kernel refuses the control message (`EINVAL`:
+    /// some kernels refuse `IP_TOS` on an IPv6 socket sending IPv4-mapped); then everything
+    /// goes Not-ECT, as a tunnel without ECN sends.
+    ecn: std::sync::atomic::AtomicBool,
+    /// An IPv6 socket (its IPv4-mapped traffic takes IPv4's `IP_TOS`).
+    ipv6: bool,
 }
 
 /// What one `sendmmsg` call needs besides the payloads: GSO runs, iovecs, addresses, control
@@ -144,6 +157,8 @@ pub struct RecvBatch {
     locals: Vec<Option<IpAddr>>,
     /// Per message: the kernel's arrival stamp (with [`BindOptions::timestamps`]).
     stamps: Vec<Option<SystemTime>>,
+    /// Per message: its IP header's ECN field (with [`BindOptions::ecn`]; 0 otherwise).
+    ecns: Vec<u8>,
     /// u64 words: control messages must be aligned like `cmsghdr`.
     ctrl: Vec<[u64; CMSG_SPACE / 8]>,
     names: Vec<libc::sockaddr_storage>,
@@ -190,6 +205,7 @@ impl RecvBatch {
             addrs: vec![None; n],
             locals: vec![None; n],
             stamps: vec![None; n],
+            ecns: vec![0; n],
             ctrl: vec![[0u64; CMSG_SPACE / 8]; n],
             names: vec![zero_name; n],
             iovs: vec![
@@ -240,6 +256,12 @@ impl RecvBatch {
         let &(m, _, _) = self.datagrams.get(i)?;
         self.stamps[m]
     }
+    /// The ECN field of datagram `i`'s IP header (only with [`BindOptions::ecn`]; 0 otherwise;
+    /// the datagrams of one GRO run share their message's: the kernel coalesces only datagrams
+    /// of one TOS).
+    pub fn ecn(&self, i: usize) -> u8 {
+        self.datagrams.get(i).map_or(0, |&(m, _, _)| self.ecns[m])
+    }
     /// Datagram `i` of the last receive: its source and (mutable, for in-place decryption) bytes.
     pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
         let &(m, start, len) = self.datagrams.get(i)?;
@@ -256,6 +278,7 @@ impl RecvBatch {
             addrs: &self.addrs,
             locals: &self.locals,
             stamps: &self.stamps,
+            ecns: &self.ecns,
             rest: None,
         }
     }
@@ -272,6 +295,8 @@ pub struct RecvDatagram<'a> {
     /// When the kernel received it (only with [`BindOptions::timestamps`]; wall clock, as the
     /// kernel stamps it: [`Reading::arrival`] turns it into an [`Instant`]).
     pub stamp: Option<SystemTime>,
+    /// Its IP header's ECN field (only with [`BindOptions::ecn`]; 0 otherwise).
+    pub ecn: u8,
     /// Its bytes, mutable for in-place decryption.
     pub bytes: &'a mut [u8],
 }
@@ -286,6 +311,7 @@ pub struct DatagramsMut<'a> {
     addrs: &'a [Option<SocketAddr>],
     locals: &'a [Option<IpAddr>],
     stamps: &'a [Option<SystemTime>],
+    ecns: &'a [u8],
     /// The message being cut: its index, the offset where its uncut rest starts, that rest.
     rest: Option<(usize, usize, &'a mut [u8])>,
 }
@@ -317,10 +343,12 @@ impl<'a> Iterator for DatagramsMut<'a> {
             };
             let local = self.locals.get(m).copied().flatten();
             let stamp = self.stamps.get(m).copied().flatten();
+            let ecn = self.ecns.get(m).copied().unwrap_or(0);
             return Some(RecvDatagram {
                 from,
                 local,
                 stamp,
+                ecn,
                 bytes,
             });
         }
@@ -475,6 +503,8 @@ struct MsgInfo {
     segment: usize,
     /// The kernel's arrival stamp (SCM_TIMESTAMPNS).
     stamp: Option<SystemTime>,
+    /// The IP header's ECN field (IP_TOS / IPV6_TCLASS).
+    ecn: u8,
 }
 
 /// Reads a received message's control messages (see [`MsgInfo`]).
@@ -503,6 +533,14 @@ fn parse_cmsgs(hdr: &libc::msghdr) -> MsgInfo {
                 // The kernel writes an int (udp_cmsg_recv: put_cmsg of gso_size as int).
                 let seg = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
                 info.segment = usize::try_from(seg).unwrap_or(0);
+            } else if h.cmsg_level == libc::IPPROTO_IP && h.cmsg_type == libc::IP_TOS {
+                // One byte, the TOS (ip_cmsg_recv_tos).
+                let tos = std::ptr::read_unaligned(libc::CMSG_DATA(c));
+                info.ecn = tos & 0x03;
+            } else if h.cmsg_level == libc::IPPROTO_IPV6 && h.cmsg_type == libc::IPV6_TCLASS {
+                // An int, the traffic class (ip6_datagram_recv_specific_ctl).
+                let tclass = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                info.ecn = (tclass & 0x03) as u8;
             } else if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_TIMESTAMPNS {
                 let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
                 info.stamp = timespec_to_system(ts.tv_sec as i64, ts.tv_nsec as i64);
@@ -643,6 +681,14 @@ impl UdpSocket {
             // A kernel without it stamps nothing: the caller falls back to its own clock.
             set_int_opt(&sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
         }
+        if opts.ecn {
+            if ipv6 {
+                set_int_opt(&sock, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
+            }
+            // Also on IPv6 sockets: IPv4-mapped traffic reports the IPv4 TOS. A kernel that
+            // refuses either reports no ECN field: every datagram reads Not-ECT.
+            set_int_opt(&sock, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        }
         if opts.dont_fragment {
             let fd = sock.as_raw_fd();
             let df = if ipv6 {
@@ -687,6 +733,8 @@ impl UdpSocket {
             gso: std::sync::atomic::AtomicBool::new(true),
             scratch: Default::default(),
             gro,
+            ecn: std::sync::atomic::AtomicBool::new(true),
+            ipv6,
         })
     }
 
@@ -782,6 +830,7 @@ impl UdpSocket {
                 local,
                 segment,
                 stamp,
+                ecn,
             } = parse_cmsgs(hdr);
             // Larger than we accept (one datagram over MAX_DATAGRAM, or cut short): what we hold
             // would only fail authentication; an empty datagram is counted as malformed instead.
@@ -798,6 +847,7 @@ impl UdpSocket {
             batch.addrs[i] = sa.as_socket().or(self.connected);
             batch.locals[i] = local;
             batch.stamps[i] = stamp;
+            batch.ecns[i] = ecn;
             let before = batch.datagrams.len();
             batch
                 .datagrams
@@ -837,6 +887,7 @@ impl UdpSocket {
         while i < msgs.len() {
             let chunk = &msgs[i..msgs.len().min(i + 1024)];
             let gso = self.gso.load(std::sync::atomic::Ordering::Relaxed);
+            let ecn_on = self.ecn.load(std::sync::atomic::Ordering::Relaxed);
             gso_groups(chunk, gso, self.connected.is_some(), groups);
             iovs.clear();
             iovs.extend(chunk.iter().map(|d| libc::iovec {
@@ -865,7 +916,13 @@ impl UdpSocket {
                 hdr.msg_iov = &mut iovs[g.start];
                 hdr.msg_iovlen = g.len as _;
                 let segment = (g.len > 1).then_some(g.segment);
-                write_cmsgs(&mut ctrl[k], chunk[g.start].src, segment, &mut hdr);
+                let first = &chunk[g.start];
+                let tos = (ecn_on && first.ecn & 0x03 != 0).then(|| {
+                    let dst = self.connected.or(first.dst);
+                    let v4 = !self.ipv6 || dst.is_some_and(|d| is_v4(d.ip()));
+                    (v4, first.ecn & 0x03)
+                });
+                write_cmsgs(&mut ctrl[k], (first.src, segment, tos), &mut hdr);
                 hdrs.push(libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
@@ -898,6 +955,13 @@ impl UdpSocket {
                     rep.would_block = true;
                     return rep;
                 }
+                _ if ecn_on
+                    && chunk[groups[0].start].ecn & 0x03 != 0
+                    && e.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    tracing::debug!("the ECN field refused ({e}); sending Not-ECT");
+                    self.ecn.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
                 _ if groups[0].len > 1
                     && matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL)) =>
                 {
@@ -918,6 +982,11 @@ impl UdpSocket {
     /// Whether UDP GRO is on for this socket.
     pub fn gro(&self) -> bool {
         self.gro
+    }
+
+    /// Whether the ECN field is (still) set on what this socket sends.
+    pub fn ecn(&self) -> bool {
+        self.ecn.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether UDP GSO is (still) used on this socket.
@@ -942,8 +1011,8 @@ struct Group {
     segment: u16,
 }
 
-/// Cuts `msgs` into runs that can go as one GSO message: same destination (unless `connected`)
-/// and source, every datagram `segment` bytes but the last (which may be shorter and ends the
+/// Cuts `msgs` into runs that can go as one GSO message: same destination (unless `connected`),
+/// source and ECN field, every datagram `segment` bytes but the last (which may be shorter and ends the
 /// run), at most 64 datagrams and 65,000 bytes. Without `gso`, one datagram per run.
 fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool, groups: &mut Vec<Group>) {
     groups.clear();
@@ -959,6 +1028,7 @@ fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool, groups: &mut Ve
                 let n = d.payload.len();
                 if (!connected && d.dst != first.dst)
                     || d.src != first.src
+                    || d.ecn != first.ecn
                     || n == 0
                     || n > seg
                     || bytes + n > GSO_MAX_BYTES
@@ -981,15 +1051,15 @@ fn gso_groups(msgs: &[Datagram<'_>], gso: bool, connected: bool, groups: &mut Ve
     }
 }
 
-/// Writes the control messages of one outgoing message: PKTINFO (send from `src`) and
-/// UDP_SEGMENT (GSO segment size), each if given.
+/// Writes the control messages of one outgoing message, each if given: PKTINFO (send from
+/// `src`), UDP_SEGMENT (GSO segment size) and the ECN field (`tos`: whether the datagrams are
+/// IPv4 or IPv4-mapped, which take `IP_TOS`, else `IPV6_TCLASS`; and the value).
 fn write_cmsgs(
     buf: &mut [u64; GSO_CMSG_SPACE / 8],
-    src: Option<IpAddr>,
-    segment: Option<u16>,
+    (src, segment, tos): (Option<IpAddr>, Option<u16>, Option<(bool, u8)>),
     hdr: &mut libc::msghdr,
 ) {
-    if src.is_none() && segment.is_none() {
+    if src.is_none() && segment.is_none() && tos.is_none() {
         return;
     }
     let pktinfo_len = match src {
@@ -997,8 +1067,10 @@ fn write_cmsgs(
         Some(IpAddr::V6(_)) => std::mem::size_of::<libc::in6_pktinfo>(),
         None => 0,
     };
-    // SAFETY: `buf` is GSO_CMSG_SPACE bytes, aligned for cmsghdr, enough for one in6_pktinfo and
-    // one u16 control message; the CMSG_* helpers compute offsets inside `msg_controllen`.
+    let int_len = std::mem::size_of::<libc::c_int>() as u32;
+    // SAFETY: `buf` is GSO_CMSG_SPACE bytes, aligned for cmsghdr, enough for one in6_pktinfo,
+    // one u16 and one int control message (40 + 24 + 24 bytes); the CMSG_* helpers compute
+    // offsets inside `msg_controllen`.
     unsafe {
         hdr.msg_control = buf.as_mut_ptr().cast();
         let mut total = 0usize;
@@ -1007,6 +1079,9 @@ fn write_cmsgs(
         }
         if segment.is_some() {
             total += libc::CMSG_SPACE(2) as usize;
+        }
+        if tos.is_some() {
+            total += libc::CMSG_SPACE(int_len) as usize;
         }
         hdr.msg_controllen = total as _;
         let mut c = libc::CMSG_FIRSTHDR(hdr);
@@ -1045,7 +1120,30 @@ fn write_cmsgs(
             (*c).cmsg_type = libc::UDP_SEGMENT;
             (*c).cmsg_len = libc::CMSG_LEN(2) as _;
             std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg);
+            c = libc::CMSG_NXTHDR(hdr, c);
         }
+        if let Some((v4, value)) = tos {
+            // Linux takes an int for both (ip_cmsg_send, ip6_datagram_send_ctl).
+            (*c).cmsg_level = if v4 {
+                libc::IPPROTO_IP
+            } else {
+                libc::IPPROTO_IPV6
+            };
+            (*c).cmsg_type = if v4 { libc::IP_TOS } else { libc::IPV6_TCLASS };
+            (*c).cmsg_len = libc::CMSG_LEN(int_len) as _;
+            std::ptr::write_unaligned(
+                libc::CMSG_DATA(c) as *mut libc::c_int,
+                libc::c_int::from(value),
+            );
+        }
+    }
+}
+
+/// An IPv4 address, or an IPv4-mapped IPv6 one (which an IPv6 socket sends as IPv4).
+fn is_v4(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(a) => a.to_ipv4_mapped().is_some(),
     }
 }
 
@@ -1058,6 +1156,70 @@ impl AsRawFd for UdpSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ECN field set per datagram arrives with each, in GSO runs cut where it changes: IPv4,
+    /// IPv6, and IPv4-mapped from an IPv6 socket to a dual-stack one.
+    #[test]
+    fn the_ecn_field_is_sent_and_read_per_datagram() {
+        let cases: [(&str, &str, Option<SocketAddr>); 3] = [
+            ("127.0.0.1:0", "127.0.0.1:0", None),
+            ("[::1]:0", "[::1]:0", None),
+            (
+                "[::]:0",
+                "[::]:0",
+                Some("[::ffff:127.0.0.1]:0".parse().unwrap()),
+            ),
+        ];
+        for (rx_at, tx_at, mapped) in cases {
+            let rx = UdpSocket::bind(&BindOptions {
+                addr: Some(rx_at.parse().unwrap()),
+                gro: true,
+                ecn: true,
+                ..Default::default()
+            })
+            .unwrap();
+            let tx = UdpSocket::bind(&BindOptions {
+                addr: Some(tx_at.parse().unwrap()),
+                ..Default::default()
+            })
+            .unwrap();
+            let port = rx.local_addr().unwrap().port();
+            let mut dst = mapped.unwrap_or_else(|| rx.local_addr().unwrap());
+            dst.set_port(port);
+            // Equal sizes throughout: only the ECN field cuts the runs.
+            let ecns = [2u8, 2, 2, 3, 3, 0, 1, 1, 2, 0];
+            let payloads: Vec<Vec<u8>> = (0..ecns.len() as u8).map(|i| vec![i; 300]).collect();
+            let msgs: Vec<Datagram> = payloads
+                .iter()
+                .zip(ecns)
+                .map(|(p, ecn)| Datagram {
+                    dst: Some(dst),
+                    src: None,
+                    ecn,
+                    payload: p,
+                })
+                .collect();
+            let rep = tx.send_batch(&msgs);
+            assert_eq!(rep.sent, ecns.len(), "{rx_at}: {rep:?}");
+            assert!(tx.ecn(), "{rx_at}: the ECN field was refused");
+            let mut batch = RecvBatch::new(BATCH);
+            let mut got = Vec::new();
+            for _ in 0..100 {
+                let n = rx.recv_batch(&mut batch).unwrap();
+                for i in 0..n {
+                    let ecn = batch.ecn(i);
+                    let (_, bytes) = batch.get_mut(i).unwrap();
+                    got.push((bytes[0], ecn));
+                }
+                if got.len() == ecns.len() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let want: Vec<(u8, u8)> = (0..).zip(ecns).collect();
+            assert_eq!(got, want, "{rx_at}");
+        }
+    }
 
     #[test]
     fn loopback_batches_round_trip() {
@@ -1081,6 +1243,7 @@ mod tests {
             .map(|p| Datagram {
                 dst: None,
                 src: None,
+                ecn: 0,
                 payload: p,
             })
             .collect();
@@ -1105,6 +1268,7 @@ mod tests {
         let d = |p: &'static [u8]| Datagram {
             dst: Some(b_addr),
             src: None,
+            ecn: 0,
             payload: p,
         };
         let rep = a.send_batch(&[d(b"hi"), d(b"there")]);
@@ -1135,6 +1299,7 @@ mod tests {
         let d = Datagram {
             dst: None,
             src: None,
+            ecn: 0,
             payload: b"stamp me",
         };
         let mut batch = RecvBatch::new(BATCH);
@@ -1226,6 +1391,7 @@ mod tests {
             .map(|p| Datagram {
                 dst: None,
                 src: None,
+                ecn: 0,
                 payload: p,
             })
             .collect();
@@ -1289,6 +1455,7 @@ mod tests {
                 .map(|p| Datagram {
                     dst: Some(dst),
                     src,
+                    ecn: 0,
                     payload: p,
                 })
                 .collect();
@@ -1370,6 +1537,7 @@ mod tests {
                 .map(|p| Datagram {
                     dst: Some(dst),
                     src: None,
+                    ecn: 0,
                     payload: p,
                 })
                 .collect();
@@ -1438,6 +1606,7 @@ mod tests {
             cli.send_batch(&[Datagram {
                 dst: None,
                 src: None,
+                ecn: 0,
                 payload: b"ping"
             }])
             .sent,
@@ -1452,6 +1621,7 @@ mod tests {
         let rep = srv.send_batch(&[Datagram {
             dst: Some(from),
             src: batch.local(0),
+            ecn: 0,
             payload: b"pong",
         }]);
         assert_eq!(rep.sent, 1, "{:?}", rep.last_error);
@@ -1480,6 +1650,7 @@ mod tests {
             Datagram {
                 dst: None,
                 src: None,
+                ecn: 0,
                 payload: p,
             }
         }

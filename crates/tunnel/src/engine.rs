@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use braid_core::concentrator::{ClientStats, Concentrator, ConcentratorDrops};
-use braid_core::endpoint::{BundleStats, Event, Received, Transmit};
+use braid_core::endpoint::{BundleStats, Event, Received, RxMeta, Transmit};
 use braid_core::{Endpoint, LinkId};
 
 pub enum Engine {
@@ -38,11 +38,12 @@ impl Engine {
         }
     }
 
-    /// A datagram that reached this host at `arrived` (see [`Endpoint::handle_datagram_at`]).
+    /// A datagram that reached this host at `arrived`, with its outer ECN field (see
+    /// [`Endpoint::handle_datagram_at`]).
     pub fn handle_datagram_at(
         &mut self,
         now: Instant,
-        arrived: Instant,
+        arrived: RxMeta,
         via: Option<LinkId>,
         from: SocketAddr,
         datagram: &mut [u8],

@@ -490,6 +490,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
             labelled(&[("reason", "oversize")], f.rx_dropped_oversize),
         ],
     );
+    let e = &s.ecn;
+    r.counter(
+        "ecn_packets",
+        "DATA packets sent ECN-capable (ect), delivered after an outer CE mark (ce), dropped for an outer CE over a Not-ECT packet (ce_dropped)",
+        &[
+            labelled(&[("what", "ect")], e.tx_ect),
+            labelled(&[("what", "ce")], e.rx_ce),
+            labelled(&[("what", "ce_dropped")], e.rx_ce_dropped),
+        ],
+    );
     r.counter(
         "tun_rx_packets",
         "IP packets read from the TUN device",

@@ -29,6 +29,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use braid_core::endpoint::RxMeta;
 use braid_core::endpoint::{BundleStats, Config as EpConfig, EndpointError, Event, Role};
 use braid_core::wire::CipherId;
 use braid_core::{BatchJob, Endpoint, LinkConfig, LinkId, LinkState, Received, Transmit};
@@ -196,6 +197,7 @@ fn open_link_socket(spec: &LinkSpec) -> anyhow::Result<UdpSocket> {
         gro: true,
         dont_fragment: true,
         timestamps: true,
+        ecn: true,
     };
     let mut s = UdpSocket::bind(&opts).map_err(|e| anyhow::anyhow!("link {}: {e}", spec.name))?;
     s.connect(spec.remote)
@@ -283,6 +285,7 @@ fn open_sockets(cfg: &Config) -> anyhow::Result<(Sockets, LinkTable)> {
                 gro: true,
                 dont_fragment: true,
                 timestamps: true,
+                ecn: true,
                 ..Default::default()
             };
             let s = UdpSocket::bind(&opts)
@@ -717,7 +720,13 @@ impl Runner {
                                 &self.workers,
                                 &mut opening,
                                 s,
-                                batch.map(|d| (reading.arrival(d.stamp), d)),
+                                batch.map(|d| {
+                                    let rx = RxMeta {
+                                        arrived: reading.arrival(d.stamp),
+                                        ecn: d.ecn,
+                                    };
+                                    (rx, d)
+                                }),
                             );
                             self.opened_in_parallel += shared;
                             self.opening = reuse(opening);
@@ -725,12 +734,14 @@ impl Runner {
                         _ => {
                             for i in 0..n {
                                 let local = self.recv.local(i);
-                                let arrived = reading.arrival(self.recv.stamp(i));
+                                let rx = RxMeta {
+                                    arrived: reading.arrival(self.recv.stamp(i)),
+                                    ecn: self.recv.ecn(i),
+                                };
                                 let Some((from, bytes)) = self.recv.get_mut(i) else {
                                     continue;
                                 };
-                                let got =
-                                    self.ep.handle_datagram_at(now, arrived, via, from, bytes);
+                                let got = self.ep.handle_datagram_at(now, rx, via, from, bytes);
                                 s.note_received(got, from, local);
                             }
                         }
@@ -1525,6 +1536,7 @@ impl Sock {
             msgs.extend(items[out.done..].iter().map(|(t, src)| Datagram {
                 dst: t.dst,
                 src: *src,
+                ecn: t.ecn,
                 payload: t.payload.as_slice(),
             }));
             let rep = self.sock.send_batch(&msgs);
@@ -1592,7 +1604,7 @@ fn receive_shared<'a>(
     workers: &Workers,
     jobs: &mut Vec<RxJob<'a>>,
     s: &mut Sock,
-    batch: impl Iterator<Item = (Instant, RecvDatagram<'a>)>,
+    batch: impl Iterator<Item = (RxMeta, RecvDatagram<'a>)>,
 ) -> u64 {
     let mut shared = 0;
     let via = s.link;
@@ -1657,6 +1669,7 @@ mod tests {
                     dst: Some(dst),
                     payload: vec![n],
                     seal: None,
+                    ecn: 0,
                 },
                 None,
             )
@@ -1676,6 +1689,7 @@ mod tests {
         v.push(Datagram {
             dst: None,
             src: None,
+            ecn: 0,
             payload: &payload,
         });
         let back: Vec<Datagram<'static>> = reuse(v);
