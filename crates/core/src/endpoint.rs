@@ -111,6 +111,11 @@ pub struct Config {
     /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
     /// The receiving side always decompresses, so the two ends need not agree.
     pub compression: bool,
+    /// ECN across the tunnel (RFC 6040, docs/protocol.md §1): DATA's outer ECN field copies
+    /// the inner packet's, and the field a DATA datagram arrived with is combined into its
+    /// inner packet. Off: every datagram goes Not-ECT and arriving fields are not read (RFC
+    /// 6040's compatibility mode), for a path that drops ECN-capable UDP. Default on.
+    pub ecn: bool,
     /// The largest DATA payload the receiver rebuilds from pieces (the tunnel's MTU plus the
     /// 2 bytes of a *full* compression header): bounds the reassembly memory ([`crate::frag`]).
     pub max_packet: usize,
@@ -183,6 +188,15 @@ const SUSPECT_SLACK: u64 = 64;
 /// A received DATA payload carries one byte after it to delivery: its piece flags
 /// ([`Piece::flags`], bits 2-3) and, from this bit up, the outer ECN field it arrived with.
 const MARK_ECN_SHIFT: u8 = 6;
+/// A receiver sends a link's LINK-CE at most this often while marks come (and at its next
+/// PROBE-ACK otherwise): CoDel marks a standing queue at most once per its interval at first.
+const LINK_CE_GAP: Duration = Duration::from_millis(20);
+/// A receiver's first LINK-CEs on a link in a session, one with each of its first PROBE-ACKs
+/// there, say it takes its links' marks: one lost of these many leaves the peer the others.
+/// (Three or four alike over fifteen seeds of the simulator's returning-link test, each drawing
+/// its own low runs, chaos; with three one of its five runs drew a 0.33 share: BENCHMARKS.md
+/// §4, "Links behind CoDel".)
+const LINK_CE_ANNOUNCE: u8 = 4;
 const _: () = assert!(Piece::Middle.flags() >> MARK_ECN_SHIFT == 0);
 /// Receiver: a link that fell silent may have carried DATA numbered up to this far beyond the
 /// highest received when the silence was seen (what the peer sent on it before it saw the
@@ -220,6 +234,7 @@ impl Config {
             nack: Nack::RandomLoss,
             ring: RingConfig::default(),
             compression: true,
+            ecn: true,
             max_packet: DEFAULT_MAX_PACKET,
             reassembly_timeout: DEFAULT_REASSEMBLY_TIMEOUT,
             wall_clock: SystemTime::now(),
@@ -576,6 +591,10 @@ pub struct LinkStats {
     /// The largest datagram (UDP payload) this link sends now, from path MTU discovery
     /// (`None`: the I/O layer gave no first-hop size, nothing is cut for this link).
     pub pmtu: Option<usize>,
+    /// This session, the DATA the link's path marked Congestion Experienced: ours, as the
+    /// peer counted them (LINK-CE), and the peer's, as we did.
+    pub tx_ce_marked: u32,
+    pub rx_ce_marked: u32,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -638,6 +657,9 @@ pub struct EcnStats {
     /// Receiver: inner packets dropped because their outer packet came marked CE while they
     /// were not ECN-capable (RFC 6040 section 4.2).
     pub rx_ce_dropped: u64,
+    /// Receiver: DATA that came marked CE by a link's path and was left to the peer's link
+    /// control (LINK-CE) rather than passed on to its inner packet.
+    pub rx_ce_taken: u64,
 }
 
 /// Fragmentation counters (docs/protocol.md §2.1, [`crate::frag`]), both directions.
@@ -997,6 +1019,22 @@ struct Link {
     /// Whether our view of the peer's hold has counted the link yet this session
     /// ([`Endpoint::new_in_hold_view`]).
     in_hold_view: bool,
+    /// Congestion Experienced marks the link's path put on DATA, both ways (LINK-CE).
+    ce: CeTally,
+}
+
+/// A link's count of the Congestion Experienced marks its path put on DATA this session, both
+/// ways (LINK-CE, docs/protocol.md §5.11).
+#[derive(Debug, Clone, Copy, Default)]
+struct CeTally {
+    /// Receiver: the peer's DATA that arrived on it marked CE.
+    rx_marks: u32,
+    /// Receiver: the count the last LINK-CE on it said, and when it went (`None`: none yet).
+    sent: Option<(u32, Instant)>,
+    /// Receiver: LINK-CEs sent on it this session, up to [`LINK_CE_ANNOUNCE`].
+    announced: u8,
+    /// Sender: the peer's count of our DATA it got marked on this link (its latest LINK-CE).
+    peer_marks: u32,
 }
 
 /// A value folded over the last one to two windows: two buckets, the window's and the one
@@ -1117,6 +1155,9 @@ pub struct Endpoint {
     reassembler: Reassembler,
     frag: FragStats,
     ecn: EcnStats,
+    /// The peer sent a LINK-CE this session: it takes the CE marks of its DATA's paths as its
+    /// links' congestion signals, so they are not passed on to the inner packets.
+    peer_takes_ce: bool,
     /// The outer ECN field of the pieces of the packet being put back together so far
     /// ([`inner::worse_ecn`] of them).
     pieces_ecn: u8,
@@ -1213,6 +1254,7 @@ impl Endpoint {
             reassembler: Reassembler::new(config.max_packet),
             frag: FragStats::default(),
             ecn: EcnStats::default(),
+            peer_takes_ce: false,
             pieces_ecn: inner::ECN_NOT_ECT,
             hold: crate::equalize::Hold::new(config.equalize_max),
             equalize_tx: crate::equalize::Ramp::sender(),
@@ -1287,6 +1329,7 @@ impl Endpoint {
             info_sent: None,
             peer_hint_bps: None,
             in_hold_view: false,
+            ce: CeTally::default(),
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
             // A new link during a handshake: say HELLO on it right away.
@@ -2164,7 +2207,11 @@ impl Endpoint {
             // A hint lasts one session: the client tells each new one.
             link.peer_hint_bps = None;
             link.in_hold_view = false;
+            link.ce = CeTally::default();
         }
+        // A new session may be an older peer: marks go to the inner packets until it says it
+        // takes them (its first LINK-CE).
+        self.peer_takes_ce = false;
         self.next_data_seq = 0;
         // The old session's packets: its numbers would match the new session's NACKs and
         // LINK-NACKs (stale data sent again), and would keep the new packets out of the ring
@@ -2279,7 +2326,7 @@ impl Endpoint {
                 d.common.ts = data_ts.unwrap_or(0);
                 RxTiming {
                     arrived,
-                    ecn: rx.ecn,
+                    ecn: if self.cfg.ecn { rx.ecn } else { 0 },
                     local_ts,
                     data_ts,
                     timed: data_ts.is_some(),
@@ -2375,6 +2422,7 @@ impl Endpoint {
             Body::Data(d) => self.receive_data(now, li, &d, t),
             Body::Nack(n) => self.handle_nack(now, &n),
             Body::LinkNack(n) => self.handle_link_nack(now, &n),
+            Body::LinkCe(c) => self.handle_link_ce(&c),
             Body::Feedback(f) => {
                 if let (Some(session), Some(entries)) =
                     (self.session.as_mut(), Feedback::parse_list(f.entries))
@@ -2409,6 +2457,10 @@ impl Endpoint {
     /// delay equalisation when [`equalized`] names it.
     fn receive_data(&mut self, now: Instant, li: usize, d: &DataRepr<'_>, t: RxTiming) {
         self.links[li].last_data_rx = Some(now);
+        if t.ecn == inner::ECN_CE {
+            self.links[li].ce.rx_marks = self.links[li].ce.rx_marks.wrapping_add(1);
+            self.send_link_ce(now, li);
+        }
         let mut buf = self.take_buf();
         buf.extend_from_slice(d.payload);
         let retransmit = d.flags & FLAG_RETRANSMIT != 0;
@@ -3319,6 +3371,52 @@ impl Endpoint {
         self.links[li].health.fill_report(now, &mut ack);
         ack.owd_offset_us = self.owd_offset_us(li);
         self.send_sealed(now, li, PacketType::ProbeAck, &Body::ProbeAck(ack));
+        self.send_link_ce(now, li);
+    }
+
+    /// Receiver: a LINK-CE on link index `li` if its count of marks moved since the last one
+    /// (at most one per [`LINK_CE_GAP`]; the count is cumulative, so a lost one is made good
+    /// by the next), or if none went yet this session: the first says this end takes its own
+    /// links' marks (`Endpoint::handle_link_ce`). Not with ECN off: no mark is read.
+    fn send_link_ce(&mut self, now: Instant, li: usize) {
+        if !self.cfg.ecn {
+            return;
+        }
+        let ce = self.links[li].ce;
+        let due = match ce.sent {
+            _ if ce.announced < LINK_CE_ANNOUNCE => true,
+            None => true,
+            Some((marks, at)) => {
+                marks != ce.rx_marks && now.saturating_duration_since(at) >= LINK_CE_GAP
+            }
+        };
+        if !due {
+            return;
+        }
+        let body = Body::LinkCe(wire::LinkCeRepr {
+            common: self.next_common(now, li),
+            link: self.links[li].id,
+            marks: ce.rx_marks,
+        });
+        if self.send_sealed(now, li, PacketType::LinkCe, &body) {
+            let ce = &mut self.links[li].ce;
+            ce.sent = Some((ce.rx_marks, now));
+            ce.announced = ce.announced.saturating_add(1);
+        }
+    }
+
+    /// Sender: the peer's count of our DATA marked CE on a link: the link's congestion signal
+    /// for the scheduler ([`LinkView::ce_marks`]). Any LINK-CE says the peer takes the marks on
+    /// what we receive too.
+    fn handle_link_ce(&mut self, c: &wire::LinkCeRepr) {
+        self.peer_takes_ce = true;
+        if let Some(lj) = self.link_index(c.link) {
+            let ce = &mut self.links[lj].ce;
+            // Reordered reports: only a newer count counts.
+            if c.marks.wrapping_sub(ce.peer_marks) as i32 > 0 {
+                ce.peer_marks = c.marks;
+            }
+        }
     }
 
     /// How much later than our fastest incoming link this link's packets arrive (base delays).
@@ -3386,6 +3484,7 @@ impl Endpoint {
             loss: l.health.loss(),
             loss_basis_pps: Some(l.health.loss_basis_pps()),
             loss_tally: Some(l.health.loss_tally()),
+            ce_marks: l.ce.peer_marks,
         }
     }
 
@@ -3496,11 +3595,30 @@ impl Endpoint {
         }
     }
 
+    /// The outer ECN field of the DATA carrying `packet`. With a peer that takes its links'
+    /// marks (LINK-CE) every DATA goes ECN-capable, as a QUIC tunnel's datagrams do for QUIC's
+    /// own congestion control: a link's AQM then marks rather than drops even the packets of
+    /// flows that did not negotiate ECN (most do not), the peer counts the marks, and this end
+    /// backs that link off; ECT(1) stays ECT(1) (L4S). Else RFC 6040's copy
+    /// ([`inner::encapsulate_ecn`]), or Not-ECT with ECN off.
+    fn outer_ecn(&self, packet: &[u8]) -> u8 {
+        if !self.cfg.ecn {
+            inner::ECN_NOT_ECT
+        } else if self.peer_takes_ce {
+            match inner::ecn(packet) {
+                Some(inner::ECN_ECT1) => inner::ECN_ECT1,
+                _ => inner::ECN_ECT0,
+            }
+        } else {
+            inner::encapsulate_ecn(packet)
+        }
+    }
+
     /// Schedules `packet` on the links now (`views`: [`Self::usable_views`]).
     fn send_now(&mut self, now: Instant, packet: &[u8], views: &[LinkView]) {
         let mut picks = std::mem::take(&mut self.picks);
         let flow = Self::flow_hash(packet);
-        let ecn = inner::encapsulate_ecn(packet);
+        let ecn = self.outer_ecn(packet);
         // The payload as it crosses the tunnel (the packet, or its compressed encoding), written
         // once, after room for the DATA header: the last link it goes on seals it in place.
         let mut sealing = self.take_buf();
@@ -3759,6 +3877,15 @@ impl Endpoint {
             if feedback >= MAX_FEEDBACK_BATCH {
                 self.send_feedback(now);
             }
+            // A peer that takes its links' marks (LINK-CE) has been told of this one: it
+            // backs the link off, and the bundle's own queue tells the inner flows if the
+            // bundle as a whole is full.
+            let ecn = if ecn == inner::ECN_CE && self.peer_takes_ce {
+                self.ecn.rx_ce_taken += 1;
+                inner::ECN_NOT_ECT
+            } else {
+                ecn
+            };
             if ok && inner::decapsulate_ecn(&mut out, ecn) {
                 if ecn == inner::ECN_CE {
                     self.ecn.rx_ce += 1;
@@ -4095,6 +4222,8 @@ impl Endpoint {
                     tx_rate_bps: l.tx_meter.bps,
                     rx_rate_bps: l.rx_meter.bps,
                     pmtu: l.pmtu.as_ref().map(|p| p.mtu()),
+                    tx_ce_marked: l.ce.peer_marks,
+                    rx_ce_marked: l.ce.rx_marks,
                 })
                 .collect(),
             tun_rx_packets: self.tun_rx_packets,

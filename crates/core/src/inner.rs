@@ -216,13 +216,19 @@ fn set_ecn(packet: &mut [u8], value: u8) -> bool {
 }
 
 /// The ECN field the outer (UDP) packet carrying `packet` gets: the inner packet's own, copied
-/// (RFC 6040 section 4.1, the normal mode, as Linux's IP tunnels and WireGuard do). A tunnel
-/// that sent every packet Not-ECT would leave the queues of the links' paths only drops to
-/// signal with, and an ECN flow's sender would see its marks nowhere; with the copy a path's
-/// AQM marks what it would have dropped, and the receiving end passes the mark on
+/// (RFC 6040 section 4.1, the normal mode), but ECT(0) for an inner packet marked CE already, as
+/// Linux's IP tunnels do (`INET_ECN_encapsulate`): the inner mark survives decapsulation
+/// whatever the outer field, and an outer CE then always means the path marked it, which the
+/// receiver counts per link (LINK-CE). A tunnel that sent every packet Not-ECT would leave the
+/// queues of the links' paths only drops to signal with, and an ECN flow's sender would see
+/// its marks nowhere; with the copy a path's AQM marks what it would have dropped
 /// ([`decapsulate_ecn`]). Not an IP packet: not ECN-capable.
 pub fn encapsulate_ecn(packet: &[u8]) -> u8 {
-    ecn(packet).unwrap_or(ECN_NOT_ECT)
+    match ecn(packet) {
+        Some(ECN_CE) => ECN_ECT0,
+        Some(e) => e,
+        None => ECN_NOT_ECT,
+    }
 }
 
 /// Combines the ECN field `outer` the outer packet arrived with into the inner `packet`, as RFC
@@ -332,7 +338,8 @@ mod tests {
             p[12..20].copy_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
             let c = ipv4_checksum(&p[..20]);
             p[10..12].copy_from_slice(&c.to_be_bytes());
-            assert_eq!(encapsulate_ecn(&p), inner);
+            let outer_sent = if inner == ECN_CE { ECN_ECT0 } else { inner };
+            assert_eq!(encapsulate_ecn(&p), outer_sent);
             let kept = decapsulate_ecn(&mut p, outer);
             assert_eq!(kept, after.is_some(), "v4 inner {inner} outer {outer}");
             if let Some(a) = after {
@@ -343,7 +350,7 @@ mod tests {
             let mut v6 = v6_tcp(0x10, 10);
             v6[0] = 0x6b;
             v6[1] = 0x80 | (inner << 4);
-            assert_eq!(encapsulate_ecn(&v6), inner);
+            assert_eq!(encapsulate_ecn(&v6), outer_sent);
             assert_eq!(decapsulate_ecn(&mut v6, outer), after.is_some());
             if let Some(a) = after {
                 assert_eq!(ecn(&v6), Some(a), "v6 inner {inner} outer {outer}");

@@ -12,6 +12,12 @@
 //!    negative delay), but never before the previous frame's delivery (the link stays FIFO).
 //!
 //! The backlog in step 2 is derived from the serialization clock: `(last_wire_done - now) * rate`.
+//!
+//! A queue may also run CoDel (RFC 8289, [`LinkModel::set_codel`]), as a router with fq_codel
+//! or CAKE in front of an uplink does (OpenWrt's SQM, many cable and fibre boxes): between
+//! steps 2 and 3, CoDel judges the frame as it will leave the queue (its sojourn is known on
+//! arrival: the wire ahead of it is the queue) and, when it signals, marks an ECN-capable frame
+//! Congestion Experienced and drops any other (RFC 3168; a dropped frame takes no wire time).
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +56,102 @@ pub enum Verdict {
     Lost,
     /// Queue full.
     QueueFull,
+    /// Reaches the far end at this instant, marked Congestion Experienced by CoDel (the caller
+    /// writes the mark into the frame).
+    Marked(Instant),
+    /// Dropped by CoDel (a frame that is not ECN-capable).
+    AqmDrop,
+}
+
+/// CoDel's state (RFC 8289 section 5): the queue signals once its packets' sojourn has stayed
+/// above `target` for an `interval`, then ever more often (`interval / sqrt(count)` apart) while
+/// it stays above.
+#[derive(Debug, Clone, Copy)]
+pub struct Codel {
+    target: Duration,
+    interval: Duration,
+    /// When the sojourn went above target (plus an interval), `None`: below.
+    first_above: Option<Instant>,
+    dropping: bool,
+    drop_next: Option<Instant>,
+    count: u32,
+    lastcount: u32,
+}
+
+impl Codel {
+    /// fq_codel's defaults: 5 ms target, 100 ms interval.
+    pub const TARGET: Duration = Duration::from_millis(5);
+    pub const INTERVAL: Duration = Duration::from_millis(100);
+
+    /// CoDel as a router shaping a link of `rate_bps` sets it up: fq_codel's defaults, the
+    /// target raised to one and a half full-size packets' time on the wire on a slow link and
+    /// the interval by as much (as OpenWrt's SQM and CAKE do: at 1 Mbit/s one packet takes 12
+    /// ms, so a 5 ms target would signal on any queue at all).
+    pub fn for_rate(rate_bps: u64) -> Self {
+        let mtu_time = Duration::from_secs_f64(1500.0 * 8.0 * 1.5 / rate_bps.max(1) as f64);
+        let target = Self::TARGET.max(mtu_time);
+        Self::new(target, Self::INTERVAL + (target - Self::TARGET))
+    }
+
+    pub fn new(target: Duration, interval: Duration) -> Self {
+        Codel {
+            target,
+            interval,
+            first_above: None,
+            dropping: false,
+            drop_next: None,
+            count: 0,
+            lastcount: 0,
+        }
+    }
+
+    fn control_law(&self, t: Instant) -> Instant {
+        t + self.interval.div_f64(f64::from(self.count.max(1)).sqrt())
+    }
+
+    /// A frame leaves the queue at `now` after `sojourn`, `backlog` bytes still queued behind
+    /// it: whether CoDel signals congestion on it (mark or drop).
+    fn signals(&mut self, now: Instant, sojourn: Duration, backlog: u64) -> bool {
+        let ok_to_drop = if sojourn < self.target || backlog <= 1514 {
+            self.first_above = None;
+            false
+        } else {
+            match self.first_above {
+                None => {
+                    self.first_above = Some(now + self.interval);
+                    false
+                }
+                Some(t) => now >= t,
+            }
+        };
+        if self.dropping {
+            if !ok_to_drop {
+                self.dropping = false;
+                return false;
+            }
+            match self.drop_next {
+                Some(t) if now >= t => {
+                    self.count = self.count.saturating_add(1);
+                    self.drop_next = Some(self.control_law(t));
+                    true
+                }
+                _ => false,
+            }
+        } else if ok_to_drop {
+            self.dropping = true;
+            // Back in the dropping state soon after leaving it: start near the old rate.
+            let delta = self.count.saturating_sub(self.lastcount);
+            let recent = self
+                .drop_next
+                .is_some_and(|t| now.saturating_duration_since(t) < self.interval * 16);
+            self.count = if delta > 1 && recent { delta } else { 1 };
+            self.lastcount = self.count;
+            self.drop_next = Some(self.control_law(now));
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// One direction of one link.
@@ -60,6 +162,7 @@ pub struct LinkModel {
     wire_free_at: Option<Instant>,
     last_delivery: Option<Instant>,
     rng: ChaCha8Rng,
+    codel: Option<Codel>,
 }
 
 impl LinkModel {
@@ -71,7 +174,13 @@ impl LinkModel {
             wire_free_at: None,
             last_delivery: None,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            codel: None,
         }
+    }
+
+    /// Runs CoDel on the queue from now on (`None`: drop-tail alone).
+    pub fn set_codel(&mut self, codel: Option<Codel>) {
+        self.codel = codel;
     }
 
     pub fn params(&self) -> &LinkParams {
@@ -98,18 +207,33 @@ impl LinkModel {
         (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Decides the fate of a frame of `len` IP bytes arriving at `now`.
+    /// Decides the fate of a frame of `len` IP bytes arriving at `now` that is not
+    /// ECN-capable.
     pub fn on_frame(&mut self, now: Instant, len: usize) -> Verdict {
+        self.on_frame_ecn(now, len, false)
+    }
+
+    /// Decides the fate of a frame of `len` IP bytes arriving at `now`; `ect`: it is
+    /// ECN-capable (CoDel marks it rather than dropping it).
+    pub fn on_frame_ecn(&mut self, now: Instant, len: usize, ect: bool) -> Verdict {
         if self.params.loss > 0.0 && self.unit() < self.params.loss {
             return Verdict::Lost;
         }
-        if self.backlog(now) + len as u64 > self.queue_limit {
+        let backlog = self.backlog(now);
+        if backlog + len as u64 > self.queue_limit {
             return Verdict::QueueFull;
         }
         let start = match self.wire_free_at {
             Some(t) if t > now => t,
             _ => now,
         };
+        let signal = self
+            .codel
+            .as_mut()
+            .is_some_and(|c| c.signals(start, start - now, backlog));
+        if signal && !ect {
+            return Verdict::AqmDrop;
+        }
         let wire = Duration::from_secs_f64(len as f64 * 8.0 / self.params.rate_bps as f64);
         let wire_done = start + wire;
         self.wire_free_at = Some(wire_done);
@@ -129,7 +253,11 @@ impl LinkModel {
             at = at.max(prev);
         }
         self.last_delivery = Some(at);
-        Verdict::Deliver(at)
+        if signal {
+            Verdict::Marked(at)
+        } else {
+            Verdict::Deliver(at)
+        }
     }
 }
 
@@ -215,7 +343,7 @@ mod tests {
                     assert!(at >= prev, "reordered");
                     prev = at;
                 }
-                Verdict::QueueFull => panic!("unbounded queue"),
+                v => panic!("{v:?}: unbounded queue, no CoDel"),
             }
         }
         assert!((1800..2200).contains(&lost), "{lost}");
@@ -242,6 +370,58 @@ mod tests {
         );
         let mean = sum / 2000.0;
         assert!((mean - 0.020).abs() < 0.0005, "{mean}");
+    }
+
+    #[test]
+    fn codel_on_a_slow_link_waits_for_one_and_a_half_packets() {
+        let c = Codel::for_rate(1_000_000);
+        assert_eq!(c.target, Duration::from_millis(18));
+        assert_eq!(c.interval, Duration::from_millis(113));
+        let c = Codel::for_rate(100_000_000);
+        assert_eq!((c.target, c.interval), (Codel::TARGET, Codel::INTERVAL));
+    }
+
+    /// CoDel leaves a queue that stays under its target alone, and signals on one that stays
+    /// above it for an interval, then more and more often: marks for ECN-capable frames, drops
+    /// for the others (which take no wire time).
+    #[test]
+    fn codel_signals_a_standing_queue_by_mark_or_drop() {
+        for ect in [true, false] {
+            let t0 = Instant::now();
+            // 10 Mbit/s, 1250-byte frames: 1 ms each on the wire.
+            let mut s = LinkModel::new(params(10_000_000, 0), u64::MAX, 1);
+            s.set_codel(Some(Codel::new(Codel::TARGET, Codel::INTERVAL)));
+            // At the link's rate: no queue, no signal.
+            let mut t = t0;
+            for _ in 0..500 {
+                assert!(matches!(s.on_frame_ecn(t, 1250, ect), Verdict::Deliver(_)));
+                t += Duration::from_millis(1);
+            }
+            // 20% faster than the rate for 2 s: the queue grows past the target for good.
+            let (mut signals, mut first) = (0, None);
+            for k in 0..2400u32 {
+                let now = t + Duration::from_micros(u64::from(k) * 833);
+                match s.on_frame_ecn(now, 1250, ect) {
+                    Verdict::Marked(_) if ect => {}
+                    Verdict::AqmDrop if !ect => {}
+                    Verdict::Deliver(_) => continue,
+                    v => panic!("{v:?} (ect {ect})"),
+                }
+                signals += 1;
+                first.get_or_insert(now - t);
+            }
+            // The sojourn passes 5 ms about 30 ms in, then an interval must pass, counted at
+            // the frames' departures: the first signalled frame left about 130 ms in, and came
+            // its sojourn (about 20 ms) before.
+            let first = first.expect("signalled");
+            assert!(
+                first > Duration::from_millis(95) && first < Duration::from_millis(125),
+                "{first:?}"
+            );
+            // Then interval / sqrt(count) apart, closer and closer: dozens in the 1.9 s left,
+            // far fewer than the frames.
+            assert!((20..300).contains(&signals), "{signals} (ect {ect})");
+        }
     }
 
     #[test]

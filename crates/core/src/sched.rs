@@ -112,6 +112,10 @@ pub struct LinkView {
     /// The link's packets counted by the peer's reports so far, lost or not (`None`: unknown;
     /// loss pull-back then waits out [`PULLBACK_QUIET`] after a queue).
     pub loss_tally: Option<LossTally>,
+    /// How many of our DATA datagrams the link's path marked Congestion Experienced this
+    /// session, as the peer counts them (LINK-CE; wrapping): a rise is the path's AQM saying
+    /// the link's queue stood too long, `adaptive`'s signal to back the link off.
+    pub ce_marks: u32,
 }
 
 impl LinkView {
@@ -129,6 +133,7 @@ impl LinkView {
             loss: 0.0,
             loss_basis_pps: None,
             loss_tally: None,
+            ce_marks: 0,
         }
     }
 }
@@ -491,6 +496,12 @@ pub const DECREASE_TO: f64 = 1.0;
 pub const RECONCILE_GAIN: f64 = 0.5;
 /// The learned rate falls by at most this factor per adjustment.
 pub const MAX_DECREASE: f64 = 0.8;
+/// A link whose path marked our DATA Congestion Experienced (LINK-CE) is given this share of
+/// what it delivered: an AQM marks once its queue has stood above its target (CoDel: 5 ms) for
+/// an interval, so the link carries all it can and a little less drains that queue. A tenth,
+/// not a congestion window's half: only this link backs off, and the bundle's queue tells the
+/// inner flows when the bundle as a whole is full.
+pub const CE_DECREASE_TO: f64 = 0.9;
 /// Placement under the peer's equalisation: a link whose one-way delay is below the floor (the
 /// delivery time the peer holds bulk packets to) hides its queue up to the difference, and
 /// counted for nothing that queue took every packet until it reached the difference when the
@@ -676,6 +687,8 @@ struct AdaptiveLink {
     /// When it was last given a packet the peer holds: within [`RETURN_GAP`], it is in use,
     /// and stays taken in whatever the peer's hold for now ([`Adaptive::taken_in_bound`]).
     held_packet_at: Option<Instant>,
+    /// The peer's count of CE marks on this link at the last adjustment ([`LinkView::ce_marks`]).
+    ce_seen: u32,
 }
 
 /// A link's loss over its last packets ([`AdaptiveLink::recent_loss`]): all of it, and what
@@ -748,6 +761,18 @@ impl Held {
     fn push(&mut self, delivered: f64) {
         self.delivered[self.n % MAXF_ROUNDS] = delivered;
         self.n += 1;
+    }
+    /// The link's path signalled congestion at `rate`: no sample above it stands, and the
+    /// probe cycle starts over from a cruise.
+    fn cap(&mut self, rate: f64) {
+        if self.n == 0 {
+            self.push(rate);
+        }
+        for d in &mut self.delivered {
+            *d = d.min(rate);
+        }
+        self.probe = Probe::Cruise(0);
+        self.settled = true;
     }
 
     /// One adjustment of a held link past its start-up; the rate learned.
@@ -894,6 +919,7 @@ impl AdaptiveLink {
             held: false,
             hold: Held::default(),
             held_packet_at: None,
+            ce_seen: v.ce_marks,
         }
     }
 
@@ -1055,7 +1081,16 @@ impl AdaptiveLink {
         // the offered load equals the capacity) and arrival predictions go wrong.
         let err = v.qdelay.as_secs_f64() - self.vq_prev;
         self.backlog = (self.backlog + RECONCILE_GAIN * err * self.rate / 8.0).max(0.0);
-        if self.held && !self.startup {
+        // The path's AQM marked our packets since the last adjustment (a new session's count
+        // starts again from 0: not a mark).
+        let marked = v.ce_marks.wrapping_sub(self.ce_seen) as i32 > 0;
+        self.ce_seen = v.ce_marks;
+        if marked && delivered > 0.0 {
+            // What it delivered is its capacity (its queue stood); a little less drains it.
+            self.startup = false;
+            self.rate = (CE_DECREASE_TO * delivered).max(self.rate * MAX_DECREASE);
+            self.hold.cap(self.rate);
+        } else if self.held && !self.startup {
             // (Start-up works as without back-pressure, which does not push back on a link in
             // start-up.)
             // Full for this link too only if it was kept busy: one avoided meanwhile (DEGRADED,
@@ -2585,6 +2620,57 @@ mod tests {
         // the rate stays.
         let rates = rates_from(53e6, ms(60));
         assert!(rates.iter().all(|&r| r == 53e6), "{rates:?}");
+    }
+
+    /// The link's path marks our packets (LINK-CE): held or not, the link is given a little
+    /// less than it delivered (at most MAX_DECREASE a step), at each rise of the count, and a
+    /// held link's samples above that are forgotten; a new session's count from 0 is no mark.
+    #[test]
+    fn a_link_whose_path_marks_congestion_backs_off_below_what_it_delivers() {
+        let t0 = Instant::now();
+        for held in [false, true] {
+            let mut v = LinkView {
+                delivery_rate_bps: 20e6,
+                srtt: Some(ms(40)),
+                qdelay: ms(4),
+                ..view(1, Some(25_000_000), 10)
+            };
+            let mut st = AdaptiveLink::new(t0, &v);
+            (st.startup, st.held) = (false, held);
+            st.busy = 0.1;
+            st.adjust(t0 + ms(100), &v, None);
+            assert_eq!(st.rate, 25e6, "held {held}: no mark, the rate stays");
+            v.ce_marks = 3;
+            st.busy = 0.1;
+            st.adjust(t0 + ms(200), &v, None);
+            // (No lower than MAX_DECREASE of the rate in one step.)
+            assert_eq!(
+                st.rate,
+                (CE_DECREASE_TO * 20e6).max(25e6 * MAX_DECREASE),
+                "held {held}"
+            );
+            v.ce_marks = 5;
+            st.busy = 0.1;
+            st.adjust(t0 + ms(300), &v, None);
+            assert_eq!(st.rate, CE_DECREASE_TO * 20e6, "held {held}");
+            // The count did not rise: no cut (the rules without marks go on: a link not held
+            // takes what it delivered, a held one keeps its capped samples).
+            st.busy = 0.1;
+            st.adjust(t0 + ms(400), &v, None);
+            assert!(st.rate >= CE_DECREASE_TO * 20e6, "held {held}: {}", st.rate);
+            assert!(!held || st.rate <= 20e6, "held: {}", st.rate);
+            // A new session counts from 0 again: no mark.
+            v.ce_marks = 0;
+            let before = st.rate;
+            st.busy = 0.1;
+            st.adjust(t0 + ms(700), &v, None);
+            assert!(
+                st.rate >= before * 0.999,
+                "held {held}: {} -> {}",
+                before,
+                st.rate
+            );
+        }
     }
 
     #[test]

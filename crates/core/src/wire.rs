@@ -104,6 +104,8 @@ pub const PROBE_ACK_LEN: usize = COMMON_LEN + 36;
 pub const LINK_INFO_LEN: usize = COMMON_LEN + 8;
 /// LINK-NACK body: the common prefix, the link, the count and the first link seq lost.
 pub const LINK_NACK_LEN: usize = COMMON_LEN + 8;
+/// LINK-CE body: the common prefix, the link, two reserved bytes and the count of CE marks.
+pub const LINK_CE_LEN: usize = COMMON_LEN + 8;
 /// Most link seqs one LINK-NACK names (a longer run is no random loss).
 pub const MAX_LINK_NACK_COUNT: u16 = 64;
 /// Bytes of one NACK range: first missing bundle seq (8) + count (2).
@@ -157,6 +159,9 @@ pub enum PacketType {
     /// The receiver names packets of one link it knows lost, by link seq (docs/protocol.md
     /// §5.10).
     LinkNack = 12,
+    /// The receiver counts the Congestion Experienced marks a link's path put on the sender's
+    /// DATA (docs/protocol.md §5.11).
+    LinkCe = 13,
 }
 
 impl PacketType {
@@ -175,6 +180,7 @@ impl PacketType {
             10 => PacketType::IdHelloAck,
             11 => PacketType::LinkInfo,
             12 => PacketType::LinkNack,
+            13 => PacketType::LinkCe,
             _ => return None,
         })
     }
@@ -259,6 +265,9 @@ mod field {
     pub const LNACK_LINK: Field = 8..10;
     pub const LNACK_COUNT: Field = 10..12;
     pub const LNACK_FIRST: Field = 12..16;
+    pub const LCE_LINK: Field = 8..10;
+    pub const LCE_RESERVED: Field = 10..12;
+    pub const LCE_MARKS: Field = 12..16;
 
     // NACK.
     pub const NACK_RANGES: Rest = 8..;
@@ -834,6 +843,7 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
             PacketType::Close => (COMMON_LEN, COMMON_LEN),
             PacketType::LinkInfo => (LINK_INFO_LEN, LINK_INFO_LEN),
             PacketType::LinkNack => (LINK_NACK_LEN, LINK_NACK_LEN),
+            PacketType::LinkCe => (LINK_CE_LEN, LINK_CE_LEN),
             PacketType::Nack => {
                 if n >= COMMON_LEN && !(n - COMMON_LEN).is_multiple_of(NACK_RANGE_LEN) {
                     return Err(WireError::Malformed);
@@ -918,6 +928,15 @@ impl<T: AsRef<[u8]>> BodyPacket<T> {
     }
     pub fn lnack_first(&self) -> u32 {
         get_u32(self.buffer.as_ref(), field::LNACK_FIRST)
+    }
+    pub fn lce_link(&self) -> LinkId {
+        get_u16(self.buffer.as_ref(), field::LCE_LINK)
+    }
+    pub fn lce_reserved(&self) -> u16 {
+        get_u16(self.buffer.as_ref(), field::LCE_RESERVED)
+    }
+    pub fn lce_marks(&self) -> u32 {
+        get_u32(self.buffer.as_ref(), field::LCE_MARKS)
     }
 }
 
@@ -1082,6 +1101,18 @@ pub struct LinkNackRepr {
     pub first: u32,
 }
 
+/// LINK-CE: the receiver has seen `marks` of the sender's DATA datagrams on link `link` arrive
+/// marked Congestion Experienced by the link's path, in this session (wrapping). The sender
+/// takes a rise as its congestion signal for that link, and a receiver that has had a LINK-CE
+/// from its peer leaves the marks to it rather than passing them to the inner packets
+/// (docs/protocol.md §5.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkCeRepr {
+    pub common: Common,
+    pub link: LinkId,
+    pub marks: u32,
+}
+
 /// A run of missing bundle sequence numbers: `first`, `first + 1`, ... (`count` of them, >= 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqRange {
@@ -1138,6 +1169,7 @@ pub enum Body<'a> {
     Feedback(FeedbackRepr<'a>),
     LinkInfo(LinkInfoRepr),
     LinkNack(LinkNackRepr),
+    LinkCe(LinkCeRepr),
 }
 
 impl<'a> Body<'a> {
@@ -1196,6 +1228,16 @@ impl<'a> Body<'a> {
                     first: p.lnack_first(),
                 })
             }
+            PacketType::LinkCe => {
+                if p.lce_reserved() != 0 {
+                    return Err(WireError::Malformed);
+                }
+                Body::LinkCe(LinkCeRepr {
+                    common,
+                    link: p.lce_link(),
+                    marks: p.lce_marks(),
+                })
+            }
             PacketType::Nack => {
                 let ranges = p.nack_ranges();
                 let nack = NackRepr { common, ranges };
@@ -1223,6 +1265,7 @@ impl<'a> Body<'a> {
             Body::Feedback(_) => PacketType::Feedback,
             Body::LinkInfo(_) => PacketType::LinkInfo,
             Body::LinkNack(_) => PacketType::LinkNack,
+            Body::LinkCe(_) => PacketType::LinkCe,
         }
     }
 
@@ -1236,6 +1279,7 @@ impl<'a> Body<'a> {
             Body::Feedback(f) => f.common,
             Body::LinkInfo(i) => i.common,
             Body::LinkNack(n) => n.common,
+            Body::LinkCe(c) => c.common,
         }
     }
 
@@ -1250,6 +1294,7 @@ impl<'a> Body<'a> {
             Body::Feedback(f) => COMMON_LEN + f.entries.len(),
             Body::LinkInfo(_) => LINK_INFO_LEN,
             Body::LinkNack(_) => LINK_NACK_LEN,
+            Body::LinkCe(_) => LINK_CE_LEN,
         }
     }
 
@@ -1286,6 +1331,11 @@ impl<'a> Body<'a> {
                 put_u16(buf, field::LNACK_LINK, n.link);
                 put_u16(buf, field::LNACK_COUNT, n.count);
                 put_u32(buf, field::LNACK_FIRST, n.first);
+            }
+            Body::LinkCe(c) => {
+                put_u16(buf, field::LCE_LINK, c.link);
+                put_u16(buf, field::LCE_RESERVED, 0);
+                put_u32(buf, field::LCE_MARKS, c.marks);
             }
         }
     }
@@ -1462,7 +1512,7 @@ mod tests {
         }
         b[0] = VERSION;
         // DATA (3) never has the long header.
-        for t in [0u8, 3, 13, 0x14, 0xd3, 255] {
+        for t in [0u8, 3, 14, 0x14, 0xd3, 255] {
             b[1] = t;
             assert_eq!(Header::parse(&b), Err(WireError::UnknownType(t)));
         }
@@ -1570,6 +1620,37 @@ mod tests {
             [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0x02, 0xfa, 0xf0, 0x80]
         );
         assert_eq!(Body::parse(PacketType::LinkInfo, &b), Ok(info));
+    }
+
+    #[test]
+    fn link_ce_bytes_are_as_specified() {
+        let c = LinkCeRepr {
+            common: Common {
+                link_seq: 0x0102_0304,
+                ts: 0x0506_0708,
+            },
+            link: 3,
+            marks: 0x1122_3344,
+        };
+        let body = Body::LinkCe(c);
+        assert_eq!(body.ptype(), PacketType::LinkCe);
+        assert_eq!(PacketType::from_u8(13), Some(PacketType::LinkCe));
+        let mut b = [0u8; LINK_CE_LEN];
+        body.emit(&mut b);
+        assert_eq!(
+            b,
+            [1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 0, 0, 0x11, 0x22, 0x33, 0x44]
+        );
+        assert_eq!(Body::parse(PacketType::LinkCe, &b), Ok(body));
+        assert_eq!(
+            Body::parse(PacketType::LinkCe, &b[..15]),
+            Err(WireError::Truncated)
+        );
+        b[10] = 1;
+        assert_eq!(
+            Body::parse(PacketType::LinkCe, &b),
+            Err(WireError::Malformed)
+        );
     }
 
     #[test]

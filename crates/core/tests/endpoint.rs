@@ -50,6 +50,8 @@ struct Pair {
     receive: Receive,
     /// The network delivers every client datagram twice in a row.
     duplicate: bool,
+    /// Datagrams of these types are lost (both ways).
+    drop_types: Vec<PacketType>,
 }
 
 /// How an endpoint takes in a batch of datagrams.
@@ -170,6 +172,7 @@ impl Pair {
             drop_first_pieces: 0,
             receive: Receive::Inline,
             duplicate: false,
+            drop_types: Vec::new(),
         }
     }
 
@@ -186,6 +189,9 @@ impl Pair {
                 self.captured.push((t.link, t.payload.clone()));
                 if is_first_piece(&t.payload) && self.drop_first_pieces > 0 {
                     self.drop_first_pieces -= 1;
+                    continue;
+                }
+                if peek_type(&t.payload).is_some_and(|pt| self.drop_types.contains(&pt)) {
                     continue;
                 }
                 if !self.dark.contains(&t.link) && self.fits(t.link, t.payload.len()) {
@@ -210,6 +216,9 @@ impl Pair {
                 let link = (1..=8)
                     .find(|&l| Some(client_addr(l)) == t.dst)
                     .expect("server replies to a client address");
+                if peek_type(&t.payload).is_some_and(|pt| self.drop_types.contains(&pt)) {
+                    continue;
+                }
                 if !self.dark.contains(&link) && self.fits(link, t.payload.len()) {
                     batch.push((Some(link), server_addr(), t.payload));
                 }
@@ -2011,14 +2020,16 @@ fn client_data(p: &mut Pair) -> Vec<(u16, Vec<u8>, u8)> {
     out
 }
 
-/// ECN across the tunnel (RFC 6040): a DATA packet's outer ECN field is its inner packet's; a
-/// path's CE mark on the outer packet reaches an ECN-capable inner packet (any piece's, for a
-/// packet cut in pieces); over a Not-ECT inner packet it is a drop, counted.
+/// ECN across the tunnel (RFC 6040) between ends that do not take their links' marks (no
+/// LINK-CE arrives either way): a DATA packet's outer ECN field is its inner packet's; a path's CE mark
+/// on the outer packet reaches an ECN-capable inner packet (any piece's, for a packet cut in
+/// pieces); over a Not-ECT inner packet it is a drop, counted.
 #[test]
 fn the_outer_ecn_field_is_copied_out_and_its_ce_mark_passed_on() {
     use braid_core::endpoint::RxMeta;
     use braid_core::inner::{ecn, ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
     let mut p = Pair::new(1);
+    p.drop_types = vec![PacketType::LinkCe];
     p.run_for(Duration::from_secs(1));
     // (inner field, outer field on arrival, delivered inner field or None: dropped)
     let cases = [
@@ -2078,4 +2089,95 @@ fn the_outer_ecn_field_is_copied_out_and_its_ce_mark_passed_on() {
     let got = p.server.poll_deliver(p.now).expect("rebuilt");
     assert_eq!(ecn(&got), Some(ECN_CE));
     assert_eq!(got[20..], sent[20..]);
+}
+
+/// A peer that takes its links' marks (it sent a LINK-CE): the receiver counts a path's CE
+/// marks per link and tells the sender (LINK-CE), which sees them in the link's stats (and its
+/// scheduler in the link's view), and the inner packet is delivered unmarked. Every DATA then
+/// goes ECN-capable, a packet that is not ECN-capable too (its mark taken, not a drop). An
+/// inner packet marked CE already crosses with an ECT(0) outer field: its mark is no path's.
+#[test]
+fn a_peer_that_takes_its_links_marks_is_told_them_instead_of_the_inner_packet() {
+    use braid_core::endpoint::RxMeta;
+    use braid_core::inner::{ecn, ECN_CE, ECN_ECT0};
+    let mut p = Pair::new(2);
+    p.run_for(Duration::from_secs(1));
+    let link_marks = |ep: &Endpoint, now| {
+        ep.stats(now)
+            .links
+            .iter()
+            .map(|l| (l.tx_ce_marked, l.rx_ce_marked))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(link_marks(&p.client, p.now), vec![(0, 0); 2]);
+    let mut delivered = Vec::new();
+    for k in 0..6u32 {
+        let sent = tcp_segment_ecn(1000 * k, 500, ECN_ECT0);
+        p.client.send_packet(p.now, &sent);
+        for (link, mut d, tx_ecn) in client_data(&mut p) {
+            assert_eq!(tx_ecn, ECN_ECT0);
+            // Link 1's path marks every other packet.
+            let marked = link == 1 && k % 2 == 0;
+            let rx = RxMeta {
+                arrived: p.now,
+                ecn: if marked { ECN_CE } else { tx_ecn },
+            };
+            p.server
+                .handle_datagram_at(p.now, rx, None, client_addr(link), &mut d);
+        }
+        while let Some(got) = p.server.poll_deliver(p.now) {
+            delivered.push(got);
+        }
+        p.run_for(Duration::from_millis(30));
+    }
+    assert_eq!(delivered.len(), 6);
+    assert!(
+        delivered.iter().all(|d| ecn(d) == Some(ECN_ECT0)),
+        "no mark passed on"
+    );
+    let server_links = link_marks(&p.server, p.now);
+    let marks: u32 = server_links.iter().map(|l| l.1).sum();
+    assert!(marks >= 1, "{server_links:?}");
+    assert_eq!(p.server.stats(p.now).ecn.rx_ce_taken, u64::from(marks));
+    p.run_for(Duration::from_millis(200));
+    let client_links = link_marks(&p.client, p.now);
+    assert_eq!(
+        client_links[0].0, server_links[0].1,
+        "told the client: {client_links:?}"
+    );
+    assert_eq!(client_links[1].0, 0);
+    // Every DATA goes ECN-capable now that the peer takes the marks, and a mark over a packet
+    // that is not ECN-capable is taken, not a drop.
+    let sent = tcp_segment_ecn(40_000, 500, 0);
+    p.client.send_packet(p.now, &sent);
+    let (link, mut d, tx_ecn) = client_data(&mut p).pop().unwrap();
+    assert_eq!(tx_ecn, ECN_ECT0);
+    let rx = RxMeta {
+        arrived: p.now,
+        ecn: ECN_CE,
+    };
+    p.server
+        .handle_datagram_at(p.now, rx, None, client_addr(link), &mut d);
+    assert_eq!(p.server.poll_deliver(p.now), Some(sent));
+    // An inner packet marked already: ECT(0) outside, CE at delivery.
+    let sent = tcp_segment_ecn(50_000, 500, ECN_CE);
+    p.client.send_packet(p.now, &sent);
+    let data = client_data(&mut p);
+    assert_eq!(data.len(), 1);
+    let (link, mut d, tx_ecn) = data.into_iter().next().unwrap();
+    assert_eq!(tx_ecn, ECN_ECT0);
+    p.server.handle_datagram_at(
+        p.now,
+        RxMeta {
+            arrived: p.now,
+            ecn: tx_ecn,
+        },
+        None,
+        client_addr(link),
+        &mut d,
+    );
+    assert_eq!(
+        p.server.poll_deliver(p.now).map(|d| ecn(&d)),
+        Some(Some(ECN_CE))
+    );
 }

@@ -28,7 +28,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::LinkSpec;
-use braid_core::netem::{queue_limit_bytes, LinkModel, LinkParams, Verdict};
+use braid_core::netem::{queue_limit_bytes, Codel, LinkModel, LinkParams, Verdict};
 use braid_linux::packet::{self, FrameBatch, PacketOptions, PacketSocket};
 use braid_linux::process;
 
@@ -47,6 +47,12 @@ pub struct DirStats {
     pub queue_drops: u64,
     /// Frames dropped because the link was failed.
     pub fail_drops: u64,
+    /// With CoDel on the queue (`--codel`): ECN-capable frames it marked Congestion
+    /// Experienced, and other frames it dropped.
+    #[serde(default)]
+    pub ce_marks: u64,
+    #[serde(default)]
+    pub aqm_drops: u64,
 }
 
 /// One stats line of the emulator.
@@ -65,6 +71,8 @@ struct Counters {
     lost: AtomicU64,
     queue_drops: AtomicU64,
     fail_drops: AtomicU64,
+    ce_marks: AtomicU64,
+    aqm_drops: AtomicU64,
 }
 
 impl Counters {
@@ -75,6 +83,8 @@ impl Counters {
             lost: self.lost.load(Ordering::Relaxed),
             queue_drops: self.queue_drops.load(Ordering::Relaxed),
             fail_drops: self.fail_drops.load(Ordering::Relaxed),
+            ce_marks: self.ce_marks.load(Ordering::Relaxed),
+            aqm_drops: self.aqm_drops.load(Ordering::Relaxed),
         }
     }
 }
@@ -160,14 +170,22 @@ impl Direction {
             return;
         }
         let frame = batch.sendable(i);
-        match self
+        let ect = ip_offset(frame)
+            .and_then(|at| braid_core::inner::ecn(&frame[at..]))
+            .is_some_and(|e| e != braid_core::inner::ECN_NOT_ECT);
+        let verdict = self
             .link
-            .on_frame(now, frame.len().saturating_sub(ETH_HLEN))
-        {
-            Verdict::Deliver(at) => {
+            .on_frame_ecn(now, frame.len().saturating_sub(ETH_HLEN), ect);
+        match verdict {
+            Verdict::Deliver(at) | Verdict::Marked(at) => {
                 let mut buf = spare.pop().unwrap_or_default();
                 buf.clear();
                 buf.extend_from_slice(frame);
+                if let (Verdict::Marked(_), Some(at)) = (verdict, ip_offset(&buf)) {
+                    if braid_core::inner::mark_ce(&mut buf[at..]) {
+                        self.counters.ce_marks.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 queue.push_back((at, buf));
             }
             Verdict::Lost => {
@@ -175,6 +193,9 @@ impl Direction {
             }
             Verdict::QueueFull => {
                 self.counters.queue_drops.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::AqmDrop => {
+                self.counters.aqm_drops.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -200,8 +221,28 @@ impl Direction {
     }
 }
 
+/// Where the IP packet an Ethernet frame carries starts (after one VLAN tag, if any); `None` for
+/// anything else (ARP...).
+fn ip_offset(frame: &[u8]) -> Option<usize> {
+    match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        0x8100 => match u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]) {
+            0x0800 | 0x86dd => Some(18),
+            _ => None,
+        },
+        0x0800 | 0x86dd => Some(ETH_HLEN),
+        _ => None,
+    }
+}
+
 /// Runs the emulator for `links` (link i on veths `ea<i>`/`eb<i>`, i from 1) until stdin closes.
-pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyhow::Result<()> {
+/// `codel`: the queues run CoDel ([`LinkModel::set_codel`]) on top of their drop-tail limit.
+pub fn run(
+    links: &[LinkSpec],
+    queue_ms: u64,
+    codel: bool,
+    seed: u64,
+    stats_ms: u64,
+) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut failed = Vec::new();
     let mut counters = Vec::new();
@@ -217,7 +258,7 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
             .into_iter()
             .enumerate()
         {
-            let dir = Direction {
+            let mut dir = Direction {
                 rx,
                 tx,
                 link: LinkModel::new(
@@ -235,6 +276,8 @@ pub fn run(links: &[LinkSpec], queue_ms: u64, seed: u64, stats_ms: u64) -> anyho
                 failed: fail.clone(),
                 stop: stop.clone(),
             };
+            dir.link
+                .set_codel(codel.then(|| Codel::for_rate(spec.rate_bps)));
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("link{n}-{}", if d == 0 { "ab" } else { "ba" }))

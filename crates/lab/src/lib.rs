@@ -191,6 +191,15 @@ pub struct LabArgs {
     /// Queue of each emulated link, in milliseconds of its rate (at least 15 KB: ten full frames).
     #[arg(long, value_name = "MS", default_value_t = braid_core::netem::DEFAULT_QUEUE_MS)]
     pub queue_ms: u64,
+    /// Run CoDel (RFC 8289: 5 ms target, 100 ms interval, the target raised to 1.5 packets'
+    /// time on a slow link as OpenWrt's SQM does) on every emulated link's queue, as a router
+    /// with fq_codel or CAKE in front of an uplink does: it marks ECN-capable frames
+    /// Congestion Experienced and drops the others, on top of the drop-tail limit
+    /// (`--queue-ms`). Default: drop-tail only. With `--ecn` the hosts' flows see marks
+    /// instead of drops: MPTCP's subflows directly, braid's inner flow through the tunnel
+    /// (RFC 6040).
+    #[arg(long)]
+    pub codel: bool,
     /// MTU of the tunnel (default: the largest whose packets fit a 1500-byte uplink uncompressed;
     /// up to 1500, where braid cuts packets that do not fit into pieces).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(576..=MAX_LAB_MTU as i64))]
@@ -211,6 +220,11 @@ pub struct LabArgs {
     /// Turn the endpoints' back-pressure off (`backpressure = false`).
     #[arg(long)]
     pub no_backpressure: bool,
+    /// Turn ECN across the tunnel off in both endpoints (`ecn = false`): every datagram goes
+    /// Not-ECT, so a link's CoDel (`--codel`) drops the bundle's packets where it would have
+    /// marked them.
+    #[arg(long)]
+    pub no_tunnel_ecn: bool,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -249,6 +263,9 @@ pub enum LabInternal {
         links: Vec<LinkSpec>,
         #[arg(long, default_value_t = braid_core::netem::DEFAULT_QUEUE_MS)]
         queue_ms: u64,
+        /// Run CoDel on every queue (marks ECN-capable frames, drops others).
+        #[arg(long)]
+        codel: bool,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[arg(long, default_value_t = 1000)]
@@ -292,9 +309,10 @@ pub fn run_internal(cmd: LabInternal) -> anyhow::Result<()> {
         LabInternal::Emulate {
             links,
             queue_ms,
+            codel,
             seed,
             stats_ms,
-        } => emulator::run(&links, queue_ms, seed, stats_ms),
+        } => emulator::run(&links, queue_ms, codel, seed, stats_ms),
         LabInternal::Sink {
             listen,
             flows,
@@ -356,6 +374,8 @@ pub struct LabOptions {
     pub cc: String,
     /// Hosts A and B ask for ECN (`net.ipv4.tcp_ecn = 1`).
     pub ecn: bool,
+    /// The links' queues run CoDel.
+    pub codel: bool,
 }
 
 impl LabOptions {
@@ -367,6 +387,7 @@ impl LabOptions {
             seed: 1,
             cc: "cubic".to_string(),
             ecn: false,
+            codel: false,
         }
     }
 }
@@ -470,6 +491,13 @@ impl TcpRun {
     /// Per link, frames of the data direction dropped by the emulator during the run: (queue
     /// full, random loss).
     pub fn link_drops(&self) -> Vec<(u64, u64)> {
+        let queue = self.link_counts(|s| s.queue_drops);
+        let lost = self.link_counts(|s| s.lost);
+        queue.into_iter().zip(lost).collect()
+    }
+
+    /// Per link, one of the emulator's counters of the data direction over the run.
+    pub fn link_counts(&self, count: impl Fn(&emulator::DirStats) -> u64) -> Vec<u64> {
         match (&self.emu_before, &self.emu_after) {
             (Some(a), Some(b)) => a
                 .links
@@ -477,7 +505,7 @@ impl TcpRun {
                 .zip(&b.links)
                 .map(|(x, y)| {
                     let d = self.direction.emu_index();
-                    (y[d].queue_drops - x[d].queue_drops, y[d].lost - x[d].lost)
+                    count(&y[d]).saturating_sub(count(&x[d]))
                 })
                 .collect(),
             _ => Vec::new(),
@@ -519,6 +547,8 @@ pub struct Lab {
     pub equalize_max_ms: Option<u64>,
     /// `backpressure` for both endpoints (`None`: braid's default).
     pub backpressure: Option<bool>,
+    /// `ecn = false` for both endpoints (ECN across the tunnel off).
+    pub no_tunnel_ecn: bool,
 }
 
 impl Lab {
@@ -554,6 +584,9 @@ impl Lab {
             "--seed".into(),
             opts.seed.to_string(),
         ]);
+        if opts.codel {
+            args.push("--codel".into());
+        }
         let mut emulator = Proc::spawn(
             "emulator",
             &topo.ns_e(),
@@ -596,6 +629,7 @@ impl Lab {
             client_control: None,
             equalize_max_ms: None,
             backpressure: None,
+            no_tunnel_ecn: false,
         })
     }
 
@@ -871,6 +905,9 @@ impl Lab {
         }
         if let Some(on) = self.backpressure {
             sched += &format!("backpressure = {on}\n");
+        }
+        if self.no_tunnel_ecn {
+            sched += "ecn = false\n";
         }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
@@ -1192,6 +1229,8 @@ fn run_report(run: &TcpRun) -> RunReport {
         tcp_retransmits: run.tcp_retrans_segs,
         link_queue_drops: run.link_drops().iter().map(|d| d.0).collect(),
         link_lost: run.link_drops().iter().map(|d| d.1).collect(),
+        link_ce_marks: run.link_counts(|s| s.ce_marks),
+        link_aqm_drops: run.link_counts(|s| s.aqm_drops),
         sender_behind_pacing: run
             .source
             .flows
@@ -1249,6 +1288,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     opts.seed = args.seed;
     opts.cc = args.cc.clone();
     opts.ecn = args.ecn;
+    opts.codel = args.codel;
     let direction = if args.reverse {
         Direction::Download
     } else {
@@ -1354,6 +1394,7 @@ pub fn run_lab_with(args: &LabArgs, exe: PathBuf) -> anyhow::Result<LabReport> {
     );
     report.tcp_congestion_control = args.cc.clone();
     report.tcp_ecn = args.ecn;
+    report.codel = args.codel;
     report.direction = direction;
     report.set_compare(compare);
     Ok(report)
@@ -1486,6 +1527,7 @@ fn run_bundle(
         (_, true) => Some(false),
         _ => None,
     };
+    lab.no_tunnel_ecn = args.no_tunnel_ecn;
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail, timeline) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| p.and_then(|p| endpoint_status(p).ok());

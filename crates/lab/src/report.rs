@@ -47,6 +47,8 @@ pub struct LabReport {
     pub tcp_congestion_control: String,
     /// The hosts negotiated ECN (`--ecn`).
     pub tcp_ecn: bool,
+    /// The links' queues ran CoDel (`--codel`).
+    pub codel: bool,
     /// Which way the data went: upload (host A sends) or download (host B sends).
     pub direction: crate::Direction,
     pub links: Vec<LinkReport>,
@@ -130,6 +132,10 @@ pub struct RunReport {
     pub link_queue_drops: Vec<u64>,
     /// ...and random loss.
     pub link_lost: Vec<u64>,
+    /// With `--codel`: A->B frames CoDel marked Congestion Experienced on each link
+    /// (ECN-capable ones), and dropped (the others).
+    pub link_ce_marks: Vec<u64>,
+    pub link_aqm_drops: Vec<u64>,
     /// The (first) sender's TCP state through the run: its round trip, the minimum it sizes
     /// its window by, its window and rates (BBR's estimates when it runs BBR).
     pub sender_tcp: Vec<crate::traffic::TcpSample>,
@@ -287,6 +293,7 @@ impl LabReport {
             queue_ms,
             tcp_congestion_control: String::new(),
             tcp_ecn: false,
+            codel: false,
             direction: crate::Direction::Upload,
             compare: None,
             compare_of_nominal: None,
@@ -431,11 +438,14 @@ pub fn render(r: &LabReport) -> String {
 
 /// The hosts' congestion control as the text report names it ("cubic", "cubic with ECN").
 fn cc_label(r: &LabReport) -> String {
+    let mut label = r.tcp_congestion_control.clone();
     if r.tcp_ecn {
-        format!("{} with ECN", r.tcp_congestion_control)
-    } else {
-        r.tcp_congestion_control.clone()
+        label.push_str(" with ECN");
     }
+    if r.codel {
+        label.push_str(", CoDel on the links");
+    }
+    label
 }
 
 fn direction_name(d: crate::Direction) -> &'static str {

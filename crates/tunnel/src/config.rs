@@ -122,6 +122,8 @@ struct BundleRepr {
     equalize_max_ms: Option<Spanned<u64>>,
     /// Inner header compression of the DATA this end sends (default on).
     compression: Option<bool>,
+    /// ECN across the tunnel, RFC 6040 (default on).
+    ecn: Option<bool>,
     /// Leave the TUN device's packets waiting while every link is full (default the core's,
     /// off).
     backpressure: Option<bool>,
@@ -176,6 +178,8 @@ pub struct Config {
     pub equalize_max: Option<Duration>,
     /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
     pub compression: bool,
+    /// ECN across the tunnel (RFC 6040; `braid_core::endpoint::Config::ecn`).
+    pub ecn: bool,
     /// Back-pressure: while every link is full, packets wait in the bundle's queue instead of
     /// overfilling the links' buffers (`braid_core::Endpoint::set_backpressure`).
     pub backpressure: bool,
@@ -484,6 +488,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
+        ecn: b.ecn.unwrap_or(true),
         backpressure: b
             .backpressure
             .unwrap_or(braid_core::endpoint::DEFAULT_BACKPRESSURE),
@@ -1086,6 +1091,9 @@ mod tests {
         let c = parse(&client("", LINKS)).unwrap();
         assert_eq!(c.equalize_max, None, "the core's default");
         assert!(c.compression, "on by default");
+        assert!(c.ecn, "on by default");
+        assert!(!parse(&client("ecn = false", LINKS)).unwrap().ecn);
+        assert!(parse(&client("ecn = 1", LINKS)).is_err());
         assert!(
             !parse(&client("compression = false", LINKS))
                 .unwrap()

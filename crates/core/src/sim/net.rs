@@ -425,7 +425,9 @@ impl Bundle {
             return Some(payload);
         }
         match l.dirs[d].on_frame(inst, payload.len() + IP_UDP_OVERHEAD) {
-            Verdict::Deliver(at) => {
+            // The simulator's links run no CoDel and its datagrams are not ECN-capable: no
+            // marks; a drop by the queue is a drop by the queue whichever rule made it.
+            Verdict::Deliver(at) | Verdict::Marked(at) => {
                 let at = at.saturating_duration_since(self.base);
                 let to = from.other();
                 self.events.push(at, Ev::Arrive { link, to, payload });
@@ -437,7 +439,7 @@ impl Bundle {
                 }
                 Some(payload)
             }
-            Verdict::QueueFull => {
+            Verdict::QueueFull | Verdict::AqmDrop => {
                 if is_data && warm {
                     l.counters[d].queue_drops += 1;
                 }
