@@ -979,6 +979,14 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             }),
         ),
         (
+            "link-ce",
+            Body::LinkCe(crate::wire::LinkCeRepr {
+                common,
+                link: 1,
+                marks: 17,
+            }),
+        ),
+        (
             "nack",
             Body::Nack(
                 NackRepr::encode(

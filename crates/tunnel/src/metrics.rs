@@ -117,6 +117,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         &per_link(&|l| l.rx_packets),
     );
     r.gauge(
+        "link_tx_ce_marked",
+        "This session, DATA of ours the link's path marked Congestion Experienced, as the peer counts them (LINK-CE)",
+        &per_link_f(&|l| Some(f64::from(l.tx_ce_marked))),
+    );
+    r.gauge(
+        "link_rx_ce_marked",
+        "This session, DATA of the peer's the link's path marked Congestion Experienced",
+        &per_link_f(&|l| Some(f64::from(l.rx_ce_marked))),
+    );
+    r.gauge(
         "link_path_mtu_bytes",
         "Largest datagram (UDP payload) the link sends now, from path MTU discovery",
         &per_link_f(&|l| l.pmtu.map(|m| m as f64)),
