@@ -111,10 +111,12 @@ pub struct Config {
     /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
     /// The receiving side always decompresses, so the two ends need not agree.
     pub compression: bool,
-    /// ECN across the tunnel (RFC 6040, docs/protocol.md §1): DATA's outer ECN field copies
-    /// the inner packet's, and the field a DATA datagram arrived with is combined into its
-    /// inner packet. Off: every datagram goes Not-ECT and arriving fields are not read (RFC
-    /// 6040's compatibility mode), for a path that drops ECN-capable UDP. Default on.
+    /// ECN across the tunnel (docs/protocol.md §1 and §5.11): DATA's outer ECN field copies the
+    /// inner packet's and a path's CE reaches the inner packet (RFC 6040), until the peer says
+    /// it takes its links' marks (LINK-CE); then every DATA goes ECN-capable and each link's
+    /// marks back that link off. Off: every datagram goes Not-ECT, arriving fields are not read
+    /// and no LINK-CE is sent (RFC 6040's compatibility mode), for a path that drops
+    /// ECN-capable UDP. Default on.
     pub ecn: bool,
     /// The largest DATA payload the receiver rebuilds from pieces (the tunnel's MTU plus the
     /// 2 bytes of a *full* compression header): bounds the reassembly memory ([`crate::frag`]).
@@ -280,8 +282,8 @@ pub struct Transmit {
     /// sealed yet; [`Transmit::finish`] (on any thread) seals it. Always `None` otherwise.
     pub seal: Option<crypto::Seal>,
     /// The ECN field of the outer IP header (RFC 3168 values, [`inner::ECN_CE`]...): a DATA
-    /// packet's is its inner packet's ([`inner::encapsulate_ecn`]), every other datagram's
-    /// is Not-ECT (0).
+    /// packet's follows its inner packet's (`Endpoint::outer_ecn`), every other datagram's is
+    /// Not-ECT (0).
     pub ecn: u8,
 }
 
@@ -648,11 +650,11 @@ pub struct BundleStats {
 /// ECN counters (RFC 6040 in the tunnel: [`inner::encapsulate_ecn`], [`inner::decapsulate_ecn`]).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EcnStats {
-    /// Sender: DATA packets sent with an ECN-capable outer header (their inner packet was).
+    /// Sender: DATA packets sent with an ECN-capable outer header (their inner packet was, or
+    /// the peer takes its links' marks).
     pub tx_ect: u64,
-    /// Receiver: inner packets delivered after an outer packet marked Congestion Experienced
-    /// (by a link's path, or by the sending end's own queue, whose mark on the inner packet
-    /// the outer copies).
+    /// Receiver: inner packets delivered marked Congestion Experienced because a link's path
+    /// marked their outer packet (RFC 6040, with a peer that does not take the marks).
     pub rx_ce: u64,
     /// Receiver: inner packets dropped because their outer packet came marked CE while they
     /// were not ECN-capable (RFC 6040 section 4.2).
@@ -2307,6 +2309,12 @@ impl Endpoint {
         body: &mut Body<'_>,
     ) -> Option<RxTiming> {
         let arrived = rx.arrived;
+        // With ECN off the field is not read.
+        let ecn = if self.cfg.ecn {
+            rx.ecn
+        } else {
+            inner::ECN_NOT_ECT
+        };
         let local_ts = self.wire_ts(arrived);
         let session = if pending {
             self.pending.as_mut()
@@ -2326,7 +2334,7 @@ impl Endpoint {
                 d.common.ts = data_ts.unwrap_or(0);
                 RxTiming {
                     arrived,
-                    ecn: if self.cfg.ecn { rx.ecn } else { 0 },
+                    ecn,
                     local_ts,
                     data_ts,
                     timed: data_ts.is_some(),
@@ -2337,7 +2345,7 @@ impl Endpoint {
                 session.peer_clock = Some((other.common().ts, local_ts));
                 RxTiming {
                     arrived,
-                    ecn: rx.ecn,
+                    ecn,
                     local_ts,
                     data_ts: None,
                     timed: true,
@@ -3693,7 +3701,7 @@ impl Endpoint {
     /// Schedules and sends one DATA payload (a whole packet or a piece of one) under the next
     /// bundle sequence number. `sealing` holds the payload after [`wire::DATA_HEADER_LEN`] bytes of
     /// room: the last link it goes on seals it there, in place; its copies' outer ECN field is
-    /// `ecn`, its inner packet's. False if the scheduler dropped it (every link's queue full).
+    /// `ecn` ([`Self::outer_ecn`]). False if the scheduler dropped it (every link's queue full).
     fn send_piece(
         &mut self,
         now: Instant,
