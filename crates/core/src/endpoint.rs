@@ -1021,15 +1021,15 @@ struct Link {
     /// Whether our view of the peer's hold has counted the link yet this session
     /// ([`Endpoint::new_in_hold_view`]).
     in_hold_view: bool,
-    /// Congestion Experienced marks the link's path put on DATA, both ways (LINK-CE).
+    /// Congestion Experienced marks the link's path put on session packets, both ways (LINK-CE).
     ce: CeTally,
 }
 
-/// A link's count of the Congestion Experienced marks its path put on DATA this session, both
-/// ways (LINK-CE, docs/protocol.md §5.11).
+/// A link's count of the Congestion Experienced marks its path put on our session packets this
+/// session, both ways (LINK-CE, docs/protocol.md §5.11).
 #[derive(Debug, Clone, Copy, Default)]
 struct CeTally {
-    /// Receiver: the peer's DATA that arrived on it marked CE.
+    /// Receiver: the peer's packets that arrived on it marked CE.
     rx_marks: u32,
     /// Receiver: the count the last LINK-CE on it said, and when it went (`None`: none yet).
     sent: Option<(u32, Instant)>,
@@ -2426,6 +2426,12 @@ impl Endpoint {
 
     /// Acts on an accepted packet by its type.
     fn dispatch(&mut self, now: Instant, li: usize, body: Body<'_>, t: RxTiming) {
+        if t.ecn == inner::ECN_CE {
+            // The link's path marked it (a sender never sends CE): the link's signal, whatever
+            // the packet's type.
+            self.links[li].ce.rx_marks = self.links[li].ce.rx_marks.wrapping_add(1);
+            self.send_link_ce(now, li);
+        }
         match body {
             Body::Data(d) => self.receive_data(now, li, &d, t),
             Body::Nack(n) => self.handle_nack(now, &n),
@@ -2465,10 +2471,6 @@ impl Endpoint {
     /// delay equalisation when [`equalized`] names it.
     fn receive_data(&mut self, now: Instant, li: usize, d: &DataRepr<'_>, t: RxTiming) {
         self.links[li].last_data_rx = Some(now);
-        if t.ecn == inner::ECN_CE {
-            self.links[li].ce.rx_marks = self.links[li].ce.rx_marks.wrapping_add(1);
-            self.send_link_ce(now, li);
-        }
         let mut buf = self.take_buf();
         buf.extend_from_slice(d.payload);
         let retransmit = d.flags & FLAG_RETRANSMIT != 0;
@@ -3225,11 +3227,17 @@ impl Endpoint {
         true
     }
 
-    /// [`queue_sealed`](Self::queue_sealed) a control packet (Not-ECT), then counts the datagram
-    /// as sent on the link (its health sees the link sequence number and size, for loss and
-    /// delivery rate).
+    /// [`queue_sealed`](Self::queue_sealed) a control packet, then counts the datagram as sent
+    /// on the link (its health sees the link sequence number and size, for loss and delivery
+    /// rate). ECN-capable once the peer takes its links' marks (LINK-CE): a link's CoDel then
+    /// marks its probes and acks rather than dropping them, and the marks count as the link's.
     fn send_sealed(&mut self, now: Instant, li: usize, ptype: PacketType, body: &Body<'_>) -> bool {
-        self.send_sealed_ecn(now, li, ptype, body, inner::ECN_NOT_ECT)
+        let ecn = if self.cfg.ecn && self.peer_takes_ce {
+            inner::ECN_ECT0
+        } else {
+            inner::ECN_NOT_ECT
+        };
+        self.send_sealed_ecn(now, li, ptype, body, ecn)
     }
 
     /// [`send_sealed`](Self::send_sealed) with the outer ECN field `ecn`.

@@ -2159,6 +2159,33 @@ fn a_peer_that_takes_its_links_marks_is_told_them_instead_of_the_inner_packet() 
     p.server
         .handle_datagram_at(p.now, rx, None, client_addr(link), &mut d);
     assert_eq!(p.server.poll_deliver(p.now), Some(sent));
+    // The control packets go ECN-capable too, and a mark on one counts as the link's.
+    p.client.handle_timeout(p.now + Duration::from_millis(150));
+    let mut control = Vec::new();
+    while let Some(mut t) = p.client.poll_transmit() {
+        t.finish();
+        control.push(t);
+    }
+    let probe = control
+        .iter()
+        .position(|t| peek_type(&t.payload) == Some(PacketType::Probe))
+        .expect("a probe is due");
+    assert!(
+        control.iter().all(|t| t.ecn == ECN_ECT0),
+        "every session packet ECT(0)"
+    );
+    let before = link_marks(&p.server, p.now);
+    let t = &mut control[probe];
+    let rx = RxMeta {
+        arrived: p.now,
+        ecn: ECN_CE,
+    };
+    p.server
+        .handle_datagram_at(p.now, rx, None, client_addr(t.link), &mut t.payload);
+    let after = link_marks(&p.server, p.now);
+    let link = usize::from(t.link) - 1;
+    assert_eq!(after[link].1, before[link].1 + 1, "{before:?} -> {after:?}");
+    p.exchange();
     // An inner packet marked already: ECT(0) outside, CE at delivery.
     let sent = tcp_segment_ecn(50_000, 500, ECN_CE);
     p.client.send_packet(p.now, &sent);
