@@ -3399,13 +3399,11 @@ impl Endpoint {
             return;
         }
         let ce = self.links[li].ce;
-        let due = match ce.sent {
-            _ if ce.announced < LINK_CE_ANNOUNCE => true,
-            None => true,
-            Some((marks, at)) => {
+        // (None sent yet means none announced either.)
+        let due = ce.announced < LINK_CE_ANNOUNCE
+            || ce.sent.is_some_and(|(marks, at)| {
                 marks != ce.rx_marks && now.saturating_duration_since(at) >= LINK_CE_GAP
-            }
-        };
+            });
         if !due {
             return;
         }

@@ -170,7 +170,9 @@ impl Direction {
             return;
         }
         let frame = batch.sendable(i);
-        let ect = ip_offset(frame)
+        // Where the IP packet starts: read for its ECN field, written for a mark.
+        let ip_at = ip_offset(frame);
+        let ect = ip_at
             .and_then(|at| braid_core::inner::ecn(&frame[at..]))
             .is_some_and(|e| e != braid_core::inner::ECN_NOT_ECT);
         let verdict = self
@@ -181,7 +183,7 @@ impl Direction {
                 let mut buf = spare.pop().unwrap_or_default();
                 buf.clear();
                 buf.extend_from_slice(frame);
-                if let (Verdict::Marked(_), Some(at)) = (verdict, ip_offset(&buf)) {
+                if let (Verdict::Marked(_), Some(at)) = (verdict, ip_at) {
                     if braid_core::inner::mark_ce(&mut buf[at..]) {
                         self.counters.ce_marks.fetch_add(1, Ordering::Relaxed);
                     }
