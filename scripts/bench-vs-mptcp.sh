@@ -4,7 +4,7 @@
 # run's JSON in $OUT).
 #
 #   scripts/bench-vs-mptcp.sh [SECONDS] [SCENARIO...]     (as root; needs mptcpize)
-#   SCENARIOS: default 10-20-50 ratio7 lossy lte spread100 mixed lossy-fast far   (default: all)
+#   SCENARIOS: default 10-20-50 ratio7 lossy lte spread100 mixed lossy-fast far spread200   (default: all)
 #   CCS="cubic bbr" DIRS="up down" EXTRA="--scheduler adaptive" BRAID=/tmp/braid scripts/bench-vs-mptcp.sh 20
 set -euo pipefail
 cd "$(dirname "$0")/.."

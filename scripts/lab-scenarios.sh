@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The lab scenarios of issue 10 (BENCHMARKS.md §4), shared by the scripts that run them:
 # `scenario_links NAME` prints the `braid lab` link arguments of a scenario (sourced, not run).
-SCENARIO_NAMES=(default 10-20-50 ratio7 lossy lte spread100 mixed lossy-fast far)
+SCENARIO_NAMES=(default 10-20-50 ratio7 lossy lte spread100 mixed lossy-fast far spread200)
 
 scenario_links() {
   case $1 in
@@ -19,6 +19,8 @@ scenario_links() {
     lossy-fast) echo "--link 10mbit/20ms/2% --link 10mbit/30ms" ;;
     # A link 280 ms slower than the other, beyond the default equalisation bound (same).
     far) echo "--link 20mbit/20ms --link 5mbit/300ms" ;;
+    # Two links 200 ms apart: in the taper of the default 150 ms equalisation bound (same).
+    spread200) echo "--link 20mbit/10ms --link 10mbit/210ms" ;;
     # The links come from the caller's own arguments.
     custom) echo "" ;;
     *) echo "unknown scenario $1 (one of: ${SCENARIO_NAMES[*]} custom)" >&2; return 2 ;;
