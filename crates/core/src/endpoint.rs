@@ -593,8 +593,8 @@ pub struct LinkStats {
     /// The largest datagram (UDP payload) this link sends now, from path MTU discovery
     /// (`None`: the I/O layer gave no first-hop size, nothing is cut for this link).
     pub pmtu: Option<usize>,
-    /// This session, the DATA the link's path marked Congestion Experienced: ours, as the
-    /// peer counted them (LINK-CE), and the peer's, as we did.
+    /// This session, the session packets the link's path marked Congestion Experienced: ours,
+    /// as the peer counted them (LINK-CE), and the peer's, as we did.
     pub tx_ce_marked: u32,
     pub rx_ce_marked: u32,
 }

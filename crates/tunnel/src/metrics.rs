@@ -118,12 +118,12 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
     );
     r.gauge(
         "link_tx_ce_marked",
-        "This session, DATA of ours the link's path marked Congestion Experienced, as the peer counts them (LINK-CE)",
+        "This session, packets of ours the link's path marked Congestion Experienced, as the peer counts them (LINK-CE)",
         &per_link_f(&|l| Some(f64::from(l.tx_ce_marked))),
     );
     r.gauge(
         "link_rx_ce_marked",
-        "This session, DATA of the peer's the link's path marked Congestion Experienced",
+        "This session, packets of the peer's the link's path marked Congestion Experienced",
         &per_link_f(&|l| Some(f64::from(l.rx_ce_marked))),
     );
     r.gauge(
