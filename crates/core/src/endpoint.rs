@@ -814,6 +814,10 @@ pub fn equalization(packet: &[u8]) -> Equalize {
 pub fn equalized(packet: &[u8]) -> bool {
     equalization(packet) == Equalize::Held
 }
+/// A link known to bring less than this (bit/s: no rate configured or hinted, and idle or a
+/// flow starting) times a held packet's spacing by its arrival gap alone (`equalize::Spacing`).
+const MIN_PACE_BPS: f64 = 64_000.0;
+
 /// Default bound of delay equalisation ([`Config::equalize_max`]): 150 ms, so that a link up to
 /// 150 ms slower than the fastest (one-way) is waited for in full, and up to 225 ms in part
 /// (`sched::equalize_wait`). At 100 ms, a 7 Mbit/s link at 150 ms beside 50 at 10 and 20 at 60
@@ -1023,6 +1027,27 @@ struct Link {
     in_hold_view: bool,
     /// Congestion Experienced marks the link's path put on session packets, both ways (LINK-CE).
     ce: CeTally,
+    /// Receiver: its held packets' spacing through delay equalisation.
+    hold_spacing: crate::equalize::Spacing,
+}
+
+impl Link {
+    /// The rate the link brings our peer's packets at, as best known (bit/s, 0 for none): what
+    /// it brought lately or any rate configured or hinted for it, whichever is higher (a rate
+    /// too high only spaces held packets less, `equalize::Spacing`). The hints may be for the
+    /// other direction (a server knows the client's download hint, not its upload): the lab's
+    /// links and most lines are alike both ways or faster down, where a server receives.
+    fn rx_pace_bps(&self) -> f64 {
+        [
+            self.cfg.bandwidth_bps,
+            self.cfg.download_bps,
+            self.peer_hint_bps,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|b| b as f64)
+        .fold(self.rx_meter.bps, f64::max)
+    }
 }
 
 /// A link's count of the Congestion Experienced marks its path put on our session packets this
@@ -1332,6 +1357,7 @@ impl Endpoint {
             peer_hint_bps: None,
             in_hold_view: false,
             ce: CeTally::default(),
+            hold_spacing: crate::equalize::Spacing::default(),
         });
         if self.cfg.role == Role::Client && self.hello.is_some() {
             // A new link during a handshake: say HELLO on it right away.
@@ -2496,9 +2522,9 @@ impl Endpoint {
         }
         let release = match kind {
             Equalize::No => now,
-            Equalize::Held => self.release_at(now, t),
+            Equalize::Held => self.release_at(now, t, d.payload.len(), Some(li)),
             Equalize::Opening => self
-                .release_at(now, t)
+                .release_at(now, t, d.payload.len(), None)
                 .checked_sub(self.equalize_send)
                 .map_or(now, |r| r.max(now)),
         };
@@ -2516,9 +2542,23 @@ impl Endpoint {
         self.send_nacks(now);
     }
 
-    /// Equalised delivery: when the hold releases a packet with this timing.
-    fn release_at(&self, now: Instant, t: RxTiming) -> Instant {
-        self.hold.release_at(now, t.arrived, t.local_ts, t.data_ts)
+    /// Equalised delivery: when the hold releases a packet of `len` bytes with this timing, at
+    /// the pace link `li` brought it (`equalize::Spacing`, timed at the rate the link brings
+    /// lately; a SYN's release moves no link's spacing).
+    fn release_at(&mut self, now: Instant, t: RxTiming, len: usize, li: Option<usize>) -> Instant {
+        let mut alone = crate::equalize::Spacing::default();
+        let (spacing, tx) = match li {
+            Some(li) => {
+                let link = &mut self.links[li];
+                let bps = link.rx_pace_bps();
+                let tx = (bps >= MIN_PACE_BPS)
+                    .then(|| Duration::from_secs_f64((len + WIRE_OVERHEAD) as f64 * 8.0 / bps));
+                (&mut link.hold_spacing, tx)
+            }
+            None => (&mut alone, None),
+        };
+        self.hold
+            .release_at(now, t.arrived, t.local_ts, t.data_ts, spacing, tx)
     }
 
     /// PROBE-ACK: the peer hears us; a path MTU probe may be answered; the link's health

@@ -190,23 +190,27 @@ impl Hold {
         };
     }
 
-    /// When a packet sent at `send_ts` (our clock read `local_ts` when it `arrived`) is
-    /// released: at `send_ts + target` in our clock, counted from its arrival, not from when
-    /// we read it, at most the bound from now; `now` when nothing is measured yet or the packet
-    /// is not timed.
+    /// When a packet sent at `send_ts` (our clock read `local_ts` when it `arrived`) on the link
+    /// whose [`Spacing`] is `spacing` (the packet's time on it `tx`, when known) is released: at
+    /// `send_ts + target` in our clock, counted from its arrival, not from when we read it, or
+    /// later to keep its link's pace, at most the bound from now; `now` when nothing is
+    /// measured yet or the packet is not timed.
     pub fn release_at(
         &self,
         now: Instant,
         arrived: Instant,
         local_ts: u32,
         send_ts: Option<u32>,
+        spacing: &mut Spacing,
+        tx: Option<Duration>,
     ) -> Instant {
         match (self.rel, send_ts) {
             (Some(target), Some(ts)) => {
                 let rel = local_ts.wrapping_sub(ts);
                 let early = target.wrapping_sub(rel) as i32;
                 let early = Duration::from_micros(early.max(0) as u64);
-                (arrived + early).clamp(now, now + self.max)
+                let due = (arrived + early).clamp(now, now + self.max);
+                spacing.release(arrived, due, now + self.max, target, tx)
             }
             _ => now,
         }
@@ -220,6 +224,74 @@ impl Hold {
     /// What the links call for (the ramp may allow less for now).
     pub fn wanted(&self) -> Duration {
         self.wanted
+    }
+}
+
+/// One link's held packets, let out nearly as far apart as its pace put them.
+///
+/// The hold releases a packet at its send time plus the target, which takes off the queueing on
+/// its own link as well as the spread between the links: the packets of a burst the inner sender
+/// sent at once cross the link one after the other at its rate, but would all leave the hold
+/// together, at the pace braid's sender read them. The inner flow then never sees its
+/// bottleneck's pace. Measured (lab, 20 Mbit/s at 20 ms + 5 Mbit/s at 300 ms, `--equalize-max
+/// 300`, CUBIC download): windows of 40 segments reached the receiving host in 1.3 ms (680
+/// Mbit/s); Linux's receive-buffer tuning, which compares what the application read in one
+/// round trip with what waits unread, then held the window at its first 80 kB for 1-12 s of a
+/// 20 s run (`rwnd_limited`), the ACKs came back in bursts, and slow start ran on to lose
+/// hundreds of segments at once (BENCHMARKS.md §4, "A link's own pace through the hold").
+///
+/// So a held packet leaves no earlier than the last held packet of its link did plus the time
+/// between their arrivals, times [`SPACING_KEPT`] and at most the packet's own time on the link
+/// at the rate the link brings (the caller's `tx`): the link's own pace (its serialisation, its
+/// queue's growth) passes through the hold nearly as through a plain path; only the spread
+/// between the links' delays is taken off. A gap longer than the packet's time on the link is
+/// not the link's pace but its jitter, which the hold keeps absorbing (the lab's LTE link, 30 ms
+/// +- 20 ms: spacing by the whole gap cost its CUBIC upload 5.6 points). A packet due later than
+/// the spacing asks (its link's queue shrank, or it came late) leaves when due, as before. A
+/// change of the target moves the last release with it (a link lost takes its wait off at
+/// once), and what the rule adds is given back by an eighth of every gap, so no drift of the
+/// link's delay adds up.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Spacing {
+    /// The last held packet's arrival, release and the target it was held for.
+    last: Option<(Instant, Instant, u32)>,
+}
+
+/// The share of the time between two held packets' arrivals on a link kept between their
+/// releases (see [`Spacing`]).
+pub const SPACING_KEPT: f64 = 7.0 / 8.0;
+
+impl Spacing {
+    /// When a held packet that `arrived`, and is `due` by the hold's `target`, leaves: not
+    /// before `due`, nor before the last one's release (moved by the change of target) plus
+    /// [`SPACING_KEPT`] of the time between the two arrivals, that at most `tx` (the packet's
+    /// time on its link, when known); at most `latest` (unless due later).
+    pub fn release(
+        &mut self,
+        arrived: Instant,
+        due: Instant,
+        latest: Instant,
+        target: u32,
+        tx: Option<Duration>,
+    ) -> Instant {
+        let at = match self.last {
+            Some((last_arrived, last_release, last_target)) => {
+                let moved = target.wrapping_sub(last_target) as i32;
+                let shift = Duration::from_micros(u64::from(moved.unsigned_abs()));
+                let last_release = if moved >= 0 {
+                    last_release + shift
+                } else {
+                    last_release.checked_sub(shift).unwrap_or(last_release)
+                };
+                let gap = arrived.saturating_duration_since(last_arrived);
+                let kept = gap.mul_f64(SPACING_KEPT);
+                let kept = tx.map_or(kept, |tx| kept.min(tx));
+                due.max(last_release + kept).min(latest.max(due))
+            }
+            None => due,
+        };
+        self.last = Some((arrived, at, target));
+        at
     }
 }
 
@@ -345,7 +417,10 @@ mod tests {
         let t0 = Instant::now();
         let mut h = Hold::new(ms(100));
         // Nothing measured: released at once.
-        assert_eq!(h.release_at(t0, t0, 0, Some(0)), t0);
+        assert_eq!(
+            h.release_at(t0, t0, 0, Some(0), &mut Spacing::default(), None),
+            t0
+        );
         // A 10 ms and a 70 ms link (base relative delays in microseconds, any offset): the
         // idle bundle takes the whole 60 ms at once.
         let fast = 5_000_000u32;
@@ -358,16 +433,40 @@ mod tests {
         let arrived = t0 + ms(10);
         let now = arrived + ms(2);
         assert_eq!(
-            h.release_at(now, arrived, ts.wrapping_add(fast), Some(ts)),
+            h.release_at(
+                now,
+                arrived,
+                ts.wrapping_add(fast),
+                Some(ts),
+                &mut Spacing::default(),
+                None
+            ),
             arrived + ms(60)
         );
         // Over the slow link: due already.
         assert_eq!(
-            h.release_at(now, arrived, ts.wrapping_add(slow), Some(ts)),
+            h.release_at(
+                now,
+                arrived,
+                ts.wrapping_add(slow),
+                Some(ts),
+                &mut Spacing::default(),
+                None
+            ),
             now
         );
         // Untimed: at once.
-        assert_eq!(h.release_at(now, arrived, ts.wrapping_add(fast), None), now);
+        assert_eq!(
+            h.release_at(
+                now,
+                arrived,
+                ts.wrapping_add(fast),
+                None,
+                &mut Spacing::default(),
+                None
+            ),
+            now
+        );
         // A link beyond the bound is waited for up to the bound at most, and a lone link or a
         // zero bound holds nothing.
         let far = fast.wrapping_add(110_000);
@@ -378,6 +477,111 @@ mod tests {
         let mut off = Hold::new(ms(0));
         off.update(t0, &[fast, slow], ms(20));
         assert_eq!(off.add(), ms(0));
+    }
+
+    #[test]
+    fn a_link_s_burst_leaves_the_hold_nearly_as_far_apart_as_it_came() {
+        let t0 = Instant::now();
+        let mut h = Hold::new(ms(300));
+        // A 20 ms and a 300 ms link: the fast link's packets are held 280 ms.
+        let fast = 7_000_000u32;
+        h.update(t0, &[fast, fast.wrapping_add(280_000)], ms(40));
+        assert_eq!(h.add(), ms(280));
+        let mut spacing = Spacing::default();
+        // Five packets sent at once (ts 0) cross the fast link 8 ms apart (its rate): the later
+        // ones queued 8-32 ms behind the first. Each is due at send + target alike, but leaves
+        // 7 ms after the one before (7/8 of the 8 it came after it).
+        let released: Vec<Instant> = (0..5u32)
+            .map(|k| {
+                let arrived = t0 + ms(20 + 8 * u64::from(k));
+                let local = fast.wrapping_add(k * 8000);
+                h.release_at(arrived, arrived, local, Some(0), &mut spacing, None)
+            })
+            .collect();
+        let due = t0 + ms(300);
+        assert_eq!(
+            released,
+            (0..5).map(|k| due + ms(7 * k)).collect::<Vec<_>>()
+        );
+        // A fresh spacing (another link) lets the same packet go when due.
+        let arrived = t0 + ms(52);
+        let alone = h.release_at(
+            arrived,
+            arrived,
+            fast.wrapping_add(32_000),
+            Some(0),
+            &mut Spacing::default(),
+            None,
+        );
+        assert_eq!(alone, due);
+    }
+
+    #[test]
+    fn spacing_adds_what_the_queue_grew_and_gives_it_back() {
+        let t0 = Instant::now();
+        let mut s = Spacing::default();
+        let latest = t0 + ms(1000);
+        assert_eq!(s.release(t0, t0 + ms(100), latest, 0, None), t0 + ms(100));
+        // Came 8 ms later but due only 1 ms later (its queue grew by 7 ms): 7 ms later.
+        assert_eq!(
+            s.release(t0 + ms(8), t0 + ms(101), latest, 0, None),
+            t0 + ms(107)
+        );
+        // Came 8 ms after that and due 8 ms after its release (the queue shrank): when due.
+        assert_eq!(
+            s.release(t0 + ms(16), t0 + ms(115), latest, 0, None),
+            t0 + ms(115)
+        );
+        // The target 50 ms shorter (a slow link lost): the wait goes at once.
+        assert_eq!(
+            s.release(
+                t0 + ms(24),
+                t0 + ms(73),
+                latest,
+                50_000u32.wrapping_neg(),
+                None
+            ),
+            t0 + ms(73)
+        );
+        // A link 40 ms slower for good: the delay shows, then is given back within eight times
+        // its length.
+        let mut s = Spacing::default();
+        let mut t = t0;
+        let mut extra = Vec::new();
+        for k in 0..40u64 {
+            let late = if k == 0 { ms(0) } else { ms(40) };
+            let due = t + ms(100) - late;
+            let at = s.release(t, due, t + ms(1000), 0, None);
+            extra.push(at - due);
+            t += ms(10);
+        }
+        assert_eq!(extra[1], ms(40) - ms(10).mul_f64(1.0 / 8.0));
+        assert!(extra[33..].iter().all(|e| e.is_zero()), "{extra:?}");
+        // A gap longer than the packet's time on the link is jitter, not the link's pace: only
+        // that time is kept (1 ms here), and a packet that came 20 ms late leaves when due.
+        let mut s = Spacing::default();
+        s.release(t0, t0 + ms(100), latest, 0, Some(ms(1)));
+        assert_eq!(
+            s.release(t0 + ms(20), t0 + ms(102), latest, 0, Some(ms(1))),
+            t0 + ms(102)
+        );
+        let mut whole = Spacing::default();
+        whole.release(t0, t0 + ms(100), latest, 0, None);
+        assert_eq!(
+            whole.release(t0 + ms(20), t0 + ms(102), latest, 0, None),
+            t0 + ms(117) + ms(1) / 2
+        );
+        // Never beyond the latest the caller allows, nor before due.
+        let mut s = Spacing::default();
+        s.release(t0, t0 + ms(990), latest, 0, None);
+        assert_eq!(
+            s.release(t0 + ms(50), t0 + ms(900), latest, 0, None),
+            latest
+        );
+        assert_eq!(
+            s.release(t0 + ms(60), t0 + ms(1100), latest, 0, None),
+            t0 + ms(1100)
+        );
     }
 
     #[test]

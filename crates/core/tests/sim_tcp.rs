@@ -102,7 +102,10 @@ fn check(index: usize, wants: &[Want]) {
             // Linux's; the median over scripts/sim-ensemble.sh's six offsets is 166). The bound
             // catches a regression, not a draw: 50/20/7 Mbit/s BBR download sits at 377-380 ms
             // over twelve offsets (with the 16- and the 14-byte DATA header alike), and five
-            // runs' median drew 419 once the packets were two bytes shorter.
+            // runs' median drew 419 once the packets were two bytes shorter. Since held packets
+            // keep their link's pace (`equalize::Spacing`) its BBR upload's median is 473 ms
+            // (the median run's 354 -> 605), where the lab's same mix (ratio7) stalled no longer
+            // (BBR upload 203 -> 185 ms, BENCHMARKS.md §4, "A link's own pace through the hold").
             let stall = median(&all, |r| r.longest_stall_ms);
             let mut r = median_goodput_run(all);
             r.best_single = Some(best.clone());
@@ -129,7 +132,7 @@ fn check(index: usize, wants: &[Want]) {
                 );
             }
             assert!(
-                stall < 450.0,
+                stall < 500.0,
                 "{what}: delivery stalled {stall:.0} ms (median)"
             );
         }
@@ -521,10 +524,12 @@ fn failover_high_delay_mix() {
                 "{what}: {retransmits} retransmits (median)"
             );
             // What the dead link carried is sent again (if it carried anything: upload may
-            // leave the 120 ms link unused).
+            // leave the 120 ms link all but unused: 1-3% of the packets, probes and a trickle,
+            // since held packets keep their link's pace, where it carried 6-15% before, and a
+            // run may then have nothing in flight on it when it goes dark).
             for r in &rs {
                 assert!(
-                    r.links[dark].share < 0.01 || r.repair.resent + r.repair.reinjected > 0,
+                    r.links[dark].share < 0.04 || r.repair.resent + r.repair.reinjected > 0,
                     "{what}: {:?}",
                     r.repair
                 );
@@ -645,7 +650,8 @@ fn tcp_runs_are_deterministic() {
 /// medians of the five runs: BBR upload 79.3% (2469) -> 88.6% (0), CUBIC download 65.6% (15)
 /// -> 85.6% (7). Since the placement counts the queue the equalisation floor hides
 /// (`sched::HIDDEN_QUEUE_WEIGHT`): BBR upload 89.7% (605) -> 91.1% (1), CUBIC download 65.8%
-/// (18) -> 85.4% (6).
+/// (18) -> 85.4% (6). Since held packets keep their link's pace (`equalize::Spacing`): BBR
+/// upload 90.1% (855) -> 90.7% (123), CUBIC download 89.5% (5) -> 94.2% (2).
 #[test]
 fn back_pressure_keeps_the_links_from_overflowing() {
     let base = sim::tcp_scenarios()[5].clone();
@@ -658,12 +664,19 @@ fn back_pressure_keeps_the_links_from_overflowing() {
             eprintln!("{}", r.table_row());
         }
         let retransmits = |rs: &[sim::TcpReport]| median(rs, |r| r.retransmits as f64);
-        assert!(
-            retransmits(&off) > 10.0,
-            "{} {}: the overflow to avoid",
-            cc.name(),
-            dir.name()
-        );
+        // The overflow to avoid: BBR's window overflows the links without back-pressure (447-972
+        // inner retransmissions). The CUBIC download no longer does since held packets keep
+        // their link's pace (`equalize::Spacing`): its slow start sees the bottleneck's queue
+        // grow and ends before the links' buffers overflow (4-26 retransmissions, 85.5-90.3% of
+        // the sum without back-pressure where it was 15-18 at 65.6-65.8%; 94.2% with it).
+        if dir == Upload {
+            assert!(
+                retransmits(&off) > 10.0,
+                "{} {}: the overflow to avoid",
+                cc.name(),
+                dir.name()
+            );
+        }
         // The links' buffers drop nothing; what the inner flow loses is the bundle queue's own
         // limit (one head drop per round trip beyond it, the signal a CUBIC flow needs: 6-8 in
         // the download since that limit works, 0 while it was switched off by a link never
