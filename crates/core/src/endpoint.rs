@@ -818,14 +818,19 @@ pub fn equalized(packet: &[u8]) -> bool {
 /// flow starting) times a held packet's spacing by its arrival gap alone (`equalize::Spacing`).
 const MIN_PACE_BPS: f64 = 64_000.0;
 
-/// Default bound of delay equalisation ([`Config::equalize_max`]): 150 ms, so that a link up to
-/// 150 ms slower than the fastest (one-way) is waited for in full, and up to 225 ms in part
-/// (`sched::equalize_wait`). At 100 ms, a 7 Mbit/s link at 150 ms beside 50 at 10 and 20 at 60
-/// carried nothing and braid stayed at 0.92-0.96x kernel MPTCP there; the longer equalised
-/// round trip pays only with back-pressure on ([`DEFAULT_BACKPRESSURE`]), which gives BBR's
-/// excess room (without it: 20-32% of BBR's segments retransmitted; BENCHMARKS.md §4,
-/// "Back-pressure and the 150 ms bound by default").
-pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(150);
+/// Default bound of delay equalisation ([`Config::equalize_max`]): 300 ms, so that a link up to
+/// 300 ms slower than the fastest (one-way: a satellite uplink beside DSL) is waited for in full,
+/// and up to 450 ms in part (`sched::equalize_wait`). At 100 ms, a 7 Mbit/s link at 150 ms
+/// beside 50 at 10 and 20 at 60 carried nothing and braid stayed at 0.92-0.96x kernel MPTCP
+/// there; at 150 ms, 20 + 10 Mbit/s 200 ms apart gave braid the fast link alone (0.78-0.85x
+/// MPTCP) and 20 Mbit/s at 20 ms beside 5 at 300 ms BBR 0.91-0.92x. At 300 ms: 1.08-1.25x and
+/// 0.92-1.03x (CUBIC 1.65x), links within 150 ms of each other as before; the longer hold
+/// became the default once held packets kept their link's pace (`equalize::Spacing`: before,
+/// the far mix's CUBIC download stalled at the receiver's first window; BENCHMARKS.md §4, "A
+/// link's own pace through the hold"). It pays only with back-pressure on
+/// ([`DEFAULT_BACKPRESSURE`]), which gives BBR's excess room (without it: 20-32% of BBR's
+/// segments retransmitted at 150 ms; "Back-pressure and the 150 ms bound by default").
+pub const DEFAULT_EQUALIZE_MAX: Duration = Duration::from_millis(300);
 /// Whether a bundle pushes back by default ([`Endpoint::set_backpressure`], `[bundle]
 /// backpressure`): on. The bundle's excess then waits in the bundle's queue (bounded in time:
 /// `bqueue`) instead of the links' buffers (docs/scheduling.md, "Back-pressure"). A BBR flow
@@ -2236,7 +2241,11 @@ impl Endpoint {
             link.peer_hint_bps = None;
             link.in_hold_view = false;
             link.ce = CeTally::default();
+            link.hold_spacing = crate::equalize::Spacing::default();
         }
+        // The hold's target is in the old session's clock: nothing is held until the links'
+        // delays are measured afresh.
+        self.hold.forget_target();
         // A new session may be an older peer: marks go to the inner packets until it says it
         // takes them (its first LINK-CE).
         self.peer_takes_ce = false;

@@ -216,6 +216,15 @@ impl Hold {
         }
     }
 
+    /// Forgets the target until the next [`update`](Self::update): a new session's send times run
+    /// on a new clock, so a target measured in the old one would hold its first packets by
+    /// anything up to the bound.
+    pub fn forget_target(&mut self) {
+        self.rel = None;
+        self.add = Duration::ZERO;
+        self.wanted = Duration::ZERO;
+    }
+
     /// What the hold adds to the fastest link's delay now.
     pub fn add(&self) -> Duration {
         self.add
@@ -477,6 +486,21 @@ mod tests {
         let mut off = Hold::new(ms(0));
         off.update(t0, &[fast, slow], ms(20));
         assert_eq!(off.add(), ms(0));
+        // A target forgotten (a new session's clock) holds nothing until the next update.
+        h.update(t0, &[fast, slow], ms(20));
+        h.forget_target();
+        assert_eq!((h.add(), h.wanted()), (ms(0), ms(0)));
+        assert_eq!(
+            h.release_at(
+                now,
+                arrived,
+                ts.wrapping_add(fast),
+                Some(ts),
+                &mut Spacing::default(),
+                None
+            ),
+            now
+        );
     }
 
     #[test]

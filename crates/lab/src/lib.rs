@@ -209,7 +209,7 @@ pub struct LabArgs {
     #[arg(long)]
     pub no_bandwidth_hint: bool,
     /// Bound of the endpoints' delay equalisation, milliseconds (`equalize_max_ms`; 0 turns it
-    /// off; default braid's, 150).
+    /// off; default braid's, 300).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub equalize_max: Option<u64>,
     /// Turn the endpoints' back-pressure on (`backpressure = true`, braid's default): while

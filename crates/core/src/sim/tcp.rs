@@ -807,7 +807,7 @@ pub struct TcpScenario {
 }
 
 /// The equalisation bound the scenarios run at unless told otherwise: 100 ms, not braid's
-/// default ([`crate::endpoint::DEFAULT_EQUALIZE_MAX`], 150 ms). The model's ACKs carry no TCP
+/// default ([`crate::endpoint::DEFAULT_EQUALIZE_MAX`], 300 ms). The model's ACKs carry no TCP
 /// header and are held like segments, which doubles the inner round trip under equalisation
 /// (wip/README.md, `sim-real-tcp-acks.patch`): at 150 ms its CUBIC flows run at a quarter to a
 /// third of the 50/20/7 Mbit/s mix where the lab's reach 85-90%, so the scenario tests, which
