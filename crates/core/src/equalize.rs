@@ -424,12 +424,20 @@ mod tests {
     #[test]
     fn the_hold_releases_each_link_s_packets_when_the_slowest_would_have_brought_them() {
         let t0 = Instant::now();
+        // A packet's release by the hold alone (a fresh spacing: the link's first held packet).
+        let alone = |h: &Hold, now, arrived, local_ts, send_ts| {
+            h.release_at(
+                now,
+                arrived,
+                local_ts,
+                send_ts,
+                &mut Spacing::default(),
+                None,
+            )
+        };
         let mut h = Hold::new(ms(100));
         // Nothing measured: released at once.
-        assert_eq!(
-            h.release_at(t0, t0, 0, Some(0), &mut Spacing::default(), None),
-            t0
-        );
+        assert_eq!(alone(&h, t0, t0, 0, Some(0)), t0);
         // A 10 ms and a 70 ms link (base relative delays in microseconds, any offset): the
         // idle bundle takes the whole 60 ms at once.
         let fast = 5_000_000u32;
@@ -442,40 +450,16 @@ mod tests {
         let arrived = t0 + ms(10);
         let now = arrived + ms(2);
         assert_eq!(
-            h.release_at(
-                now,
-                arrived,
-                ts.wrapping_add(fast),
-                Some(ts),
-                &mut Spacing::default(),
-                None
-            ),
+            alone(&h, now, arrived, ts.wrapping_add(fast), Some(ts)),
             arrived + ms(60)
         );
         // Over the slow link: due already.
         assert_eq!(
-            h.release_at(
-                now,
-                arrived,
-                ts.wrapping_add(slow),
-                Some(ts),
-                &mut Spacing::default(),
-                None
-            ),
+            alone(&h, now, arrived, ts.wrapping_add(slow), Some(ts)),
             now
         );
         // Untimed: at once.
-        assert_eq!(
-            h.release_at(
-                now,
-                arrived,
-                ts.wrapping_add(fast),
-                None,
-                &mut Spacing::default(),
-                None
-            ),
-            now
-        );
+        assert_eq!(alone(&h, now, arrived, ts.wrapping_add(fast), None), now);
         // A link beyond the bound is waited for up to the bound at most, and a lone link or a
         // zero bound holds nothing.
         let far = fast.wrapping_add(110_000);
@@ -491,14 +475,7 @@ mod tests {
         h.forget_target();
         assert_eq!((h.add(), h.wanted()), (ms(0), ms(0)));
         assert_eq!(
-            h.release_at(
-                now,
-                arrived,
-                ts.wrapping_add(fast),
-                Some(ts),
-                &mut Spacing::default(),
-                None
-            ),
+            alone(&h, now, arrived, ts.wrapping_add(fast), Some(ts)),
             now
         );
     }
