@@ -451,3 +451,94 @@ fn a_connection_is_set_up_in_one_hold() {
         );
     }
 }
+
+/// The server's hold (ms) every 10 ms from `from` to `to` while the client sends a 1000-byte
+/// TCP segment every `gap`, on 20 Mbit/s at 20 ms + 5 Mbit/s at 300 ms, after `events`.
+fn far_mix_hold(events: &[(Duration, LinkEvent)], gap: Duration, to: Duration) -> Vec<(u64, f64)> {
+    use sim::{Bundle, BundleOptions, Path, Side};
+    let links = [
+        LinkSpec::new(20_000_000, ms(20)),
+        LinkSpec::new(5_000_000, ms(300)),
+    ];
+    let mut b = Bundle::new(
+        &links,
+        &BundleOptions {
+            scheduler: "adaptive".into(),
+            seed: 1,
+            probe_interval: None,
+            equalize_max: None,
+            warmup: Duration::ZERO,
+            nack: None,
+            backpressure: false,
+        },
+    );
+    for &(at, e) in events {
+        b.schedule(at, e);
+    }
+    let data = tcp_segment(false, 0x18, &[], 1000);
+    let (mut now, mut next_send, mut next_sample) = (Duration::ZERO, ms(3000), Duration::ZERO);
+    let mut holds = Vec::new();
+    while now < to {
+        if now >= next_send {
+            b.send(now, Side::Client, &data);
+            next_send += gap;
+        }
+        if now >= next_sample {
+            let st = b.endpoint(Side::Server).stats(b.instant(now));
+            holds.push((now.as_millis() as u64, st.equalize_us as f64 / 1e3));
+            next_sample += ms(10);
+        }
+        let due = b.next_wakeup().unwrap_or(now + ms(1));
+        now = due.min(next_send).min(next_sample).max(now);
+        b.advance(now);
+        while b.poll_deliver(now, Side::Server).is_some() {}
+        while b.poll_deliver(now, Side::Client).is_some() {}
+    }
+    holds
+}
+
+/// A busy fast link falls silent for a moment whenever the inner flow pauses (BBR's PROBE_RTT),
+/// while a far link still delivers: the receiver's hold keeps the faster link's base
+/// (`Endpoint::keep_faster_silent`). Without it the hold fell to nothing for a tick, the packets
+/// went through unheld, and it came back by the ramp's first step only (24 ms of 280, the next
+/// 11 s later): in the lab's BBR upload over this mix, the flow's minimum round trip 320 -> 65
+/// ms and the far link left nearly unused for the rest of the run (BENCHMARKS.md §4, "A fast
+/// link's moment of silence"). A far link fallen silent still takes its wait off at once.
+#[test]
+fn a_fast_links_moment_of_silence_keeps_the_hold_a_far_links_takes_it_off() {
+    // 10 Mbit/s offered: the 20 ms link is busy (a packet every 0.8 ms), dark for 150 ms at 8 s.
+    let gap = Duration::from_micros(800);
+    let blink = [
+        (ms(8000), LinkEvent::Dark(0)),
+        (ms(8150), LinkEvent::Light(0)),
+    ];
+    let holds = far_mix_hold(&blink, gap, ms(10_000));
+    let before = holds
+        .iter()
+        .filter(|&&(t, _)| (7000..8000).contains(&t))
+        .map(|&(_, h)| h)
+        .fold(f64::INFINITY, f64::min);
+    assert!(before > 250.0, "the far link waited for first: {before} ms");
+    let (t, low) = holds
+        .iter()
+        .filter(|&&(t, _)| t >= 8000)
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    assert!(
+        low > before - 5.0,
+        "the hold kept through the fast link's silence: {low} ms at {t} ms (before: {before} ms)"
+    );
+    // The far link dark for good at 8 s: the fast link's packets stop waiting for it within a
+    // few hundred ms (its silence, a probe interval and more).
+    let gone = [(ms(8000), LinkEvent::Dark(1))];
+    let holds = far_mix_hold(&gone, gap, ms(9000));
+    let off = holds
+        .iter()
+        .find(|&&(t, h)| t >= 8000 && h < 1.0)
+        .map(|&(t, _)| t - 8000);
+    assert!(
+        off.is_some_and(|d| d <= 700),
+        "the far link's wait taken off after {off:?} ms"
+    );
+}
