@@ -4120,6 +4120,7 @@ impl Endpoint {
             .set_round_trip(fastest.map(|(r, owd)| self.sent_round_trip(r, owd, lo)));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
+        self.reorder.fit_window(now);
         self.tick_repair(now);
         self.send_link_infos(now);
         self.reassembler.poll(now, self.cfg.reassembly_timeout);

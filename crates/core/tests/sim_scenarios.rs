@@ -542,3 +542,36 @@ fn a_fast_links_moment_of_silence_keeps_the_hold_a_far_links_takes_it_off() {
         "the far link's wait taken off after {off:?} ms"
     );
 }
+
+/// A fast bundle with a far link: 200 Mbit/s at 10 ms beside 50 Mbit/s at 300 ms, 75% of the
+/// sum offered in 1000-byte packets (about 23 000 a second). It all fits the fast link, and
+/// every packet is held about 280 ms for the far one (alive, so the sender may spill onto it):
+/// some 6500 packets held at once, more than the reorder buffer's first window (4096), which
+/// grows to hold them. Kept at 4096 (the code before 2026-11-30), it slid past a held packet at
+/// every push and, the buffer full, dropped it: nothing at all was delivered (62028 lost).
+#[test]
+fn a_fast_bundle_with_a_far_link_loses_nothing_to_the_reorder_window() {
+    let sc = Scenario::new(
+        "200/50 Mbit/s, 10/300 ms",
+        vec![
+            LinkSpec::new(200_000_000, ms(10)),
+            LinkSpec::new(50_000_000, ms(300)),
+        ],
+    )
+    .load(0.75)
+    .packet_size(1000)
+    .duration(Duration::from_secs(6));
+    let r = sim::run(&sc);
+    show(&r);
+    assert_eq!(r.lost, 0);
+    assert!(
+        r.delivered_bps > 150e6,
+        "delivered {:.1} Mbit/s",
+        r.delivered_bps / 1e6
+    );
+    assert!(
+        r.added_latency_p50_ms > 250.0,
+        "held for the far link: {:.1} ms",
+        r.added_latency_p50_ms
+    );
+}

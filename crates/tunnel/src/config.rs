@@ -118,7 +118,9 @@ struct BundleRepr {
     down_after_ms: Option<Spanned<u64>>,
     /// Upper bound of the reorder buffer's hold time, milliseconds.
     reorder_max_ms: Option<Spanned<u64>>,
-    /// Bound of delay equalisation, milliseconds (0: off; default the core's, 100).
+    /// The most packets the reorder buffer's window grows to (default the core's, 65536).
+    reorder_window_max: Option<Spanned<u64>>,
+    /// Bound of delay equalisation, milliseconds (0: off; default the core's, 300).
     equalize_max_ms: Option<Spanned<u64>>,
     /// Inner header compression of the DATA this end sends (default on).
     compression: Option<bool>,
@@ -174,6 +176,8 @@ pub struct Config {
     pub probe_interval: Option<Duration>,
     pub down_after: Option<Duration>,
     pub reorder_max: Option<Duration>,
+    /// The largest reorder window, packets (`None`: the core's default).
+    pub reorder_window_max: Option<usize>,
     /// Bound of delay equalisation (`Some(ZERO)`: off; `None`: the core's default).
     pub equalize_max: Option<Duration>,
     /// Compress the inner TCP/IP headers of what this end sends (docs/protocol.md §13).
@@ -486,6 +490,11 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         probe_interval: ms(&b.probe_interval_ms, "bundle.probe_interval_ms", 1, 600_000)?,
         down_after: ms(&b.down_after_ms, "bundle.down_after_ms", 1, 600_000)?,
         reorder_max: ms(&b.reorder_max_ms, "bundle.reorder_max_ms", 1, 600_000)?,
+        reorder_window_max: src
+            .optional(&b.reorder_window_max, "bundle.reorder_window_max", |&w| {
+                in_range(w, 64, braid_core::reorder::MAX_CAPACITY as u64)
+            })?
+            .map(|w| w as usize),
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
         ecn: b.ecn.unwrap_or(true),
@@ -1160,6 +1169,20 @@ mod tests {
             "{e}"
         );
         assert!(parse(&client("batch_wait_us = \"50us\"", LINKS)).is_err());
+    }
+
+    #[test]
+    fn reorder_window_max_is_packets_and_bounded() {
+        assert_eq!(parse(&client("", LINKS)).unwrap().reorder_window_max, None);
+        let c = parse(&client("reorder_window_max = 262144", LINKS)).unwrap();
+        assert_eq!(c.reorder_window_max, Some(262_144));
+        for bad in ["reorder_window_max = 10", "reorder_window_max = 2000000"] {
+            let e = parse(&client(bad, LINKS)).unwrap_err();
+            assert!(
+                e.contains("bundle.reorder_window_max") && e.contains("out of range 64..1048576"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

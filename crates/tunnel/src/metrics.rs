@@ -12,7 +12,7 @@
 //! `braid_link_up` / `braid_link_state` (label `state`),
 //! `braid_link_{delivery_rate,sched_rate,bandwidth}_bytes_per_second`, `braid_link_priority`.
 //! Bundle: `braid_session_up`, `braid_links`, `braid_links_up`, `braid_reorder_depth`,
-//! `braid_reorder_max_depth`, `braid_reorder_timeout_seconds`,
+//! `braid_reorder_max_depth`, `braid_reorder_window`, `braid_reorder_timeout_seconds`,
 //! `braid_equalize_{,wanted_,send_}seconds`, `braid_reorder_*_total`, `braid_repair_*_total`
 //! and `braid_repair_ring_bytes` (in-tunnel loss repair), `braid_drops_total` (label `reason`),
 //! `braid_tun_{rx,tx}_{packets,bytes}_total`. And `braid_build_info`.
@@ -246,6 +246,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "reorder_max_depth",
         "Largest reorder buffer depth seen",
         &[(b.clone(), s.reorder.max_depth as f64)],
+    );
+    r.gauge(
+        "reorder_window",
+        "Packets the reorder buffer may hold ahead of its delivery point now (grows with what is held)",
+        &[(b.clone(), s.reorder.window as f64)],
     );
     r.gauge(
         "reorder_timeout_seconds",

@@ -238,6 +238,9 @@ fn endpoint_config(cfg: &Config) -> EpConfig {
             v6: None,
         })
     });
+    if let Some(w) = cfg.reorder_window_max {
+        ep_cfg.reorder.capacity = w;
+    }
     if let Some(m) = cfg.reorder_max {
         ep_cfg.reorder.max_timeout = m;
         ep_cfg.reorder.min_timeout = ep_cfg.reorder.min_timeout.min(m);
