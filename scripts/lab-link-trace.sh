@@ -9,7 +9,10 @@
 #          --link 50mbit/10ms --link 20mbit/60ms --link 7mbit/150ms
 #
 # Writes OUT.json (the lab's report), OUT.err and OUT.trace: one line per sample,
-#   t=<s since the run began> <link>:rate=<Mbit/s>,qdelay=<ms>,believed=<ms>,delivered=<Mbit/s>,sent=<Mbit/s>,loss=<%>[,pulled-back] ...
+#   t=<s since the run began> hold=<ms in force>/<ms wanted>,queued=..,qdrops=..,marked=..,
+#     skipped=..,late=..,timeouts=..,reinjected=.. (the bundle queue's, reorder buffer's and
+#     repair's counters so far)
+#     <link>:rate=<Mbit/s>,qdelay=<ms>,believed=<ms>,delivered=<Mbit/s>,sent=<Mbit/s>,loss=<%>[,pulled-back] ...
 # and prints a summary of the queueing delay reported per link (median, 90th percentile).
 # BRAID=path runs that binary (default: a release build of this tree).
 set -euo pipefail
@@ -65,9 +68,13 @@ with open(out, "w") as f:
                 (l.get("sched_queue_us") or 0) / 1e3,
                 (l.get("delivery_rate_bps") or 0) / 1e6, (l.get("tx_rate_bps") or 0) / 1e6,
                 100 * (l.get("loss") or 0), ",pulled-back" if l.get("pulled_back") else ""))
-        hold = "hold=%.1f/%.1f,queued=%s" % ((st.get("equalize_us") or 0) / 1e3,
-                                            (st.get("equalize_wanted_us") or 0) / 1e3,
-                                            st.get("queued"))
+        ro, rp = st.get("reorder") or {}, st.get("repair") or {}
+        dr = st.get("drops") or {}
+        hold = ("hold=%.1f/%.1f,queued=%s,qdrops=%s,marked=%s,skipped=%s,late=%s,timeouts=%s,"
+                "reinjected=%s") % (
+            (st.get("equalize_us") or 0) / 1e3, (st.get("equalize_wanted_us") or 0) / 1e3,
+            st.get("queued"), dr.get("queue_delay"), st.get("queue_marked"), ro.get("skipped"),
+            ro.get("late"), ro.get("timeouts"), rp.get("reinjected"))
         f.write("t=%.1f %s %s\n" % (time.monotonic() - t0, hold, " ".join(cols)))
         f.flush()
         time.sleep(0.5)

@@ -951,10 +951,13 @@ impl Lab {
         };
         let server_cfg = write("server.toml", &server)?;
         let client_cfg = write("client.toml", &client)?;
+        // BRAID_LAB_LOG_LEVEL sets the endpoints' log filter (default "info"; "debug" adds a
+        // link falling silent and speaking again), read in their logs with BRAID_LAB_KEEP=1.
+        let level = std::env::var("BRAID_LAB_LOG_LEVEL").unwrap_or_else(|_| "info".into());
         let up = |cfg: &Path| {
             vec![
                 "--log-level".to_string(),
-                "info".into(),
+                level.clone(),
                 "up".into(),
                 cfg.display().to_string(),
             ]
