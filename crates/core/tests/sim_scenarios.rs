@@ -345,6 +345,22 @@ fn tcp_segment(back: bool, flags: u8, options: &[u8], payload: usize) -> Vec<u8>
     p
 }
 
+/// A bundle of `links` with the adaptive scheduler, seed 1, the default bounds.
+fn adaptive_bundle(links: &[LinkSpec], backpressure: bool) -> sim::Bundle {
+    sim::Bundle::new(
+        links,
+        &sim::BundleOptions {
+            scheduler: "adaptive".into(),
+            seed: 1,
+            probe_interval: None,
+            equalize_max: None,
+            warmup: Duration::ZERO,
+            nack: None,
+            backpressure,
+        },
+    )
+}
+
 /// How long `packet`, sent by `from` at `at`, takes to reach the other end's TUN.
 fn trip(b: &mut sim::Bundle, at: Duration, from: sim::Side, packet: &[u8]) -> Duration {
     use sim::Path;
@@ -371,23 +387,12 @@ fn trip(b: &mut sim::Bundle, at: Duration, from: sim::Side, packet: &[u8]) -> Du
 /// data will see: one way held to the slowest link, the ACKs back on the fastest.
 #[test]
 fn a_connection_is_set_up_in_one_hold() {
-    use sim::{Bundle, BundleOptions, Path, Side};
+    use sim::{Path, Side};
     let links = [
         LinkSpec::new(20_000_000, ms(10)),
         LinkSpec::new(10_000_000, ms(60)),
     ];
-    let mut b = Bundle::new(
-        &links,
-        &BundleOptions {
-            scheduler: "adaptive".into(),
-            seed: 1,
-            probe_interval: None,
-            equalize_max: None,
-            warmup: Duration::ZERO,
-            nack: None,
-            backpressure: true,
-        },
-    );
+    let mut b = adaptive_bundle(&links, true);
     // Both ends measure the links' delays from each other's probes first.
     let mut now = Duration::ZERO;
     while now < Duration::from_secs(5) {
@@ -452,26 +457,15 @@ fn a_connection_is_set_up_in_one_hold() {
     }
 }
 
-/// The server's hold (ms) every 10 ms from `from` to `to` while the client sends a 1000-byte
-/// TCP segment every `gap`, on 20 Mbit/s at 20 ms + 5 Mbit/s at 300 ms, after `events`.
+/// The server's hold (ms) every 10 ms up to `to` while the client sends a 1000-byte TCP
+/// segment every `gap` from 3 s on, on 20 Mbit/s at 20 ms + 5 Mbit/s at 300 ms, with `events`.
 fn far_mix_hold(events: &[(Duration, LinkEvent)], gap: Duration, to: Duration) -> Vec<(u64, f64)> {
-    use sim::{Bundle, BundleOptions, Path, Side};
+    use sim::{Path, Side};
     let links = [
         LinkSpec::new(20_000_000, ms(20)),
         LinkSpec::new(5_000_000, ms(300)),
     ];
-    let mut b = Bundle::new(
-        &links,
-        &BundleOptions {
-            scheduler: "adaptive".into(),
-            seed: 1,
-            probe_interval: None,
-            equalize_max: None,
-            warmup: Duration::ZERO,
-            nack: None,
-            backpressure: false,
-        },
-    );
+    let mut b = adaptive_bundle(&links, false);
     for &(at, e) in events {
         b.schedule(at, e);
     }
