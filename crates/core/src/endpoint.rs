@@ -4254,14 +4254,13 @@ impl Endpoint {
         };
         let rel = |b: u32| b.wrapping_sub(first) as i32;
         let lo = bases.iter().map(|&b| rel(b)).min().unwrap_or(0);
-        let faster = self
-            .links
-            .iter()
-            .filter(|l| l.silent && l.heard_lately(now))
-            .filter_map(|l| l.health.base_rel_owd())
-            .filter(|&b| rel(b) < lo);
-        let faster: Vec<u32> = faster.collect();
-        bases.extend(faster);
+        bases.extend(
+            self.links
+                .iter()
+                .filter(|l| l.silent && l.heard_lately(now))
+                .filter_map(|l| l.health.base_rel_owd())
+                .filter(|&b| rel(b) < lo),
+        );
     }
 
     /// Says goodbye (CLOSE on every link); drain `poll_transmit` afterwards.

@@ -1100,6 +1100,8 @@ impl ReorderBuffer {
     pub fn reset(&mut self, next: u64) {
         self.slots.iter_mut().for_each(|s| *s = None);
         self.delivered_bits.iter_mut().for_each(|w| *w = 0);
+        self.known_from = 0;
+        self.in_use = 0;
         self.held = 0;
         self.arrivals.clear();
         self.ready.clear();
@@ -1724,6 +1726,16 @@ mod tests {
         assert_eq!(b.next_seq(), Some(0));
         b.push(t, 0, 1, pkt(0));
         assert_eq!(drain(&mut b, t), vec![0]);
+        // A grown window's limit of what it knows goes with the old session.
+        let mut b = buf(65536);
+        b.reset(100_000);
+        b.push(t, 100_000 + 5000, 1, pkt(105_000));
+        assert_eq!(b.capacity(), 8192);
+        b.reset(0);
+        b.push(t, 1, 1, pkt(1));
+        b.push(t, 2, 1, pkt(2));
+        assert_eq!(drain(&mut b, t + ms(500)), vec![1, 2]);
+        assert_eq!(b.push(t, 1, 1, pkt(1)), Pushed::Duplicate);
     }
 
     #[test]
