@@ -182,12 +182,18 @@ fn render_bundle(s: &Value) -> String {
     let tx_rate: f64 = links.iter().map(|l| f(l, "tx_rate_bps")).sum();
     let rx_rate: f64 = links.iter().map(|l| f(l, "rx_rate_bps")).sum();
     out.push_str(&format!(
-        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {} (timeout {:.1} ms); equalising {:.1} ms{}",
+        "Total: tx {} rx {}; tunnel {} packets in, {} out; reorder depth {}{} (timeout {:.1} ms); equalising {:.1} ms{}",
         fmt_bps(tx_rate),
         fmt_bps(rx_rate),
         u(s, "tun_rx_packets").unwrap_or(0),
         u(s, "tun_tx_packets").unwrap_or(0),
         u(s, "reorder_depth").unwrap_or(0),
+        // The window, once it has grown past the one it starts with.
+        s.get("reorder")
+            .and_then(|r| r.get("window"))
+            .and_then(|w| w.as_u64())
+            .filter(|&w| w > braid_core::reorder::INITIAL_WINDOW as u64)
+            .map_or(String::new(), |w| format!(" of {w}")),
         u(s, "reorder_timeout_us").unwrap_or(0) as f64 / 1000.0,
         u(s, "equalize_us").unwrap_or(0) as f64 / 1000.0,
         match (u(s, "equalize_wanted_us"), u(s, "equalize_us")) {
@@ -259,6 +265,21 @@ mod tests {
         assert!(lines[3].contains("4000000 bps, down 8000000 bps"), "{out}");
         assert!(lines[4].contains("drops: auth 3"), "{out}");
         assert!(!out.contains("growing by steps"), "{out}");
+        assert!(out.contains("reorder depth 0 (timeout"), "{out}");
+    }
+
+    /// A reorder window grown past the one it starts with is shown beside the depth.
+    #[test]
+    fn a_grown_reorder_window_is_shown() {
+        let s = serde_json::json!({
+            "kind": "tunnel", "name": "braid0", "role": "client", "links": [],
+            "reorder_depth": 5200, "reorder": {"window": 8192}, "reorder_timeout_us": 31400
+        });
+        let out = render_status(&s);
+        assert!(
+            out.contains("reorder depth 5200 of 8192 (timeout 31.4 ms)"),
+            "{out}"
+        );
     }
 
     /// While the equalisation hold grows by steps, the status says so (a new link is not used
