@@ -824,7 +824,9 @@ const MIN_PACE_BPS: f64 = 64_000.0;
 /// beside 50 at 10 and 20 at 60 carried nothing and braid stayed at 0.92-0.96x kernel MPTCP
 /// there; at 150 ms, 20 + 10 Mbit/s 200 ms apart gave braid the fast link alone (0.78-0.85x
 /// MPTCP) and 20 Mbit/s at 20 ms beside 5 at 300 ms BBR 0.91-0.92x. At 300 ms: 1.08-1.25x and
-/// 0.92-1.03x (CUBIC 1.65x), links within 150 ms of each other as before; the longer hold
+/// 1.00-1.01x once a fast link's moment of silence no longer dropped the hold
+/// (`Endpoint::keep_faster_silent`; CUBIC 1.65-2.06x), links within 150 ms of each other as
+/// before; the longer hold
 /// became the default once held packets kept their link's pace (`equalize::Spacing`: before,
 /// the far mix's CUBIC download stalled at the receiver's first window; BENCHMARKS.md §4, "A
 /// link's own pace through the hold"). It pays only with back-pressure on
