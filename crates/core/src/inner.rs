@@ -92,24 +92,33 @@ pub fn is_tcp_syn(packet: &[u8]) -> bool {
 
 /// Whether TCP options announce a maximum segment size (a well-formed MSS option before any
 /// malformed one or the end of the list).
-fn has_mss(mut options: &[u8]) -> bool {
-    while let Some((&kind, rest)) = options.split_first() {
+fn has_mss(options: &[u8]) -> bool {
+    tcp_options(options)
+        .map_while(Result::ok)
+        .find(|&(kind, _)| kind == OPT_MSS)
+        .is_some_and(|(_, data)| data.len() == 2)
+}
+
+/// The options of a TCP header in order, each `Ok((kind, its data))`, up to the end of the list;
+/// a malformed one gives `Err(())` and ends it.
+pub(crate) fn tcp_options(mut options: &[u8]) -> impl Iterator<Item = Result<(u8, &[u8]), ()>> {
+    std::iter::from_fn(move || loop {
+        let (&kind, rest) = options.split_first()?;
         match kind {
-            OPT_END => return false,
+            OPT_END => return None,
             OPT_NOP => options = rest,
             _ => {
                 let len = rest.first().map_or(0, |&l| usize::from(l));
-                if kind == OPT_MSS {
-                    return len == 4 && options.len() >= 4;
+                if len < 2 || len > options.len() {
+                    options = &[];
+                    return Some(Err(()));
                 }
-                if len < 2 {
-                    return false;
-                }
-                options = options.get(len..).unwrap_or_default();
+                let data = &options[2..len];
+                options = &options[len..];
+                return Some(Ok((kind, data)));
             }
         }
-    }
-    false
+    })
 }
 
 /// Whether the packet is TCP (first fragment, IPv4 or IPv6 without extension headers).

@@ -47,6 +47,7 @@ pub mod ratelimit;
 pub mod reorder;
 pub mod replay;
 pub mod routes;
+pub mod rwnd;
 pub mod sched;
 pub mod sim;
 pub mod wire;

@@ -200,6 +200,13 @@ pub trait Scheduler: Send {
     fn learning(&self) -> bool {
         false
     }
+    /// Every usable link's rate is known at least roughly: none is in its start-up (still
+    /// doubling from a first guess), though a probe may still be finding more. What the
+    /// receive window clamp sizes itself by ([`crate::rwnd`]); `false` for schedulers that
+    /// learn no rates.
+    fn rates_known(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1577,6 +1584,19 @@ impl Scheduler for Adaptive {
             .filter(|e| !(preferred && avoided(&e.2)))
             .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
     }
+    fn rates_known(&self) -> bool {
+        // The links `ready_in` last saw, as `learning` counts them: one avoided while another
+        // carries the traffic is given nothing and keeps its start-up, and does not count.
+        let entries = &self.table.entries;
+        let latest = entries.iter().map(|e| e.1).max();
+        let seen = || entries.iter().filter(move |e| Some(e.1) == latest);
+        let avoided = |st: &AdaptiveLink| st.pulled_back || st.degraded_since.is_some();
+        let preferred = seen().any(|e| !avoided(&e.2));
+        latest.is_some()
+            && !seen()
+                .filter(|e| !(preferred && avoided(&e.2)))
+                .any(|e| e.2.startup)
+    }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         let mut floor = self.delivery_floor(len, links);
         if floor > 0.0 {
@@ -1762,6 +1782,9 @@ impl Scheduler for Backup {
     }
     fn learning(&self) -> bool {
         self.inner.learning()
+    }
+    fn rates_known(&self) -> bool {
+        self.inner.rates_known()
     }
     fn sent_copy(&mut self, now: Instant, len: usize, link: LinkId) {
         self.inner.sent_copy(now, len, link);

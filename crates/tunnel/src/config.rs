@@ -129,6 +129,9 @@ struct BundleRepr {
     /// Leave the TUN device's packets waiting while every link is full (default the core's,
     /// off).
     backpressure: Option<bool>,
+    /// Lower the receive window our hosts' TCP senders are told to what the bundle carries in
+    /// two round trips (default on; only under back-pressure).
+    clamp_window: Option<bool>,
     /// Transmit queue of the TUN device, packets (default 2000).
     txqueuelen: Option<Spanned<u32>>,
     /// Data plane: wait up to this many microseconds after a wake-up to fill a batch (NAPI's
@@ -187,6 +190,9 @@ pub struct Config {
     /// Back-pressure: while every link is full, packets wait in the bundle's queue instead of
     /// overfilling the links' buffers (`braid_core::Endpoint::set_backpressure`).
     pub backpressure: bool,
+    /// Clamp the receive window our hosts' TCP senders are told (`braid_core::rwnd`;
+    /// `braid_core::endpoint::Config::clamp_window`).
+    pub clamp_window: bool,
     pub connect_timeout: Option<Duration>,
     /// Client: the route id a balancer steers this bundle's links by (`None`: random).
     pub route_id: Option<u16>,
@@ -501,6 +507,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         backpressure: b
             .backpressure
             .unwrap_or(braid_core::endpoint::DEFAULT_BACKPRESSURE),
+        clamp_window: b.clamp_window.unwrap_or(true),
         connect_timeout,
         route_id: src
             .optional(&b.route_id, "bundle.route_id", |&r| in_range(r, 0, 65_535))?
@@ -1120,6 +1127,17 @@ mod tests {
         );
         let e = parse(&client("backpressure = 1", LINKS)).unwrap_err();
         assert!(e.contains("bundle.backpressure"), "{e}");
+        assert!(
+            parse(&client("", LINKS)).unwrap().clamp_window,
+            "on by default"
+        );
+        assert!(
+            !parse(&client("clamp_window = false", LINKS))
+                .unwrap()
+                .clamp_window
+        );
+        let e = parse(&client("clamp_window = \"yes\"", LINKS)).unwrap_err();
+        assert!(e.contains("clamp_window"), "{e}");
         assert_eq!(parse(&client("", LINKS)).unwrap().route_id, None, "random");
         assert_eq!(
             parse(&client("route_id = 4660", LINKS)).unwrap().route_id,

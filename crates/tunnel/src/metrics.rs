@@ -427,6 +427,16 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
         "ECN-capable IP packets the bundle's queue marked Congestion Experienced instead of dropping them",
         &[(b.clone(), s.queue_marked)],
     );
+    r.counter(
+        "window_clamped",
+        "TCP segments from the peer's hosts whose receive window was lowered to what the bundle carries in two round trips",
+        &[(b.clone(), s.window_clamped)],
+    );
+    r.gauge(
+        "window_clamp_bytes",
+        "The receive window our hosts' TCP senders are told at most now, bytes (0: not clamped now)",
+        &[(b.clone(), f64::from(s.window_clamp_bytes.unwrap_or(0)))],
+    );
     r.gauge(
         "bundle_queue_depth",
         "IP packets waiting in the bundle's queue under back-pressure now",
@@ -741,6 +751,8 @@ mod tests {
             "braid_bundle_queued_total{bundle=\"b0\"} 0",
             "braid_bundle_queue_ce_marked_total{bundle=\"b0\"} 0",
             "braid_bundle_queue_depth{bundle=\"b0\"} 0",
+            "braid_window_clamped_total{bundle=\"b0\"} 0",
+            "braid_window_clamp_bytes{bundle=\"b0\"} 0",
             "braid_session_up{bundle=\"b0\"} 0",
             "braid_reorder_depth{bundle=\"b0\"} 0",
             "# TYPE braid_link_rtt_seconds gauge",

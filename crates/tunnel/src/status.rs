@@ -204,6 +204,14 @@ fn render_bundle(s: &Value) -> String {
             _ => String::new(),
         },
     ));
+    // The receive window our hosts' TCP senders are told at most (`braid_core::rwnd`).
+    if let Some(b) = u(s, "window_clamp_bytes") {
+        out.push_str(&format!(
+            "; TCP windows at most {:.0} kB ({} clamped)",
+            b as f64 / 1000.0,
+            u(s, "window_clamped").unwrap_or(0)
+        ));
+    }
     if let Some(d) = s.get("drops").and_then(|d| d.as_object()) {
         let nz: Vec<String> = d
             .iter()
@@ -280,6 +288,25 @@ mod tests {
             out.contains("reorder depth 5200 of 8192 (timeout 31.4 ms)"),
             "{out}"
         );
+    }
+
+    /// The window clamp in force is shown with the segments it lowered; none, nothing.
+    #[test]
+    fn the_window_clamp_is_shown_while_in_force() {
+        let s = serde_json::json!({
+            "kind": "tunnel", "name": "braid0", "role": "client", "links": [],
+            "window_clamp_bytes": 2_313_216, "window_clamped": 41_000
+        });
+        let out = render_status(&s);
+        assert!(
+            out.contains("; TCP windows at most 2313 kB (41000 clamped)"),
+            "{out}"
+        );
+        let s = serde_json::json!({
+            "kind": "tunnel", "name": "braid0", "role": "client", "links": [],
+            "window_clamp_bytes": null, "window_clamped": 41_000
+        });
+        assert!(!render_status(&s).contains("TCP windows"));
     }
 
     /// While the equalisation hold grows by steps, the status says so (a new link is not used
