@@ -206,6 +206,16 @@ const LINK_CE_GAP: Duration = Duration::from_millis(20);
 /// §4, "Links behind CoDel".)
 const LINK_CE_ANNOUNCE: u8 = 4;
 const _: () = assert!(Piece::Middle.flags() >> MARK_ECN_SHIFT == 0);
+/// While the peer asks for repairs, the window clamp ([`crate::rwnd`]) counts this many round
+/// trips of the fastest link in the flows' round trip beyond its base: a hole holds deliveries
+/// for the NACK's way back and the copy's way out, each behind what waits before it, and holes
+/// overlap. With one, 2 x 10 Mbit/s with 2% loss on the faster link gave a BBR download 82.6% of
+/// the sum where the unclamped flow had 85.2; with two, 85.4 against 82.6. A CUBIC download over
+/// 2 x 20 Mbit/s with 1.5% loss on one sat at its window (906 kB, 24-30 Mbit/s) for ten seconds
+/// of one run of four (78.3% against 92.4-92.9); four round trips were level there and on the
+/// 2% mix in four runs each, but one of ratio7's CUBIC failovers stalled 735 ms against 405
+/// (BENCHMARKS.md §4, "The window the sender is told"): two, until more runs tell.
+const REPAIR_ROUND_TRIPS: u32 = 2;
 /// Receiver: a link that fell silent may have carried DATA numbered up to this far beyond the
 /// highest received when the silence was seen (what the peer sent on it before it saw the
 /// silence itself: at 10 Mbit/s, 100 ms of its packets interleaved with another link's).
@@ -4141,14 +4151,16 @@ impl Endpoint {
         let inner_rtt = fastest.map(|(r, owd)| self.sent_round_trip(r, owd, lo));
         self.queue.set_round_trip(inner_rtt);
         let repairing = self.window.repairing(now, self.repair.nacks_received);
-        // While the peer asks for repairs, its holes hold deliveries beyond the base: the
-        // NACK's way back and the copy's way out, each about a round trip of the fastest link
-        // with what waits before it (with one, 2 x 10 Mbit/s with 2% loss on the faster
-        // link gave 82.6% where the unclamped flow had 85.2). Not the links' jitter, nor the
+        // While the peer asks for repairs, its holes hold deliveries beyond the base
+        // ([`REPAIR_ROUND_TRIPS`]). Not the links' jitter, nor the
         // queue the placement keeps on them: counted, they lifted the clamp past what a
         // trapped sender's buffer holds (ratio7: 4.5 MB, BBR never left its start-up;
         // BENCHMARKS.md §4, "The window the sender is told").
-        let swing = if repairing { 2 * rtt } else { Duration::ZERO };
+        let swing = if repairing {
+            REPAIR_ROUND_TRIPS * rtt
+        } else {
+            Duration::ZERO
+        };
         self.window.cap = self.window_clamp(now, inner_rtt.map(|r| r + swing));
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);

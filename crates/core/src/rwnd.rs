@@ -60,7 +60,8 @@ pub const CLAMP_BDPS: f64 = 2.0;
 /// capacity left for a while (BBR keeps the old rate in its filter for ten rounds), so what it
 /// keeps in flight is the window, and two products of the links left queued a round trip in
 /// the bundle: losing ratio7's 50 Mbit/s link stalled the flows 486-511 ms (BBR) and 505-506
-/// (CUBIC); at 1.25 products, what BBR keeps in flight when it probes, ... ms.
+/// (CUBIC); at 1.25 products, what BBR keeps in flight when it probes, 240-287 and 403-405 ms
+/// (lab; 1.1-1.3 s without the clamp).
 pub const AFTER_LOSS_BDPS: f64 = 1.25;
 /// How long after a link was lost the clamp is [`AFTER_LOSS_BDPS`], in inner round trips: BBR's
 /// bandwidth filter spans ten of its rounds, up to four round trips each while it overshoots
