@@ -4152,10 +4152,10 @@ impl Endpoint {
         self.queue.set_round_trip(inner_rtt);
         let repairing = self.window.repairing(now, self.repair.nacks_received);
         // While the peer asks for repairs, its holes hold deliveries beyond the base
-        // ([`REPAIR_ROUND_TRIPS`]). Not the links' jitter, nor the
-        // queue the placement keeps on them: counted, they lifted the clamp past what a
-        // trapped sender's buffer holds (ratio7: 4.5 MB, BBR never left its start-up;
-        // BENCHMARKS.md §4, "The window the sender is told").
+        // ([`REPAIR_ROUND_TRIPS`]). Not the links' jitter, nor the queue the placement keeps on
+        // them: counted, they lifted the clamp past what a trapped sender's buffer holds
+        // (ratio7: 4.5 MB, BBR never left its start-up; BENCHMARKS.md §4, "The window the
+        // sender is told").
         let swing = if repairing {
             REPAIR_ROUND_TRIPS * rtt
         } else {
@@ -4177,20 +4177,6 @@ impl Endpoint {
         }
     }
 
-    /// The inner flows' round trip for what we send, given the fastest usable link's minimum
-    /// RTT `rtt` and one-way delay `owd`: there on that link held to the slowest's delay, back
-    /// on it (the bundle's queue counts its limit in these).
-    ///
-    /// The bundle's queue holds what we send, so the hold is the peer's as we count on it,
-    /// not ours: ours counts the links that bring us data,
-    /// and falls when one falls silent towards us, which says nothing of the way we send
-    /// (simulator: the way back of the 120 ms link of 20/120 ms lost for 0.4 s under a BBR
-    /// download, our hold fell to 0, the queue's limit to 120 ms, and the 203 packets
-    /// queued were dropped at once: the flow stood 10 s). That hold counts from the
-    /// lowest delay of the links in our view, which may be a link just lost and still
-    /// counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
-    /// `lo`: the lowest one-way delay of the links in our view of the peer's hold, which the
-    /// hold counts from ([`Self::cap_sender_equalization`]).
     /// The receive window to announce to our hosts' TCP senders ([`crate::rwnd`]): under
     /// back-pressure, once the scheduler knows every usable link's rate at least roughly, what
     /// the links' rates carry in [`crate::rwnd::CLAMP_BDPS`] inner round trips `rtt` (its
@@ -4213,6 +4199,20 @@ impl Endpoint {
         crate::rwnd::clamp_bytes(rate, rtt.as_secs_f64(), products)
     }
 
+    /// The inner flows' round trip for what we send, given the fastest usable link's minimum
+    /// RTT `rtt` and one-way delay `owd`: there on that link held to the slowest's delay, back
+    /// on it (the bundle's queue counts its limit in these).
+    ///
+    /// The bundle's queue holds what we send, so the hold is the peer's as we count on it,
+    /// not ours: ours counts the links that bring us data,
+    /// and falls when one falls silent towards us, which says nothing of the way we send
+    /// (simulator: the way back of the 120 ms link of 20/120 ms lost for 0.4 s under a BBR
+    /// download, our hold fell to 0, the queue's limit to 120 ms, and the 203 packets
+    /// queued were dropped at once: the flow stood 10 s). That hold counts from the
+    /// lowest delay of the links in our view, which may be a link just lost and still
+    /// counted (`HOLD_KEEPS_LINK`): from the fastest usable link, it is that much less.
+    /// `lo`: the lowest one-way delay of the links in our view of the peer's hold, which the
+    /// hold counts from ([`Self::cap_sender_equalization`]).
     fn sent_round_trip(&self, rtt: Duration, owd: Duration, lo: Duration) -> Duration {
         rtt + self.equalize_send.saturating_sub(owd.saturating_sub(lo))
     }

@@ -47,14 +47,14 @@ use std::time::{Duration, Instant};
 use crate::inner::tcp_options;
 
 /// The clamp, in bandwidth-delay products of the bundle at the flows' round trip (its base,
-/// and two round trips of the fastest link more while the peer asks for repairs): BBR's own window in steady
-/// state is two products (it keeps about 1.25 in flight), so the clamp binds only on a sender
-/// beyond that, BBR in start-up (2.89) above all, and when a link is lost: the clamp falls
-/// with the rates at once. It must stay below what the sender's buffer keeps in flight, or it
-/// changes nothing: about 3.3 MB in ratio7, 2.15 of its products. At 1.5 products of the base
-/// round trip alone the flows starved whenever the round trip swung (lab, BBR download over 2
-/// x 20 Mbit/s with 1.5% loss on one: 92.4 -> 81.6% of the sum; 2 x 10 Mbit/s with 2% on the
-/// faster: 84.8 -> 71.3%; LTE 91.6 -> 89.7%).
+/// and two round trips of the fastest link more while the peer asks for repairs): BBR's own
+/// window in steady state is two products (it keeps about 1.25 in flight), so the clamp binds
+/// only on a sender beyond that, BBR in start-up (2.89) above all, and when a link is lost: the
+/// clamp falls with the rates at once. It must stay below what the sender's buffer keeps in
+/// flight, or it changes nothing: about 3.3 MB in ratio7, 2.15 of its products. At 1.5 products
+/// of the base round trip alone the flows starved whenever the round trip swung (lab, BBR
+/// download over 2 x 20 Mbit/s with 1.5% loss on one: 92.4 -> 81.6% of the sum; 2 x 10 Mbit/s
+/// with 2% on the faster: 84.8 -> 71.3%; LTE 91.6 -> 89.7%).
 pub const CLAMP_BDPS: f64 = 2.0;
 /// The clamp after a link was lost, for [`AFTER_LOSS_ROUND_TRIPS`]: every sender overshoots the
 /// capacity left for a while (BBR keeps the old rate in its filter for ten rounds), so what it

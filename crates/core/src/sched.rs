@@ -1315,6 +1315,26 @@ pub struct Adaptive {
 }
 
 impl Adaptive {
+    /// The links whose capacity counts in [`Scheduler::learning`] and
+    /// [`Scheduler::rates_known`]. Only the links `ready_in` last saw (the usable ones): a link
+    /// that died keeps its entry for `FORGET_AFTER`, and must not keep the bundle "learning"
+    /// that long. Nor a link the placement avoids (pulled back for loss, or DEGRADED) while
+    /// another carries the traffic: it is given nothing, so its hold never settles, and it kept
+    /// the bundle "learning" for good (lab, 10 Mbit/s + 10 Mbit/s with 10% loss, CUBIC: the
+    /// lossy link DEGRADED by its probes' loss and never pulled back, since it carried too
+    /// little to show it; nothing dropped for waiting, the inner round trip grew from 22 to 530
+    /// ms in 10 s and the clean link's delivery fell late enough to spill onto the lossy one).
+    fn counted_links(&self) -> impl Iterator<Item = &AdaptiveLink> + '_ {
+        let entries = &self.table.entries;
+        let latest = entries.iter().map(|e| e.1).max();
+        let seen = move || entries.iter().filter(move |e| Some(e.1) == latest);
+        let avoided = |st: &AdaptiveLink| st.pulled_back || st.degraded_since.is_some();
+        let preferred = seen().any(|e| !avoided(&e.2));
+        seen()
+            .filter(move |e| !(preferred && avoided(&e.2)))
+            .map(|e| &e.2)
+    }
+
     /// The rate (bit/s) currently assumed for `link`.
     pub fn rate_bps(&self, link: LinkId) -> Option<f64> {
         self.table.get(link).map(|l| l.rate)
@@ -1567,35 +1587,13 @@ impl Scheduler for Adaptive {
         }
     }
     fn learning(&self) -> bool {
-        // Only the links `ready_in` last saw (the usable ones): a link that died keeps its
-        // entry for `FORGET_AFTER`, and must not keep the bundle "learning" that long.
-        // Nor a link the placement avoids (pulled back for loss, or DEGRADED) while another
-        // carries the traffic: it is given nothing, so its hold never settles, and it kept the
-        // bundle "learning" for good (lab, 10 Mbit/s + 10 Mbit/s with 10% loss, CUBIC: the lossy
-        // link DEGRADED by its probes' loss and never pulled back, since it carried too little
-        // to show it; nothing dropped for waiting, the inner round trip grew from 22 to 530 ms
-        // in 10 s and the clean link's delivery fell late enough to spill onto the lossy one).
-        let entries = &self.table.entries;
-        let latest = entries.iter().map(|e| e.1).max();
-        let seen = || entries.iter().filter(move |e| Some(e.1) == latest);
-        let avoided = |st: &AdaptiveLink| st.pulled_back || st.degraded_since.is_some();
-        let preferred = seen().any(|e| !avoided(&e.2));
-        seen()
-            .filter(|e| !(preferred && avoided(&e.2)))
-            .any(|e| e.2.held && (e.2.startup || !e.2.hold.settled))
+        self.counted_links()
+            .any(|l| l.held && (l.startup || !l.hold.settled))
     }
     fn rates_known(&self) -> bool {
-        // The links `ready_in` last saw, as `learning` counts them: one avoided while another
-        // carries the traffic is given nothing and keeps its start-up, and does not count.
-        let entries = &self.table.entries;
-        let latest = entries.iter().map(|e| e.1).max();
-        let seen = || entries.iter().filter(move |e| Some(e.1) == latest);
-        let avoided = |st: &AdaptiveLink| st.pulled_back || st.degraded_since.is_some();
-        let preferred = seen().any(|e| !avoided(&e.2));
-        latest.is_some()
-            && !seen()
-                .filter(|e| !(preferred && avoided(&e.2)))
-                .any(|e| e.2.startup)
+        // A link avoided while another carries the traffic is given nothing and keeps its
+        // start-up: it does not count ([`Adaptive::counted_links`]).
+        !self.table.entries.is_empty() && !self.counted_links().any(|l| l.startup)
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
         let mut floor = self.delivery_floor(len, links);
