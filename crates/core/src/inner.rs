@@ -14,9 +14,16 @@ const OPT_NOP: u8 = 1;
 const OPT_MSS: u8 = 2;
 
 /// The transport of an IP packet: protocol number and the bytes after the IP header(s), when the
-/// packet is the first (or only) fragment. IPv6 extension headers are not walked: a packet with
-/// any is treated as "other".
+/// packet is the first (or only) fragment. IPv4 or IPv6 without extension headers: an IPv6
+/// packet with any is treated as "other".
 fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
+    let (proto, at, end) = transport_span(packet)?;
+    Some((proto, packet.get(at..end)?))
+}
+
+/// [`transport`]'s protocol number, and where its bytes start and end in the packet (within
+/// it; the end before any padding past the IP length).
+pub(crate) fn transport_span(packet: &[u8]) -> Option<(u8, usize, usize)> {
     match packet.first()? >> 4 {
         4 => {
             let ihl = usize::from(packet.first()? & 0x0f) * 4;
@@ -25,11 +32,12 @@ fn transport(packet: &[u8]) -> Option<(u8, &[u8])> {
             if ihl < 20 || frag != 0 || total < ihl || total > packet.len() {
                 return None;
             }
-            Some((*packet.get(9)?, packet.get(ihl..total)?))
+            Some((*packet.get(9)?, ihl, total))
         }
         6 => {
             let payload = usize::from(u16::from_be_bytes([*packet.get(4)?, *packet.get(5)?]));
-            Some((*packet.get(6)?, packet.get(40..40 + payload)?))
+            let end = 40 + payload;
+            (end <= packet.len()).then_some((*packet.get(6)?, 40, end))
         }
         _ => None,
     }

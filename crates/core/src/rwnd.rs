@@ -44,7 +44,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
-use crate::inner::tcp_options;
+use crate::inner::{self, tcp_options};
 
 /// The clamp, in bandwidth-delay products of the bundle at the flows' round trip (its base,
 /// and two round trips of the fastest link more while the peer asks for repairs): BBR's own
@@ -122,34 +122,22 @@ struct Segment {
     flags: u8,
 }
 
-/// Reads the TCP header of an IPv4 or IPv6 (no extension headers) first fragment.
+/// Reads the TCP header of an IPv4 or IPv6 (no extension headers) first fragment
+/// ([`inner::transport_span`]).
 fn segment(packet: &[u8]) -> Option<Segment> {
+    let (TCP, at, end) = inner::transport_span(packet)? else {
+        return None;
+    };
     let mut src = [0u8; 16];
     let mut dst = [0u8; 16];
-    let (at, end) = match packet.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(packet.first()? & 0x0f) * 4;
-            let frag = u16::from_be_bytes([*packet.get(6)?, *packet.get(7)?]) & 0x1fff;
-            let total = usize::from(u16::from_be_bytes([*packet.get(2)?, *packet.get(3)?]));
-            if ihl < 20 || frag != 0 || total > packet.len() || *packet.get(9)? != TCP {
-                return None;
-            }
-            src[..4].copy_from_slice(packet.get(12..16)?);
-            dst[..4].copy_from_slice(packet.get(16..20)?);
-            (ihl, total)
-        }
-        6 => {
-            let payload = usize::from(u16::from_be_bytes([*packet.get(4)?, *packet.get(5)?]));
-            if *packet.get(6)? != TCP {
-                return None;
-            }
-            src.copy_from_slice(packet.get(8..24)?);
-            dst.copy_from_slice(packet.get(24..40)?);
-            (40, 40 + payload)
-        }
-        _ => return None,
-    };
-    let tcp = packet.get(at..end)?;
+    if at == 40 && packet[0] >> 4 == 6 {
+        src.copy_from_slice(&packet[8..24]);
+        dst.copy_from_slice(&packet[24..40]);
+    } else {
+        src[..4].copy_from_slice(&packet[12..16]);
+        dst[..4].copy_from_slice(&packet[16..20]);
+    }
+    let tcp = &packet[at..end];
     let header_len = usize::from(tcp.get(12)? >> 4) * 4;
     if header_len < 20 || header_len > tcp.len() {
         return None;
@@ -387,7 +375,6 @@ pub fn clamp_bytes(rate_bps: f64, rtt_s: f64, products: f64) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inner;
 
     /// An IPv4 TCP segment from 198.18.0.2:5201 to 198.18.1.2:40000 with a valid checksum.
     fn tcp4(flags: u8, window: u16, options: &[u8], payload: &[u8]) -> Vec<u8> {
