@@ -3053,22 +3053,62 @@ impl Endpoint {
         )
     }
 
+    /// Under back-pressure, the link a dead link's copy goes on: of the `views` whose queue
+    /// leaves room ([`Scheduler::has_room`]), the one it reaches the peer soonest on
+    /// ([`fastest_link`](Self::fastest_link)'s order; that link when none is live). `None`:
+    /// none has room. The soonest alone
+    /// is not enough: the links' queues, as the placement plans them, bring their packets
+    /// together at the peer's equalisation floor, so the fastest link left took every copy
+    /// while a slower one had room (lab, 50/20/7 Mbit/s at 10/60/150 ms, the 50 Mbit/s link
+    /// failed under CUBIC: 400 copies queued 108 ms on the 20 Mbit/s link, past its 100 ms
+    /// buffer, while the 7 Mbit/s link kept 18 ms; 55 dropped at its tail, their repairs and
+    /// the inner TCP's own retransmissions behind the queues).
+    fn copy_link_with_room(&mut self, now: Instant, views: &[LinkView]) -> Option<usize> {
+        let mut best: Option<(usize, (Duration, Duration))> = None;
+        let mut live = false;
+        for v in views {
+            let Some(li) = self.link_index(v.id) else {
+                continue;
+            };
+            let link = &self.links[li];
+            if link.silent || link.health.state() == LinkState::Down || self.is_silent(now, li) {
+                continue;
+            }
+            let key = (
+                self.arrival_delay(now, li),
+                link.health.srtt().unwrap_or(Duration::MAX),
+            );
+            live = true;
+            if best.is_some_and(|(_, k)| k <= key) {
+                continue;
+            }
+            if self.sched.has_room(now, 1500, views, v.id) {
+                best = Some((li, key));
+            }
+        }
+        match best {
+            Some((li, _)) => Some(li),
+            None if !live => self.fastest_link(now, None),
+            None => None,
+        }
+    }
+
     /// Sends ring entry `seq` again, marked as a retransmission, on [`copy_link`](Self::copy_link)
     /// (from the second copy on, never the one it first went on while another is up), and
     /// counts it in that link's queue as the scheduler models it (so the next copy of a burst
     /// sees it there, [`Self::arrival_delay`]). False when it is not in the ring or was sent
     /// again lately.
     fn resend(&mut self, now: Instant, seq: u64) -> bool {
-        let Some((li, len)) = self.resend_on(now, seq) else {
+        let Some((li, len)) = self.resend_on(now, seq, None) else {
             return false;
         };
         self.sched.sent_copy(now, len, self.links[li].id);
         true
     }
 
-    /// [`resend`](Self::resend): the link index the copy went on, and its length as the
-    /// scheduler counts packets.
-    fn resend_on(&mut self, now: Instant, seq: u64) -> Option<(usize, usize)> {
+    /// [`resend`](Self::resend): the link index the copy went on (link index `on`, else
+    /// [`copy_link`](Self::copy_link)'s), and its length as the scheduler counts packets.
+    fn resend_on(&mut self, now: Instant, seq: u64, on: Option<usize>) -> Option<(usize, usize)> {
         let sent = self.ring.get_mut(seq)?;
         // The first copy goes on the fastest link (the shortest stall), on the one that lost
         // the original only if no other is nearly as fast; a later one avoids that link, in
@@ -3080,7 +3120,7 @@ impl Endpoint {
         let (piece_flags, ecn) = (sent.flags, sent.ecn);
         let packet = std::mem::take(&mut sent.packet);
         let mut sent_on = None;
-        if let Some(li) = self.copy_link(now, original, avoid) {
+        if let Some(li) = on.or_else(|| self.copy_link(now, original, avoid)) {
             let common = self.next_common(now, li);
             let body = Body::Data(DataRepr {
                 common,
@@ -3181,7 +3221,12 @@ impl Endpoint {
                 break;
             }
             if self.queue.on {
-                if let Some(d) = self.links_full(now, views) {
+                let wait = self.links_full(now, views).or_else(|| {
+                    // Room on some link, but maybe not on one a copy may take.
+                    let none = self.copy_link_with_room(now, views).is_none();
+                    none.then_some(Duration::from_millis(1))
+                });
+                if let Some(d) = wait {
                     self.queue.resume = Some(now + d);
                     return false;
                 }
@@ -3190,7 +3235,13 @@ impl Endpoint {
             if !self.fresh_in_ring(seq) {
                 continue;
             }
-            if self.resend(now, seq) {
+            let on = self
+                .queue
+                .on
+                .then(|| self.copy_link_with_room(now, views))
+                .flatten();
+            if let Some((li, len)) = self.resend_on(now, seq, on) {
+                self.sched.sent_copy(now, len, self.links[li].id);
                 self.repair.reinjected += 1;
             }
         }

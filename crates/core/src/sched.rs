@@ -182,6 +182,14 @@ pub trait Scheduler: Send {
     fn ready_in(&mut self, _now: Instant, _len: usize, _links: &[LinkView]) -> Option<Duration> {
         None
     }
+    /// Back-pressure, for a packet that must go on a link of the endpoint's choosing (a dead
+    /// link's copy): whether one of `len` bytes placed on `link` now would come no later than
+    /// [`BACKPRESSURE_LATE`] behind the best the `links` give empty, as
+    /// [`ready_in`](Self::ready_in) asks of the best link. Schedulers that never push back
+    /// have room on every link.
+    fn has_room(&mut self, _now: Instant, _len: usize, _links: &[LinkView], _link: LinkId) -> bool {
+        true
+    }
     /// A copy of `len` bytes (as [`Scheduler::pick`] counts them) went on `link` outside the
     /// placement (a dead link's packet reinjected, or one a NACK asked for): its queue holds it
     /// too.
@@ -1596,6 +1604,48 @@ impl Scheduler for Adaptive {
         !self.table.entries.is_empty() && !self.counted_links().any(|l| l.startup)
     }
     fn ready_in(&mut self, now: Instant, len: usize, links: &[LinkView]) -> Option<Duration> {
+        let mut best = f64::INFINITY;
+        let unloaded = self.pushback(now, len, links, |_, delivery| best = best.min(delivery))?;
+        let excess = best - unloaded - BACKPRESSURE_LATE.as_secs_f64();
+        let full = excess.is_finite() && excess > 0.0;
+        if full {
+            // What the links deliver now is their capacity (see `Held`).
+            self.full_at = Some(now);
+        }
+        // At least a microsecond: a wait that rounds to nothing would have the caller ask again
+        // at the same instant, forever (the simulator's clock does not move by itself). At most
+        // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
+        full.then(|| {
+            Duration::from_secs_f64(excess.min(BACKPRESSURE_MAX_PAUSE.as_secs_f64()))
+                .max(Duration::from_micros(1))
+        })
+    }
+    fn has_room(&mut self, now: Instant, len: usize, links: &[LinkView], link: LinkId) -> bool {
+        let mut on_link = None;
+        let Some(unloaded) = self.pushback(now, len, links, |id, delivery| {
+            if id == link {
+                on_link = Some(delivery);
+            }
+        }) else {
+            return true;
+        };
+        // A link back-pressure leaves out (pulled back, or too slow to be on time) has none.
+        on_link.is_some_and(|d| d - unloaded <= BACKPRESSURE_LATE.as_secs_f64())
+    }
+}
+
+impl Adaptive {
+    /// Back-pressure's reading of the links for a packet of `len` bytes placed now: calls
+    /// `each` with every link it may take and its predicted delivery, and returns the best
+    /// delivery the links give empty, against which lateness is judged. `None`: no push-back
+    /// now (no equalisation, or a link still in start-up that could deliver on time).
+    fn pushback(
+        &mut self,
+        now: Instant,
+        len: usize,
+        links: &[LinkView],
+        mut each: impl FnMut(LinkId, f64),
+    ) -> Option<f64> {
         let mut floor = self.delivery_floor(len, links);
         if floor > 0.0 {
             self.bundled = true;
@@ -1619,9 +1669,10 @@ impl Scheduler for Adaptive {
         let clean = links
             .iter()
             .any(|v| table.get(v.id).is_some_and(|st| !st.pulled_back));
-        // The best delivery of a packet placed now, against the best the links give empty: the
-        // lateness that queues add (a single 60 ms link, or no equalisation, is no lateness).
-        let (mut best, mut unloaded) = (f64::INFINITY, f64::INFINITY);
+        // Each link's delivery of a packet placed now, against the best the links give empty:
+        // the lateness that queues add (a single 60 ms link, or no equalisation, is no
+        // lateness).
+        let mut unloaded = f64::INFINITY;
         let newest = self.table.newest();
         for v in links {
             let i = self.entry(now, v, newest);
@@ -1641,22 +1692,10 @@ impl Scheduler for Adaptive {
                 return None;
             }
             st.drain(now);
-            best = best.min(st.delivery(len, v, floor));
+            each(v.id, st.delivery(len, v, floor));
             unloaded = unloaded.min(empty);
         }
-        let excess = best - unloaded - BACKPRESSURE_LATE.as_secs_f64();
-        let full = excess.is_finite() && excess > 0.0;
-        if full {
-            // What the links deliver now is their capacity (see `Held`).
-            self.full_at = Some(now);
-        }
-        // At least a microsecond: a wait that rounds to nothing would have the caller ask again
-        // at the same instant, forever (the simulator's clock does not move by itself). At most
-        // BACKPRESSURE_MAX_PAUSE: the answer is a prediction, asked again after that.
-        full.then(|| {
-            Duration::from_secs_f64(excess.min(BACKPRESSURE_MAX_PAUSE.as_secs_f64()))
-                .max(Duration::from_micros(1))
-        })
+        Some(unloaded)
     }
 }
 
@@ -1792,6 +1831,12 @@ impl Scheduler for Backup {
             return None;
         }
         self.inner.ready_in(now, len, &self.scratch)
+    }
+    fn has_room(&mut self, now: Instant, len: usize, links: &[LinkView], link: LinkId) -> bool {
+        if !self.keep_top(links) {
+            return true;
+        }
+        self.inner.has_room(now, len, &self.scratch, link)
     }
 }
 
@@ -2288,6 +2333,79 @@ mod tests {
             q <= PLANNED_QUEUE_MAX.as_secs_f64() + 0.008,
             "fast link planned {:.0} ms of queue",
             q * 1e3
+        );
+    }
+
+    #[test]
+    fn a_copy_has_room_only_where_it_comes_on_time() {
+        // 50/20/7 Mbit/s at 10/60/150 ms equalised to 150 ms, rates configured, kept full by
+        // back-pressure; then the 50 Mbit/s link dies and its copies go where they arrive
+        // soonest (the endpoint's choice), as long as that link has room.
+        let t0 = Instant::now();
+        let links: Vec<LinkView> = [
+            (1, 50_000_000u64, 10),
+            (2, 20_000_000, 60),
+            (3, 7_000_000, 150),
+        ]
+        .iter()
+        .map(|&(id, bw, owd)| LinkView {
+            delivery_rate_bps: bw as f64,
+            srtt: Some(ms(2 * owd)),
+            ..view(id, Some(bw), owd)
+        })
+        .collect();
+        let mut s = Adaptive::default();
+        s.set_equalization(ms(150), 300);
+        let mut now = t0;
+        let mut out = Vec::new();
+        for _ in 0..20_000 {
+            now += Duration::from_micros(100);
+            if s.ready_in(now, 1500, &links).is_none() {
+                out.clear();
+                s.pick(now, 1442, 0, &links, &mut out);
+            }
+        }
+        let left = &links[1..];
+        let queue_ms = |s: &Adaptive, now, id| s.queue(now, id).unwrap().as_secs_f64() * 1e3;
+        let mut copies = [0; 2];
+        let mut most = [0.0f64; 2];
+        // 400 copies (the lab's count) as the links left drain, a millisecond at a time.
+        for _ in 0..300 {
+            now += ms(1);
+            while copies.iter().sum::<u32>() < 400 {
+                // Soonest by base delay and queue, among the links with room.
+                let room: Vec<&LinkView> = left
+                    .iter()
+                    .filter(|v| s.has_room(now, 1500, left, v.id))
+                    .collect();
+                let at = |v: &LinkView| v.owd.as_secs_f64() * 1e3 + queue_ms(&s, now, v.id);
+                let Some(v) = room.into_iter().min_by(|a, b| at(a).total_cmp(&at(b))) else {
+                    // Full for copies is full for everything.
+                    assert!(s.ready_in(now, 1500, left).is_some());
+                    break;
+                };
+                s.sent_copy(now, 1442, v.id);
+                let k = v.id as usize - 2;
+                copies[k] += 1;
+                most[k] = most[k].max(queue_ms(&s, now, v.id));
+            }
+        }
+        assert_eq!(copies.iter().sum::<u32>(), 400, "all sent within 300 ms");
+        assert!(copies[1] > 0, "the 150 ms link takes its part: {copies:?}");
+        // The 60 ms link stops at what the placement plans plus the lateness allowed, short of
+        // the 90 ms the 150 ms link's delay would leave it by arrival time alone.
+        let late = BACKPRESSURE_LATE.as_secs_f64() * 1e3;
+        let planned = PLANNED_QUEUE_MAX.as_secs_f64() * 1e3;
+        assert!(
+            most[0] <= planned + late + 1.0,
+            "60 ms link queued {:.0} ms",
+            most[0]
+        );
+        // The 150 ms link comes late behind its own queue only by what is allowed.
+        assert!(
+            most[1] <= late + 2.0,
+            "150 ms link queued {:.0} ms",
+            most[1]
         );
     }
 
