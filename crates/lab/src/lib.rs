@@ -225,6 +225,10 @@ pub struct LabArgs {
     /// marked them.
     #[arg(long)]
     pub no_tunnel_ecn: bool,
+    /// Turn the receive-window clamp off in both endpoints (`clamp_window = false`): the hosts'
+    /// senders are told the window their peers announce, not what the bundle carries.
+    #[arg(long)]
+    pub no_clamp_window: bool,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -549,6 +553,8 @@ pub struct Lab {
     pub backpressure: Option<bool>,
     /// `ecn = false` for both endpoints (ECN across the tunnel off).
     pub no_tunnel_ecn: bool,
+    /// `clamp_window = false` for both endpoints.
+    pub no_clamp_window: bool,
 }
 
 impl Lab {
@@ -630,6 +636,7 @@ impl Lab {
             equalize_max_ms: None,
             backpressure: None,
             no_tunnel_ecn: false,
+            no_clamp_window: false,
         })
     }
 
@@ -908,6 +915,9 @@ impl Lab {
         }
         if self.no_tunnel_ecn {
             sched += "ecn = false\n";
+        }
+        if self.no_clamp_window {
+            sched += "clamp_window = false\n";
         }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
@@ -1531,6 +1541,7 @@ fn run_bundle(
         _ => None,
     };
     lab.no_tunnel_ecn = args.no_tunnel_ecn;
+    lab.no_clamp_window = args.no_clamp_window;
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail, timeline) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| p.and_then(|p| endpoint_status(p).ok());
