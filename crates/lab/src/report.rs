@@ -188,6 +188,9 @@ pub struct EndSample {
     pub queue_marked: u64,
     /// The bundle queue's limit now (ms; 0 if the end does not say).
     pub queue_limit_ms: f64,
+    /// The receive window this end's hosts' senders are held to now (`rwnd`; `None`: not
+    /// clamped).
+    pub window_clamp_bytes: Option<u64>,
     /// In-tunnel repair counters so far (the status reply's `repair`).
     pub repair: serde_json::Value,
     pub links: Vec<LinkSample>,
@@ -245,6 +248,7 @@ impl EndSample {
                 .unwrap_or(0),
             queue_marked: st.get("queue_marked").and_then(|q| q.as_u64()).unwrap_or(0),
             queue_limit_ms: num(st, "queue_limit_us") / 1e3,
+            window_clamp_bytes: st.get("window_clamp_bytes").and_then(|w| w.as_u64()),
             repair: st.get("repair").cloned().unwrap_or_default(),
             links,
         })
@@ -541,6 +545,7 @@ mod tests {
         let st = serde_json::json!({
             "equalize_us": 12000, "equalize_wanted_us": 50000, "equalize_send_us": 11000,
             "queued": 42, "queue_depth": 7, "drops": {"queue_delay": 3},
+            "window_clamp_bytes": 906809,
             "links": [
                 {"state": "up", "sched_rate_bps": 50e6, "delivery_rate_bps": 45e6,
                  "tx_rate_bps": 48e6, "qdelay_us": 70000, "sched_queue_us": 25000,
@@ -551,6 +556,7 @@ mod tests {
         let e = EndSample::from_status(&st).expect("links");
         assert_eq!((e.hold_ms, e.wanted_ms, e.send_hold_ms), (12.0, 50.0, 11.0));
         assert_eq!((e.queued, e.queue_depth, e.queue_drops), (42, 7, 3));
+        assert_eq!(e.window_clamp_bytes, Some(906_809));
         assert_eq!(
             e.links[0],
             LinkSample {
