@@ -3056,13 +3056,12 @@ impl Endpoint {
     /// Under back-pressure, the link a dead link's copy goes on: of the `views` whose queue
     /// leaves room ([`Scheduler::has_room`]), the one it reaches the peer soonest on
     /// ([`fastest_link`](Self::fastest_link)'s order; that link when none is live). `None`:
-    /// none has room. The soonest alone
-    /// is not enough: the links' queues, as the placement plans them, bring their packets
-    /// together at the peer's equalisation floor, so the fastest link left took every copy
-    /// while a slower one had room (lab, 50/20/7 Mbit/s at 10/60/150 ms, the 50 Mbit/s link
-    /// failed under CUBIC: 400 copies queued 108 ms on the 20 Mbit/s link, past its 100 ms
-    /// buffer, while the 7 Mbit/s link kept 18 ms; 55 dropped at its tail, their repairs and
-    /// the inner TCP's own retransmissions behind the queues).
+    /// none has room. The soonest alone is not enough: the links' queues, as the placement
+    /// plans them, bring their packets together at the peer's equalisation floor, so the
+    /// fastest link left took every copy while a slower one had room (lab, 50/20/7 Mbit/s at
+    /// 10/60/150 ms, the 50 Mbit/s link failed under CUBIC: 400 copies queued 108 ms on the 20
+    /// Mbit/s link, past its 100 ms buffer, while the 7 Mbit/s link kept 18 ms; 55 dropped at
+    /// its tail, their repairs and the inner TCP's own retransmissions behind the queues).
     fn copy_link_with_room(&mut self, now: Instant, views: &[LinkView]) -> Option<usize> {
         let mut best: Option<(usize, (Duration, Duration))> = None;
         let mut live = false;
@@ -3220,12 +3219,16 @@ impl Endpoint {
                 self.reinjections.clear();
                 break;
             }
+            let mut on = None;
             if self.queue.on {
-                let wait = self.links_full(now, views).or_else(|| {
-                    // Room on some link, but maybe not on one a copy may take.
-                    let none = self.copy_link_with_room(now, views).is_none();
-                    none.then_some(Duration::from_millis(1))
-                });
+                // Room on some link, but maybe not on one a copy may take: asked again soon.
+                let wait = match self.links_full(now, views) {
+                    Some(d) => Some(d),
+                    None => {
+                        on = self.copy_link_with_room(now, views);
+                        on.is_none().then_some(Duration::from_millis(1))
+                    }
+                };
                 if let Some(d) = wait {
                     self.queue.resume = Some(now + d);
                     return false;
@@ -3235,11 +3238,6 @@ impl Endpoint {
             if !self.fresh_in_ring(seq) {
                 continue;
             }
-            let on = self
-                .queue
-                .on
-                .then(|| self.copy_link_with_room(now, views))
-                .flatten();
             if let Some((li, len)) = self.resend_on(now, seq, on) {
                 self.sched.sent_copy(now, len, self.links[li].id);
                 self.repair.reinjected += 1;
