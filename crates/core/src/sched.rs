@@ -1856,6 +1856,19 @@ mod tests {
         }
     }
 
+    /// Links of `(id, bit/s, one-way delay in ms)`, rates configured and delivered, round
+    /// trips twice the one-way delays.
+    fn known(links: &[(LinkId, u64, u64)]) -> Vec<LinkView> {
+        links
+            .iter()
+            .map(|&(id, bw, owd)| LinkView {
+                delivery_rate_bps: bw as f64,
+                srtt: Some(ms(2 * owd)),
+                ..view(id, Some(bw), owd)
+            })
+            .collect()
+    }
+
     /// Offers `n` packets of `len` bytes at `rate_bps` (evenly spaced) and returns the bytes
     /// each link got, in the order of `links`.
     fn offer(
@@ -2059,18 +2072,7 @@ mod tests {
 
     /// 10/20/50 Mbit/s links with one-way delays 5/20/40 ms, rates known.
     fn three_links() -> Vec<LinkView> {
-        [
-            (1, 10_000_000u64, 5),
-            (2, 20_000_000, 20),
-            (3, 50_000_000, 40),
-        ]
-        .iter()
-        .map(|&(id, bw, owd)| LinkView {
-            delivery_rate_bps: bw as f64,
-            srtt: Some(ms(2 * owd)),
-            ..view(id, Some(bw), owd)
-        })
-        .collect()
+        known(&[(1, 10_000_000, 5), (2, 20_000_000, 20), (3, 50_000_000, 40)])
     }
 
     #[test]
@@ -2134,14 +2136,7 @@ mod tests {
         s.set_equalization(ms(150), 1000);
         // The peer holds 18 ms for now; link 2 (30 Mbit/s) 18 ms slower than link 1.
         s.cap_equalization(Some(ms(18)));
-        let mut links: Vec<LinkView> = [(1, 15, 10_000_000u64), (2, 33, 30_000_000)]
-            .iter()
-            .map(|&(id, owd, bw)| LinkView {
-                delivery_rate_bps: bw as f64,
-                srtt: Some(ms(2 * owd)),
-                ..view(id, Some(bw), owd)
-            })
-            .collect();
+        let mut links = known(&[(1, 10_000_000, 15), (2, 30_000_000, 33)]);
         assert!(picks_over(&mut s, t0, &links, 200).contains(&2));
         // Its delay rises 6 ms past the hold: in use, it keeps its share.
         links[1].owd = ms(15 + 18 + 2 + 6);
@@ -2313,14 +2308,7 @@ mod tests {
         // fast link arrives by the floor even behind 140 ms of queue, more than real buffers
         // hold (drops); the plan stops at PLANNED_QUEUE_MAX and the slow link takes the rest.
         let t0 = Instant::now();
-        let links: Vec<LinkView> = [(1, 50_000_000u64, 10), (2, 7_000_000, 150)]
-            .iter()
-            .map(|&(id, bw, owd)| LinkView {
-                delivery_rate_bps: bw as f64,
-                srtt: Some(ms(2 * owd)),
-                ..view(id, Some(bw), owd)
-            })
-            .collect();
+        let links = known(&[(1, 50_000_000, 10), (2, 7_000_000, 150)]);
         let mut s = Adaptive::default();
         s.set_equalization(Duration::from_millis(160), 300);
         // A burst at 1 Gbit/s: 300 packets of 1250 bytes, 60 ms of the fast link. Without the
@@ -2342,18 +2330,11 @@ mod tests {
         // back-pressure; then the 50 Mbit/s link dies and its copies go where they arrive
         // soonest (the endpoint's choice), as long as that link has room.
         let t0 = Instant::now();
-        let links: Vec<LinkView> = [
-            (1, 50_000_000u64, 10),
+        let links = known(&[
+            (1, 50_000_000, 10),
             (2, 20_000_000, 60),
             (3, 7_000_000, 150),
-        ]
-        .iter()
-        .map(|&(id, bw, owd)| LinkView {
-            delivery_rate_bps: bw as f64,
-            srtt: Some(ms(2 * owd)),
-            ..view(id, Some(bw), owd)
-        })
-        .collect();
+        ]);
         let mut s = Adaptive::default();
         s.set_equalization(ms(150), 300);
         let mut now = t0;
@@ -2411,14 +2392,7 @@ mod tests {
 
     /// 50 Mbit/s at 10 ms and 20 Mbit/s at 60 ms, rates configured (no start-up).
     fn fast_and_slow() -> Vec<LinkView> {
-        [(1, 50_000_000u64, 10), (2, 20_000_000, 60)]
-            .iter()
-            .map(|&(id, bw, owd)| LinkView {
-                delivery_rate_bps: bw as f64,
-                srtt: Some(ms(2 * owd)),
-                ..view(id, Some(bw), owd)
-            })
-            .collect()
+        known(&[(1, 50_000_000, 10), (2, 20_000_000, 60)])
     }
 
     fn queue_ms(s: &Adaptive, link: LinkId) -> f64 {
