@@ -2796,22 +2796,30 @@ impl Endpoint {
     /// The live link (not DOWN, and not `avoid` unless it is the only one) whose packets
     /// arrive soonest: lowest base one-way delay plus queueing, then lowest srtt.
     fn fastest_link(&self, now: Instant, avoid: Option<LinkId>) -> Option<usize> {
-        let key = |li: usize| {
-            let srtt = self.links[li].health.srtt();
-            (self.arrival_delay(now, li), srtt.unwrap_or(Duration::MAX))
-        };
-        let pick = |allow_avoided: bool| {
+        let key = |&li: &usize| self.arrival_key(now, li);
+        self.live_links(now, avoid).min_by_key(key).or_else(|| {
             (0..self.links.len())
                 .filter(|&li| self.links[li].health.state() != LinkState::Down)
-                .filter(|&li| {
-                    allow_avoided
-                        || (Some(self.links[li].id) != avoid
-                            && !self.links[li].silent
-                            && !self.is_silent(now, li))
-                })
-                .min_by_key(|&li| key(li))
-        };
-        pick(false).or_else(|| pick(true))
+                .min_by_key(key)
+        })
+    }
+
+    /// The links a copy may take: not DOWN, not silent (flagged or by the clock), not `avoid`.
+    fn live_links(&self, now: Instant, avoid: Option<LinkId>) -> impl Iterator<Item = usize> + '_ {
+        (0..self.links.len()).filter(move |&li| {
+            let link = &self.links[li];
+            link.health.state() != LinkState::Down
+                && Some(link.id) != avoid
+                && !link.silent
+                && !self.is_silent(now, li)
+        })
+    }
+
+    /// What [`fastest_link`](Self::fastest_link) orders links by, soonest first: the arrival
+    /// delay, then the srtt.
+    fn arrival_key(&self, now: Instant, li: usize) -> (Duration, Duration) {
+        let srtt = self.links[li].health.srtt();
+        (self.arrival_delay(now, li), srtt.unwrap_or(Duration::MAX))
     }
 
     /// How long after it is sent a packet on link index `li` reaches the peer: its base one-way
@@ -3063,33 +3071,18 @@ impl Endpoint {
     /// Mbit/s link, past its 100 ms buffer, while the 7 Mbit/s link kept 18 ms; 55 dropped at
     /// its tail, their repairs and the inner TCP's own retransmissions behind the queues).
     fn copy_link_with_room(&mut self, now: Instant, views: &[LinkView]) -> Option<usize> {
-        let mut best: Option<(usize, (Duration, Duration))> = None;
-        let mut live = false;
-        for v in views {
-            let Some(li) = self.link_index(v.id) else {
-                continue;
-            };
-            let link = &self.links[li];
-            if link.silent || link.health.state() == LinkState::Down || self.is_silent(now, li) {
-                continue;
-            }
-            let key = (
-                self.arrival_delay(now, li),
-                link.health.srtt().unwrap_or(Duration::MAX),
-            );
-            live = true;
-            if best.is_some_and(|(_, k)| k <= key) {
-                continue;
-            }
-            if self.sched.has_room(now, 1500, views, v.id) {
-                best = Some((li, key));
-            }
+        let mut live: Vec<(usize, (Duration, Duration))> = self
+            .live_links(now, None)
+            .map(|li| (li, self.arrival_key(now, li)))
+            .collect();
+        if live.is_empty() {
+            return self.fastest_link(now, None);
         }
-        match best {
-            Some((li, _)) => Some(li),
-            None if !live => self.fastest_link(now, None),
-            None => None,
-        }
+        // Stable: of equal keys the first link, as `fastest_link` takes.
+        live.sort_by_key(|&(_, key)| key);
+        live.into_iter()
+            .map(|(li, _)| li)
+            .find(|&li| self.sched.has_room(now, 1500, views, self.links[li].id))
     }
 
     /// Sends ring entry `seq` again, marked as a retransmission, on [`copy_link`](Self::copy_link)

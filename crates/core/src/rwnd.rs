@@ -130,7 +130,7 @@ fn segment(packet: &[u8]) -> Option<Segment> {
     };
     let mut src = [0u8; 16];
     let mut dst = [0u8; 16];
-    if at == 40 && packet[0] >> 4 == 6 {
+    if packet[0] >> 4 == 6 {
         src.copy_from_slice(&packet[8..24]);
         dst.copy_from_slice(&packet[24..40]);
     } else {
