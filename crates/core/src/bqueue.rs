@@ -135,6 +135,10 @@ pub struct BundleQueue {
     pub queued: u64,
     /// Packets marked Congestion Experienced here.
     pub marked: u64,
+    /// The least wait of a bulk packet that left the queue or passed it since the last
+    /// [`Self::take_least_wait`] (`None`: none did): the window clamp follows it
+    /// (`rwnd::WindowClamp::follow`).
+    least_wait: Option<Duration>,
 }
 
 impl BundleQueue {
@@ -230,6 +234,13 @@ impl BundleQueue {
     pub fn passed(&mut self, now: Instant) {
         let rtt = self.round_trip();
         self.standing.left(now, Duration::ZERO, rtt);
+        self.least_wait = Some(Duration::ZERO);
+    }
+
+    /// The least wait of a bulk packet that left the queue or passed it since the last call
+    /// (`None`: none did), and starts counting afresh.
+    pub fn take_least_wait(&mut self) -> Option<Duration> {
+        self.least_wait.take()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -321,8 +332,9 @@ impl BundleQueue {
     pub fn pop(&mut self, now: Instant) -> Option<Vec<u8>> {
         let (came, p) = self.packets.pop_front()?;
         let rtt = self.round_trip();
-        self.standing
-            .left(now, now.saturating_duration_since(came), rtt);
+        let waited = now.saturating_duration_since(came);
+        self.standing.left(now, waited, rtt);
+        self.least_wait = Some(self.least_wait.map_or(waited, |w| w.min(waited)));
         Some(p)
     }
 
@@ -475,6 +487,26 @@ mod tests {
         assert_eq!(q.pop(late), Some(vec![2]));
         assert!(q.is_empty());
         assert_eq!(q.queued, 2);
+    }
+
+    /// The least wait of what left or passed since the last look; dropped packets do not count.
+    #[test]
+    fn the_least_wait_is_what_left_soonest_since_the_last_look() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = BundleQueue::default();
+        assert_eq!(q.take_least_wait(), None);
+        q.push(t0, vec![1]);
+        q.push(t0 + ms(10), vec![2]);
+        q.push(t0 + ms(20), vec![3]);
+        assert_eq!(q.pop_stale(t0 + ms(51)), Some(vec![1]), "dropped");
+        assert_eq!(q.take_least_wait(), None);
+        q.pop(t0 + ms(52));
+        q.pop(t0 + ms(60));
+        assert_eq!(q.take_least_wait(), Some(ms(40)));
+        assert_eq!(q.take_least_wait(), None, "counted afresh");
+        q.passed(t0 + ms(70));
+        assert_eq!(q.take_least_wait(), Some(Duration::ZERO));
     }
 
     /// A 40-byte IPv4 packet with the ECN field `ecn` and packet number `n` (in the ID).

@@ -4203,7 +4203,12 @@ impl Endpoint {
         } else {
             Duration::ZERO
         };
-        self.window.cap = self.window_clamp(now, inner_rtt.map(|r| r + swing));
+        let clamp_rtt = inner_rtt.map(|r| r + swing);
+        if let Some(r) = clamp_rtt {
+            let queue = &mut self.queue;
+            self.window.follow(now, r, || queue.take_least_wait());
+        }
+        self.window.cap = self.window_clamp(now, clamp_rtt);
         self.reorder
             .set_timeout(Duration::from_micros(spread_us) + 2 * jitter + REORDER_MARGIN);
         self.reorder.fit_window(now);
