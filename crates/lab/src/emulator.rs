@@ -14,6 +14,11 @@
 //! frame arrives, with the thread's timer slack set to 1 ns (`PR_SET_TIMERSLACK`), so frames leave
 //! within some tens of microseconds of their due time.
 //!
+//! With `BRAID_LAB_EMU_TRACE=<prefix>` in its environment (the lab passes its own on), each
+//! direction writes one line per frame to `<prefix>.link<i>.<ab|ba>` ([`FrameTrace`]): what
+//! the link's queue held when the frame came, which is what the endpoints' reports of queueing
+//! delay estimate (`scripts/lab-link-trace.sh` sets it with `EMU_TRACE=1`).
+//!
 //! Control on stdin, one command per line: `fail I` (link I, from 1, drops every frame in both
 //! directions: a dead uplink), `restore I`. EOF on stdin ends the emulator. On stdout: `ready`, then
 //! one JSON line of cumulative counters every `stats_ms` (see [`EmuStats`]).
@@ -99,6 +104,61 @@ fn packet_socket(ifname: &str) -> anyhow::Result<PacketSocket> {
     PacketSocket::open(index, opts).with_context(|| format!("raw socket on {ifname}"))
 }
 
+/// The environment variable that turns [`FrameTrace`] on: the files' path prefix.
+pub const TRACE_ENV: &str = "BRAID_LAB_EMU_TRACE";
+
+/// One direction's trace of the frames it took, for reading the links' true queues beside what
+/// the endpoints make of them. The first line is `# t0 CLOCK_MONOTONIC <seconds>` (when the
+/// emulator started, to line the trace up with other clocks); then per frame of an IP packet
+/// `<µs since t0> <µs its queue held before it> <IP bytes> <µs until it is delivered, or
+/// -1: dropped>`. Buffered writes, so memory stays bounded; the end of a run killed
+/// mid-buffer is lost.
+struct FrameTrace {
+    out: std::io::BufWriter<std::fs::File>,
+    t0: Instant,
+    rate_bps: u64,
+}
+
+impl FrameTrace {
+    /// The trace of link `n` (from 1), direction `dir` (0: A to B), if [`TRACE_ENV`] asks.
+    fn open(n: usize, dir: usize, t0: Instant, t0_mono: f64, rate_bps: u64) -> Option<Self> {
+        let prefix = std::env::var(TRACE_ENV).ok()?;
+        let path = format!("{prefix}.link{n}.{}", if dir == 0 { "ab" } else { "ba" });
+        Self::create(&path, t0, t0_mono, rate_bps)
+            .map_err(|e| eprintln!("emulator: no frame trace: {path}: {e}"))
+            .ok()
+    }
+
+    fn create(path: &str, t0: Instant, t0_mono: f64, rate_bps: u64) -> std::io::Result<Self> {
+        let file = std::fs::File::create(path)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
+        writeln!(out, "# t0 CLOCK_MONOTONIC {t0_mono:.6}")?;
+        Ok(FrameTrace { out, t0, rate_bps })
+    }
+
+    fn frame(&mut self, now: Instant, backlog_bytes: u64, len: usize, verdict: Verdict) {
+        let waited_us = backlog_bytes.saturating_mul(8_000_000) / self.rate_bps.max(1);
+        let due_us = match verdict {
+            Verdict::Deliver(at) | Verdict::Marked(at) => {
+                at.saturating_duration_since(now).as_micros() as i64
+            }
+            _ => -1,
+        };
+        let _ = writeln!(
+            self.out,
+            "{} {waited_us} {len} {due_us}",
+            now.saturating_duration_since(self.t0).as_micros()
+        );
+    }
+}
+
+/// CLOCK_MONOTONIC now, in seconds (what `Instant` counts on Linux, and Python's
+/// `time.monotonic()`).
+fn monotonic_secs() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+}
+
 /// Frames taken from the socket per `recvmmsg`.
 const RX_BATCH: usize = 16;
 
@@ -107,6 +167,7 @@ const EARLY: Duration = Duration::from_micros(20);
 
 struct Direction {
     rx: Arc<PacketSocket>,
+    trace: Option<FrameTrace>,
     tx: Arc<PacketSocket>,
     link: LinkModel,
     counters: Arc<Counters>,
@@ -175,9 +236,12 @@ impl Direction {
         let ect = ip_at
             .and_then(|at| braid_core::inner::ecn(&frame[at..]))
             .is_some_and(|e| e != braid_core::inner::ECN_NOT_ECT);
-        let verdict = self
-            .link
-            .on_frame_ecn(now, frame.len().saturating_sub(ETH_HLEN), ect);
+        let len = frame.len().saturating_sub(ETH_HLEN);
+        let backlog = self.link.backlog(now);
+        let verdict = self.link.on_frame_ecn(now, len, ect);
+        if let (Some(t), Some(_)) = (self.trace.as_mut(), ip_at) {
+            t.frame(now, backlog, len, verdict);
+        }
         match verdict {
             Verdict::Deliver(at) | Verdict::Marked(at) => {
                 let mut buf = spare.pop().unwrap_or_default();
@@ -245,6 +309,7 @@ pub fn run(
     seed: u64,
     stats_ms: u64,
 ) -> anyhow::Result<()> {
+    let (t0, t0_mono) = (Instant::now(), monotonic_secs());
     let stop = Arc::new(AtomicBool::new(false));
     let mut failed = Vec::new();
     let mut counters = Vec::new();
@@ -262,6 +327,7 @@ pub fn run(
         {
             let mut dir = Direction {
                 rx,
+                trace: FrameTrace::open(n, d, t0, t0_mono, spec.rate_bps),
                 tx,
                 link: LinkModel::new(
                     LinkParams {
@@ -348,4 +414,38 @@ pub fn run(
     }
     let _ = stats.join();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_frame_trace_gives_each_frames_wait_and_fate() {
+        let path = std::env::temp_dir().join(format!("braid-frame-trace-{}", std::process::id()));
+        let path = path.to_str().unwrap().to_string();
+        let t0 = Instant::now();
+        let mut t = FrameTrace::create(&path, t0, 12.5, 8_000_000).unwrap();
+        let now = t0 + Duration::from_millis(3);
+        // 10 000 bytes queued at 8 Mbit/s: 10 ms.
+        t.frame(
+            now,
+            10_000,
+            1400,
+            Verdict::Deliver(now + Duration::from_millis(21)),
+        );
+        t.frame(now, 0, 60, Verdict::QueueFull);
+        drop(t);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "# t0 CLOCK_MONOTONIC 12.500000",
+                "3000 10000 1400 21000",
+                "3000 0 60 -1"
+            ]
+        );
+    }
 }
