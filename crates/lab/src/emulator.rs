@@ -15,7 +15,7 @@
 //! within some tens of microseconds of their due time.
 //!
 //! With `BRAID_LAB_EMU_TRACE=<prefix>` in its environment (the lab passes its own on), each
-//! direction writes one line per frame to `<prefix>.link<i>.<ab|ba>` ([`FrameTrace`]): what
+//! direction writes one line per frame to `<prefix>.link<i>.<ab|ba>` (`FrameTrace`): what
 //! the link's queue held when the frame came, which is what the endpoints' reports of queueing
 //! delay estimate (`scripts/lab-link-trace.sh` sets it with `EMU_TRACE=1`).
 //!
@@ -104,7 +104,7 @@ fn packet_socket(ifname: &str) -> anyhow::Result<PacketSocket> {
     PacketSocket::open(index, opts).with_context(|| format!("raw socket on {ifname}"))
 }
 
-/// The environment variable that turns [`FrameTrace`] on: the files' path prefix.
+/// The environment variable that turns `FrameTrace` on: the files' path prefix.
 pub const TRACE_ENV: &str = "BRAID_LAB_EMU_TRACE";
 
 /// One direction's trace of the frames it took, for reading the links' true queues beside what

@@ -34,7 +34,7 @@ use crate::report::{
 };
 pub use crate::spec::LinkSpec;
 
-/// Tunnel addresses (inside 198.18.0.0/15, outside the links' 198.18.<i>.0/24).
+/// Tunnel addresses (inside 198.18.0.0/15, outside the links' `198.18.<i>.0/24`).
 pub const TUNNEL_A: &str = "198.19.0.1";
 pub const TUNNEL_B: &str = "198.19.0.2";
 /// UDP port of the server endpoint.
