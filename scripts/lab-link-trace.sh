@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One bundle run of `braid lab` with one endpoint's view of its links sampled every 0.5 s
-# (`braid status --json` on the lab's control socket, EVERY below): per link the scheduler's rate, the
-# queueing delay the peer reports, the delivery rate and our send rate. What the run's JSON
+# (EVERY below; the `status` request on the lab's control socket, what `braid status --json`
+# shows): per link the scheduler's rate, the queueing delay the peer reports, the delivery rate
+# and our send rate. What the run's JSON
 # leaves out: how the scheduler's picture of the links moves during the run.
 #
 #   scripts/lab-link-trace.sh OUT client|server [braid lab arguments...]     (as root)
