@@ -665,13 +665,14 @@ pub const PROBE_MAX_QDELAY: Duration = Duration::from_millis(30);
 /// queue it does not have.
 pub const PROBE_PLANNED_QUEUE: Duration = Duration::from_millis(5);
 /// ... the cruise doubles after each probe in a row the link did not carry, up to this many times
-/// (4, 8, 16 full adjustments between probes), and is back to [`PROBE_EVERY`] once one is carried:
-/// a probe that is not carried, and its drain, cost a link with a short queue its capacity for a
-/// while (the drain empties what the probe queued and what the virtual queue, pulled up by the
-/// peer's readings, already holds back for), and LTE's jittery 30 Mbit/s link, probed every 0.7 s,
-/// ran dry at times. Probed once in 19 adjustments (1.9 s) once settled, LTE gained 0.6 (CUBIC both
-/// ways) and 1.0 point (BBR download), level elsewhere (BENCHMARKS.md §4, "Fewer probes once they
-/// fail"). A capacity that rises waits at most 16 adjustments for its probe ...
+/// (4, 8, 16 full adjustments between probes), and is back to [`PROBE_EVERY`] once one is carried.
+/// A probe that is not carried, and its drain, cost a link with a short queue its capacity for a
+/// while (likely: the drain empties the real queue on top of what the virtual queue, pulled up by
+/// the peer's late readings of the probe, already holds back), and LTE's jittery 30 Mbit/s link,
+/// probed every 0.7 s, ran dry at times. Probed once in 19 adjustments (1.9 s) once settled: LTE
+/// +0.6 (CUBIC both ways) and +1.0 point (BBR download), 2% loss on the faster of two 10 Mbit/s
+/// links +5.6 (BBR download, the stalls halved), level elsewhere (BENCHMARKS.md §4, "Fewer probes
+/// once they fail"). A capacity that rises waits at most 16 adjustments for its probe ...
 pub const PROBE_BACKOFF_DOUBLINGS: u8 = 2;
 /// ... and the adjustments over which the most delivered is the rate.
 const MAXF_ROUNDS: usize = 10;
