@@ -167,12 +167,13 @@ const EARLY: Duration = Duration::from_micros(20);
 
 struct Direction {
     rx: Arc<PacketSocket>,
-    trace: Option<FrameTrace>,
     tx: Arc<PacketSocket>,
     link: LinkModel,
     counters: Arc<Counters>,
     failed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// The record of every frame, if asked for.
+    trace: Option<FrameTrace>,
 }
 
 impl Direction {
@@ -237,9 +238,10 @@ impl Direction {
             .and_then(|at| braid_core::inner::ecn(&frame[at..]))
             .is_some_and(|e| e != braid_core::inner::ECN_NOT_ECT);
         let len = frame.len().saturating_sub(ETH_HLEN);
-        let backlog = self.link.backlog(now);
+        // What the queue held as the frame came, read only for the record.
+        let backlog = self.trace.as_ref().map(|_| self.link.backlog(now));
         let verdict = self.link.on_frame_ecn(now, len, ect);
-        if let (Some(t), Some(_)) = (self.trace.as_mut(), ip_at) {
+        if let (Some(t), Some(backlog), Some(_)) = (self.trace.as_mut(), backlog, ip_at) {
             t.frame(now, backlog, len, verdict);
         }
         match verdict {
@@ -327,7 +329,6 @@ pub fn run(
         {
             let mut dir = Direction {
                 rx,
-                trace: FrameTrace::open(n, d, t0, t0_mono, spec.rate_bps),
                 tx,
                 link: LinkModel::new(
                     LinkParams {
@@ -343,6 +344,7 @@ pub fn run(
                 counters: pair[d].clone(),
                 failed: fail.clone(),
                 stop: stop.clone(),
+                trace: FrameTrace::open(n, d, t0, t0_mono, spec.rate_bps),
             };
             dir.link
                 .set_codel(codel.then(|| Codel::for_rate(spec.rate_bps)));
