@@ -107,6 +107,18 @@ pub struct Config {
     /// Which lost gaps the receiver asks the peer for again (NACK) and waits for; see [`Nack`].
     /// Default [`Nack::RandomLoss`].
     pub nack: Nack,
+    /// With [`Nack::RandomLoss`]: the packets behind a random loss's gap wait for its copy
+    /// (`true`), or go on as soon as the gap counts as lost and the copy is delivered out of
+    /// order when it comes (`false`, the default; [`ReorderBuffer::suspect_loss`]). A copy comes
+    /// a round trip of the fastest link after the loss, behind that link's queue (40-70 ms in
+    /// the lab's `lossy-fast`, 2% loss on the faster of two 10 Mbit/s links); held, the packets
+    /// of every link wait that long, 17 times a second, and the inner TCP's acknowledgements
+    /// stop with them: a rate-based sender (BBR) then misreads both its round trip and its
+    /// bandwidth. Passed on, the inner TCP sees a reordering, which its SACKs carry on through
+    /// (BBR +4.5 to +7.7 points there; BENCHMARKS.md §4, "Random loss passed on"). A loss-based
+    /// sender sometimes retransmits before the copy comes and backs off (CUBIC level on average
+    /// there, but wider spread). Failover's gaps always wait ([`Self::repair`]).
+    pub hold_random_loss: bool,
     /// Bounds of the ring of sent packets kept for repair.
     pub ring: RingConfig,
     /// Compress the inner TCP/IP headers of the DATA we send (docs/protocol.md §13). Default on.
@@ -250,6 +262,7 @@ impl Config {
             equalize_max: DEFAULT_EQUALIZE_MAX,
             repair: true,
             nack: Nack::RandomLoss,
+            hold_random_loss: false,
             ring: RingConfig::default(),
             compression: true,
             ecn: true,
@@ -1029,6 +1042,9 @@ struct Link {
     /// which something was lost ([`Nack::RandomLoss`]).
     rx_link_seq: Option<u32>,
     rx_data_seq: Option<u64>,
+    /// The last DATA on it was a piece of a cut packet (receiver): a loss next to it likely took
+    /// a piece, whose packet is whole only if the pieces behind it wait for the copy.
+    rx_cut: bool,
     /// The highest queueing delay seen on it lately (receiver).
     rx_qpeak: PeakHold,
     /// Its losses lately at an empty queue (receiver): random for sure.
@@ -1378,6 +1394,7 @@ impl Endpoint {
             last_data_rx: None,
             rx_link_seq: None,
             rx_data_seq: None,
+            rx_cut: false,
             rx_qpeak: PeakHold::default(),
             rx_quiet_losses: WindowCount::default(),
             last_rx: None,
@@ -2454,12 +2471,14 @@ impl Endpoint {
     /// What a packet tells about its link: loss in its sequence numbers, counters, the gap
     /// since the one before (silence), health, and when it was sent (reorder rule (b)).
     fn note_rx(&mut self, now: Instant, li: usize, body: &Body<'_>, len: usize, t: RxTiming) {
-        let data_seq = match body {
-            Body::Data(d) if d.flags & FLAG_UNORDERED == 0 => Some(d.seq),
-            _ => None,
+        let (data_seq, cut) = match body {
+            Body::Data(d) if d.flags & FLAG_UNORDERED == 0 => {
+                (Some(d.seq), Piece::from_flags(d.flags) != Piece::Whole)
+            }
+            _ => (None, false),
         };
         let common = body.common();
-        self.note_link_loss(now, li, common.link_seq, data_seq);
+        self.note_link_loss(now, li, common.link_seq, (data_seq, cut));
         let link = &mut self.links[li];
         link.rx_packets += 1;
         link.rx_bytes += len as u64;
@@ -2652,11 +2671,22 @@ impl Endpoint {
     // ------------------------------------------------------------------ loss repair
 
     /// Receiver: a packet with link sequence number `link_seq` (and bundle sequence number
-    /// `data_seq` when it is ordered DATA) arrived on link `li`. When the link's numbers jumped
-    /// while it had no queue, the bundle range in which its lost packets lie is named to the
-    /// reorder buffer for repair ([`Nack::RandomLoss`]).
-    fn note_link_loss(&mut self, now: Instant, li: usize, link_seq: u32, data_seq: Option<u64>) {
+    /// `data_seq` when it is ordered DATA, and whether it is a piece of a cut packet) arrived on
+    /// link `li`. When the link's numbers jumped while it had no queue, the bundle range in which
+    /// its lost packets lie is named to the reorder buffer for repair ([`Nack::RandomLoss`]).
+    fn note_link_loss(
+        &mut self,
+        now: Instant,
+        li: usize,
+        link_seq: u32,
+        (data_seq, cut): (Option<u64>, bool),
+    ) {
         let link = &mut self.links[li];
+        // A lost piece: the pieces around it are glued back only in sequence, so they wait.
+        let near_piece = link.rx_cut || cut;
+        if data_seq.is_some() {
+            link.rx_cut = cut;
+        }
         // How far this packet's link sequence number is past the last one (1: the next).
         let step = link
             .rx_link_seq
@@ -2707,7 +2737,8 @@ impl Endpoint {
             Some(seq) => seq,
             None => self.reorder.high_seq().saturating_add(SUSPECT_SLACK),
         };
-        self.reorder.suspect_loss(from, to);
+        self.reorder
+            .suspect_loss(from, to, self.cfg.hold_random_loss || near_piece);
     }
 
     /// Receiver: the packet with link seq `link_seq` came `step` (> 1) after the last one of
@@ -3310,7 +3341,7 @@ impl Endpoint {
         let from = last
             .wrapping_add(1)
             .max(to.saturating_sub(self.reorder.capacity()));
-        self.reorder.suspect_loss(from, to);
+        self.reorder.suspect_loss(from, to, true);
     }
 
     // ------------------------------------------------------------------ send

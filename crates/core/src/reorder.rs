@@ -137,6 +137,9 @@ pub struct ReorderStats {
     pub repair_retried: u64,
     /// Gaps under repair that were given up after all.
     pub repair_given_up: u64,
+    /// Gaps asked for but not waited for ([`ReorderBuffer::suspect_loss`] with `wait` false):
+    /// the packets behind them went on, their copies are delivered out of order.
+    pub repair_passed: u64,
 }
 
 /// A run of missing sequence numbers asked for again.
@@ -321,8 +324,9 @@ pub struct ReorderBuffer {
     /// Ask for every lost gap (true), or only for those inside `suspects`.
     repair_all: bool,
     /// Sequence ranges `[first, end)` in which a link lost something likely at random
-    /// (sorted by `first`, at most [`MAX_SUSPECTS`], pruned behind the delivery point).
-    suspects: VecDeque<(u64, u64)>,
+    /// (sorted by `first`, at most [`MAX_SUSPECTS`], pruned behind the delivery point), and
+    /// whether the packets behind a gap there wait for its copy.
+    suspects: VecDeque<(u64, u64, bool)>,
     /// Highest sequence number pushed (+1): the end of the window worth scanning.
     high: u128,
     next_scan: Option<Instant>,
@@ -811,6 +815,7 @@ impl ReorderBuffer {
             } else {
                 self.wanted(head, run_end)
             };
+            let mut passed = false;
             match want {
                 Some((first, end))
                     if first == head
@@ -818,14 +823,19 @@ impl ReorderBuffer {
                         && !exhausted
                         && self.request_repair(now, head, end as u128) =>
                 {
-                    return None;
+                    if self.awaits_copy(head) {
+                        return None;
+                    }
+                    passed = true;
                 }
                 Some((first, _)) if first == head => {}
                 // Only the part before the piece worth asking for is given up now.
                 Some((first, _)) => s = first as u128,
                 None => {}
             }
-            if self.repairs.iter().any(|r| r.covers(head)) {
+            if passed {
+                self.stats.repair_passed += 1;
+            } else if self.repairs.iter().any(|r| r.covers(head)) {
                 self.stats.repair_given_up += 1;
             }
         }
@@ -860,25 +870,29 @@ impl ReorderBuffer {
         self.repair_all = all;
     }
 
-    /// A link lost something likely at random among sequence numbers `[first, end)`: a lost
-    /// gap there is worth asking for (when repair is on and not asking for every gap). Ranges
-    /// longer than the window are ignored; the oldest range goes when [`MAX_SUSPECTS`] are held.
-    pub fn suspect_loss(&mut self, first: u64, end: u64) {
+    /// A link lost something among sequence numbers `[first, end)`: a lost gap there is worth
+    /// asking for (when repair is on and not asking for every gap). `wait`: the packets behind
+    /// such a gap wait for its copy (as every gap does with [`set_repair_all`](Self::set_repair_all)),
+    /// up to [`REPAIR_TRIES`] repair waits; else they go on as soon as the gap counts as lost,
+    /// and the copy is delivered out of order when it comes ([`Pushed::OutOfOrder`]): the inner
+    /// TCP sees a reordering, and its acknowledgements keep coming meanwhile. Ranges longer
+    /// than the window are ignored; the oldest range goes when [`MAX_SUSPECTS`] are held.
+    pub fn suspect_loss(&mut self, first: u64, end: u64, wait: bool) {
         if end <= first || end - first > self.cap || (end as u128) <= self.next {
             return;
         }
         while self
             .suspects
             .front()
-            .is_some_and(|&(_, e)| (e as u128) <= self.next)
+            .is_some_and(|&(_, e, _)| (e as u128) <= self.next)
         {
             self.suspects.pop_front();
         }
         if self.suspects.len() >= MAX_SUSPECTS {
             self.suspects.pop_front();
         }
-        let at = self.suspects.partition_point(|&(f, _)| f < first);
-        self.suspects.insert(at, (first, end));
+        let at = self.suspects.partition_point(|&(f, _, _)| f < first);
+        self.suspects.insert(at, (first, end, wait));
     }
 
     /// The part of `[first, end)` worth asking for, from `first` on: the whole run when every
@@ -889,9 +903,19 @@ impl ReorderBuffer {
         }
         self.suspects
             .iter()
-            .filter(|&&(f, e)| f < end && first < e)
-            .map(|&(f, e)| (f.max(first), e.min(end)))
+            .filter(|&&(f, e, _)| f < end && first < e)
+            .map(|&(f, e, _)| (f.max(first), e.min(end)))
             .min_by_key(|&(f, _)| f)
+    }
+
+    /// Whether the packets behind a lost `seq` wait for its copy: with every gap asked for, or
+    /// inside a suspect range named to wait ([`suspect_loss`](Self::suspect_loss)).
+    fn awaits_copy(&self, seq: u64) -> bool {
+        self.repair_all
+            || self
+                .suspects
+                .iter()
+                .any(|&(f, e, wait)| wait && f <= seq && seq < e)
     }
 
     /// The ranges to NACK since the last call (appended to `out`).
@@ -1206,7 +1230,7 @@ mod tests {
         b.set_repair_wait(ms(20));
         b.set_repair_all(false);
         // 1 lost where the link jumped at random; 4 lost without a suspect (a full queue's).
-        b.suspect_loss(1, 2);
+        b.suspect_loss(1, 2, true);
         for s in [0, 2, 3, 5] {
             b.push(t, s, 1, pkt(s));
         }
@@ -1225,13 +1249,56 @@ mod tests {
         assert_eq!(nacks.len(), 1, "4 was never asked for");
         assert_eq!(b.stats().repair_requested, 1);
         // Ranges too long for the window, or behind the delivery point, are ignored.
-        b.suspect_loss(0, 1000);
-        b.suspect_loss(2, 4);
+        b.suspect_loss(0, 1000, true);
+        b.suspect_loss(2, 4, true);
         assert!(
-            b.suspects.iter().all(|&r| r != (0, 1000) && r != (2, 4)),
+            b.suspects
+                .iter()
+                .all(|&(f, e, _)| (f, e) != (0, 1000) && (f, e) != (2, 4)),
             "{:?}",
             b.suspects
         );
+    }
+
+    /// A suspect gap not to be waited for is asked for, the packets behind it go on as soon as
+    /// it counts as lost, and its copy is delivered out of order when it comes (once).
+    #[test]
+    fn a_gap_not_waited_for_is_asked_for_and_its_copy_delivered_late() {
+        let t = Instant::now();
+        let mut b = buf(64);
+        b.reset(0);
+        b.set_links(&[1]);
+        b.set_repair_wait(ms(20));
+        b.set_repair_all(false);
+        b.suspect_loss(1, 2, false);
+        for s in [0, 2, 3] {
+            b.push(t, s, 1, pkt(s));
+        }
+        // Rule (a): lost; asked for, and 2, 3 go on without it.
+        assert_eq!(drain(&mut b, t), vec![0, 2, 3]);
+        let mut nacks = Vec::new();
+        b.take_nacks(&mut nacks);
+        assert_eq!(
+            nacks.iter().map(|r| (r.first, r.count)).collect::<Vec<_>>(),
+            vec![(1, 1)]
+        );
+        assert_eq!((b.stats().repair_passed, b.stats().repair_given_up), (1, 0));
+        assert_eq!(b.push(t + ms(40), 1, 1, pkt(1)), Pushed::OutOfOrder);
+        assert_eq!(drain(&mut b, t + ms(40)), vec![1]);
+        assert_eq!(b.push(t + ms(41), 1, 1, pkt(1)), Pushed::Duplicate);
+        // The same loss named to wait holds 2 and 3 until the copy comes.
+        let mut w = buf(64);
+        w.reset(0);
+        w.set_links(&[1]);
+        w.set_repair_wait(ms(20));
+        w.set_repair_all(false);
+        w.suspect_loss(1, 2, true);
+        for s in [0, 2, 3] {
+            w.push(t, s, 1, pkt(s));
+        }
+        assert_eq!(drain(&mut w, t), vec![0]);
+        assert_eq!(w.push(t + ms(40), 1, 1, pkt(1)), Pushed::Queued);
+        assert_eq!(drain(&mut w, t + ms(40)), vec![1, 2, 3]);
     }
 
     #[test]

@@ -46,6 +46,8 @@ struct Pair {
     path_mtu: Vec<(u16, usize)>,
     /// Client DATA datagrams that are the first piece of a cut packet: this many are dropped.
     drop_first_pieces: usize,
+    /// Client DATA datagrams: this many are dropped.
+    drop_data: usize,
     /// How both endpoints take in what the other sent since it last received.
     receive: Receive,
     /// The network delivers every client datagram twice in a row.
@@ -170,6 +172,7 @@ impl Pair {
             to_attacker: Vec::new(),
             path_mtu: Vec::new(),
             drop_first_pieces: 0,
+            drop_data: 0,
             receive: Receive::Inline,
             duplicate: false,
             drop_types: Vec::new(),
@@ -189,6 +192,10 @@ impl Pair {
                 self.captured.push((t.link, t.payload.clone()));
                 if is_first_piece(&t.payload) && self.drop_first_pieces > 0 {
                     self.drop_first_pieces -= 1;
+                    continue;
+                }
+                if peek_type(&t.payload) == Some(PacketType::Data) && self.drop_data > 0 {
+                    self.drop_data -= 1;
                     continue;
                 }
                 if peek_type(&t.payload).is_some_and(|pt| self.drop_types.contains(&pt)) {
@@ -1765,6 +1772,51 @@ fn a_lost_piece_on_a_quiet_link_is_repaired() {
         "{:?}",
         rx.repair
     );
+}
+
+/// A whole packet lost at random (its link's sequence numbers jump with no queue) is asked for
+/// again either way; by default the packets behind it go on at once and its copy comes after
+/// them (the inner TCP sees a reordering, not a stall), while `hold_random_loss` keeps them
+/// until the copy is in, and delivers in order.
+#[test]
+fn a_random_loss_is_passed_on_or_held_for_its_copy() {
+    for hold in [false, true] {
+        let cfg = |role| {
+            let mut c = Config::new(role, KEY);
+            c.hold_random_loss = hold;
+            c
+        };
+        let mut p = Pair::with_configs(1, cfg(Role::Client), cfg(Role::Server));
+        p.run_for(Duration::from_secs(1));
+        let sent: Vec<Vec<u8>> = (0..8u8).map(|n| big_udp_packet(n, 200)).collect();
+        for (n, s) in sent.iter().enumerate() {
+            // 4 is lost on the wire; 5 goes out with it, before anything comes back.
+            if n == 4 {
+                p.drop_data = 1;
+            }
+            p.client.send_packet(p.now, s);
+            if n != 4 {
+                p.exchange();
+                p.run_for(Duration::from_millis(5));
+            }
+        }
+        p.run_for(Duration::from_millis(500));
+        let order = [0, 1, 2, 3, 5, 4, 6, 7];
+        let expect: Vec<Vec<u8>> = if hold {
+            sent.clone()
+        } else {
+            order.iter().map(|&n| sent[n].clone()).collect()
+        };
+        assert!(p.delivered_to_server == expect, "hold {hold}");
+        let rx = p.server.stats(p.now);
+        assert_eq!(rx.repair.holes_repaired, 1, "hold {hold}: {:?}", rx.repair);
+        assert_eq!(
+            rx.reorder.repair_passed,
+            u64::from(!hold),
+            "hold {hold}: {:?}",
+            rx.reorder
+        );
+    }
 }
 
 /// Path MTU discovery through the endpoint: a path narrower than the first hop is found by

@@ -340,6 +340,11 @@ pub fn encode(cfg: &Config, s: &BundleStats, extra: Extra) -> String {
             s.reorder.repair_given_up,
         ),
         (
+            "repair_holes_passed",
+            "Holes of random loss asked for again and not waited for (the copy delivered out of order)",
+            s.reorder.repair_passed,
+        ),
+        (
             "repair_link_losses_random",
             "Packets a link lost, read as random loss (asked for again)",
             rp.link_losses_random,

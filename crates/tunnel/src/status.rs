@@ -224,19 +224,21 @@ fn render_bundle(s: &Value) -> String {
     out.push('\n');
     if let Some(r) = s.get("repair") {
         let g = |k: &str| r.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-        let given_up = s
-            .get("reorder")
-            .and_then(|o| o.get("repair_given_up"))
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0);
+        let reorder = |k: &str| {
+            s.get("reorder")
+                .and_then(|o| o.get(k))
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0)
+        };
         out.push_str(&format!(
-            "Repair: resent {} (reinjected {}), NACKs {} out / {} in, holes repaired {} / given up {}, duplicates dropped {}; links lost {} at random, {} at a full queue\n",
+            "Repair: resent {} (reinjected {}), NACKs {} out / {} in, holes repaired {} / passed on {} / given up {}, duplicates dropped {}; links lost {} at random, {} at a full queue\n",
             g("retransmits_sent"),
             g("reinjected"),
             g("nacks_sent"),
             g("nacks_received"),
             g("holes_repaired"),
-            given_up,
+            reorder("repair_passed"),
+            reorder("repair_given_up"),
             g("duplicates_suppressed"),
             g("link_losses_random"),
             g("link_losses_queued"),
