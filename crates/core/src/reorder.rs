@@ -46,7 +46,11 @@
 //!   the endpoint named a likely random loss ([`ReorderBuffer::suspect_loss`]: a link's own
 //!   sequence numbers jumped while it had no queue) are asked for; the others are given up at
 //!   once as without repair, so that a queue's drops still reach the inner TCP as the
-//!   congestion signal they are, and no other gap waits a round trip for a copy.
+//!   congestion signal they are, and no other gap waits a round trip for a copy. A suspect
+//!   range may also be named not to wait: its gaps are asked for as above, but the packets
+//!   behind them go on as soon as rule (a), (b) or (c) gives them up, the copies are delivered
+//!   out of order when they come, and what has not come by the repair wait is asked for again
+//!   (up to [`REPAIR_TRIES`] in all) while the bitmap can still tell it was never delivered.
 //!
 //! Call [`ReorderBuffer::pop`] until `None` after every `push` and `set_links`, and at
 //! [`ReorderBuffer::poll_timeout`].
@@ -319,6 +323,10 @@ pub struct ReorderBuffer {
     repair_wait: Duration,
     /// Gaps under repair, by sequence number.
     repairs: VecDeque<Repair>,
+    /// Repairs of gaps passed on without waiting ([`ReorderBuffer::suspect_loss`]): behind the
+    /// delivery point, asked for again while their copies have not come (a copy can be lost
+    /// too), up to [`REPAIR_TRIES`] in all; at most [`MAX_REPAIRS`].
+    passed: VecDeque<Repair>,
     /// Ranges to NACK, drained by the endpoint.
     nacks: Vec<SeqRange>,
     /// Ask for every lost gap (true), or only for those inside `suspects`.
@@ -374,6 +382,7 @@ impl ReorderBuffer {
             waits: Histogram::new(),
             repair_wait: Duration::ZERO,
             repairs: VecDeque::new(),
+            passed: VecDeque::new(),
             nacks: Vec::new(),
             repair_all: true,
             suspects: VecDeque::new(),
@@ -835,6 +844,16 @@ impl ReorderBuffer {
             }
             if passed {
                 self.stats.repair_passed += 1;
+                if let Some(r) = self.repairs.iter().find(|r| r.covers(head)) {
+                    if self.passed.len() >= MAX_REPAIRS {
+                        self.passed.pop_front();
+                    }
+                    self.passed.push_back(Repair {
+                        first: head,
+                        end: r.end.min(s.min(u64::MAX as u128) as u64),
+                        ..*r
+                    });
+                }
             } else if self.repairs.iter().any(|r| r.covers(head)) {
                 self.stats.repair_given_up += 1;
             }
@@ -861,6 +880,7 @@ impl ReorderBuffer {
         self.repair_wait = wait.min(self.cfg.max_timeout);
         if wait.is_zero() {
             self.repairs.clear();
+            self.passed.clear();
         }
     }
 
@@ -975,6 +995,7 @@ impl ReorderBuffer {
     /// ([`take_nacks`](Self::take_nacks)); retries those whose wait ran out. At most every
     /// [`SCAN_INTERVAL`]; costs O(window).
     pub fn scan_losses(&mut self, now: Instant) {
+        self.retry_passed(now);
         if self.repair_wait.is_zero() || !self.started || self.held == 0 {
             return;
         }
@@ -1051,8 +1072,50 @@ impl ReorderBuffer {
         }
     }
 
-    /// When the head-of-line gap's wait runs out (call `pop` then). An instant in the past when
-    /// a packet is deliverable now; `None` when nothing is held.
+    /// Asks again for what is still missing of the passed gaps whose wait ran out; forgets
+    /// those whose copies all came, that were asked for [`REPAIR_TRIES`] times, or that fell
+    /// behind what the bitmap knows.
+    fn retry_passed(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.passed.len() {
+            let r = self.passed[i];
+            if now < r.deadline {
+                i += 1;
+                continue;
+            }
+            let missing = |b: &Self, s: u64| {
+                let pos = s as u128;
+                pos < b.next && b.next - pos <= b.cap as u128 && pos >= b.known_from && !b.bit(s)
+            };
+            let any = (r.first..r.end).any(|s| missing(self, s));
+            if !any || r.tries >= REPAIR_TRIES {
+                self.passed.remove(i);
+                continue;
+            }
+            let mut s = r.first;
+            while s < r.end {
+                if !missing(self, s) {
+                    s += 1;
+                    continue;
+                }
+                let mut e = s + 1;
+                while e < r.end && missing(self, e) {
+                    e += 1;
+                }
+                self.stats.repair_retried += e - s;
+                push_ranges(&mut self.nacks, s, e);
+                s = e;
+            }
+            let p = &mut self.passed[i];
+            p.tries += 1;
+            p.deadline = now + self.repair_wait;
+            i += 1;
+        }
+    }
+
+    /// When the head-of-line gap's wait runs out (call `pop` then), or a passed gap's repair
+    /// wait (call [`scan_losses`](Self::scan_losses) then). An instant in the past when a
+    /// packet is deliverable now; `None` when nothing is held or awaited.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let repair = self.poll_repair();
         match (self.poll_hold(), repair) {
@@ -1061,16 +1124,20 @@ impl ReorderBuffer {
         }
     }
 
-    /// The next repair deadline (ask again, or give up), of a gap still in the window.
+    /// The next repair deadline (ask again, or give up), of a gap still in the window or passed.
     fn poll_repair(&self) -> Option<Instant> {
+        let passed = self.passed.iter().map(|r| r.deadline).min();
         if self.held == 0 {
-            return None;
+            return passed;
         }
-        let next_scan = self.next_scan?;
+        let Some(next_scan) = self.next_scan else {
+            return passed;
+        };
         self.repairs
             .iter()
             .filter(|r| r.tries < REPAIR_TRIES)
             .map(|r| r.deadline.max(next_scan))
+            .chain(passed)
             .min()
     }
 
@@ -1133,6 +1200,7 @@ impl ReorderBuffer {
         self.link_ts.clear();
         self.skips.clear();
         self.repairs.clear();
+        self.passed.clear();
         self.nacks.clear();
         self.suspects.clear();
         self.next = next as u128;
@@ -1283,9 +1351,26 @@ mod tests {
             vec![(1, 1)]
         );
         assert_eq!((b.stats().repair_passed, b.stats().repair_given_up), (1, 0));
+        // The copy does not come within the repair wait (lost too): asked for again, though
+        // nothing is held (the buffer's next wake-up is that wait's end).
+        assert_eq!(b.poll_timeout(), Some(t + ms(20)));
+        b.scan_losses(t + ms(25));
+        nacks.clear();
+        b.take_nacks(&mut nacks);
+        assert_eq!(
+            nacks.iter().map(|r| (r.first, r.count)).collect::<Vec<_>>(),
+            vec![(1, 1)]
+        );
+        assert_eq!(b.stats().repair_retried, 1);
         assert_eq!(b.push(t + ms(40), 1, 1, pkt(1)), Pushed::OutOfOrder);
         assert_eq!(drain(&mut b, t + ms(40)), vec![1]);
         assert_eq!(b.push(t + ms(41), 1, 1, pkt(1)), Pushed::Duplicate);
+        // Come: never asked for again, and nothing left to wake up for.
+        b.scan_losses(t + ms(100));
+        nacks.clear();
+        b.take_nacks(&mut nacks);
+        assert!(nacks.is_empty(), "{nacks:?}");
+        assert_eq!(b.poll_timeout(), None);
         // The same loss named to wait holds 2 and 3 until the copy comes.
         let mut w = buf(64);
         w.reset(0);
