@@ -1287,16 +1287,22 @@ mod tests {
         assert_eq!(b.poll_timeout(), None);
     }
 
-    /// With repair on but not for every gap, only the gaps in a suspect range are asked for
-    /// and waited for; the others are given up at once, as without repair.
-    #[test]
-    fn only_suspect_gaps_are_asked_for() {
-        let t = Instant::now();
+    /// A buffer from 0 over one link, repairing the gaps of suspect ranges (a 20 ms wait).
+    fn suspects_only() -> ReorderBuffer {
         let mut b = buf(64);
         b.reset(0);
         b.set_links(&[1]);
         b.set_repair_wait(ms(20));
         b.set_repair_all(false);
+        b
+    }
+
+    /// With repair on but not for every gap, only the gaps in a suspect range are asked for
+    /// and waited for; the others are given up at once, as without repair.
+    #[test]
+    fn only_suspect_gaps_are_asked_for() {
+        let t = Instant::now();
+        let mut b = suspects_only();
         // 1 lost where the link jumped at random; 4 lost without a suspect (a full queue's).
         b.suspect_loss(1, 2, true);
         for s in [0, 2, 3, 5] {
@@ -1333,11 +1339,7 @@ mod tests {
     #[test]
     fn a_gap_not_waited_for_is_asked_for_and_its_copy_delivered_late() {
         let t = Instant::now();
-        let mut b = buf(64);
-        b.reset(0);
-        b.set_links(&[1]);
-        b.set_repair_wait(ms(20));
-        b.set_repair_all(false);
+        let mut b = suspects_only();
         b.suspect_loss(1, 2, false);
         for s in [0, 2, 3] {
             b.push(t, s, 1, pkt(s));
@@ -1372,11 +1374,7 @@ mod tests {
         assert!(nacks.is_empty(), "{nacks:?}");
         assert_eq!(b.poll_timeout(), None);
         // The same loss named to wait holds 2 and 3 until the copy comes.
-        let mut w = buf(64);
-        w.reset(0);
-        w.set_links(&[1]);
-        w.set_repair_wait(ms(20));
-        w.set_repair_all(false);
+        let mut w = suspects_only();
         w.suspect_loss(1, 2, true);
         for s in [0, 2, 3] {
             w.push(t, s, 1, pkt(s));

@@ -229,6 +229,10 @@ pub struct LabArgs {
     /// senders are told the window their peers announce, not what the bundle carries.
     #[arg(long)]
     pub no_clamp_window: bool,
+    /// Both endpoints hold the packets behind a random loss until its copy comes
+    /// (`hold_random_loss = true`) instead of passing them on.
+    #[arg(long)]
+    pub hold_random_loss: bool,
     /// Seed of the emulator's random loss and jitter.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -555,6 +559,8 @@ pub struct Lab {
     pub no_tunnel_ecn: bool,
     /// `clamp_window = false` for both endpoints.
     pub no_clamp_window: bool,
+    /// `hold_random_loss = true` for both endpoints.
+    pub hold_random_loss: bool,
 }
 
 impl Lab {
@@ -637,6 +643,7 @@ impl Lab {
             backpressure: None,
             no_tunnel_ecn: false,
             no_clamp_window: false,
+            hold_random_loss: false,
         })
     }
 
@@ -918,6 +925,9 @@ impl Lab {
         }
         if self.no_clamp_window {
             sched += "clamp_window = false\n";
+        }
+        if self.hold_random_loss {
+            sched += "hold_random_loss = true\n";
         }
         let dir = self.dir.0.clone();
         let server_ctl = dir.join("server.sock");
@@ -1542,6 +1552,7 @@ fn run_bundle(
     };
     lab.no_tunnel_ecn = args.no_tunnel_ecn;
     lab.no_clamp_window = args.no_clamp_window;
+    lab.hold_random_loss = args.hold_random_loss;
     lab.start_bundle(args.scheduler.as_deref(), mtu, !args.no_bandwidth_hint)?;
     let (run, fail, timeline) = run_with_fail(lab, traffic, args, live, "bundle")?;
     let status = |p: Option<&Path>| p.and_then(|p| endpoint_status(p).ok());

@@ -126,6 +126,8 @@ struct BundleRepr {
     compression: Option<bool>,
     /// ECN across the tunnel, RFC 6040 (default on).
     ecn: Option<bool>,
+    /// Hold the packets behind a random loss until its copy comes (default off: passed on).
+    hold_random_loss: Option<bool>,
     /// Leave the TUN device's packets waiting while every link is full (default the core's,
     /// off).
     backpressure: Option<bool>,
@@ -187,6 +189,9 @@ pub struct Config {
     pub compression: bool,
     /// ECN across the tunnel (RFC 6040; `braid_core::endpoint::Config::ecn`).
     pub ecn: bool,
+    /// What this end, receiving, does with the packets behind a random loss's gap
+    /// (`braid_core::endpoint::Config::hold_random_loss`).
+    pub hold_random_loss: bool,
     /// Back-pressure: while every link is full, packets wait in the bundle's queue instead of
     /// overfilling the links' buffers (`braid_core::Endpoint::set_backpressure`).
     pub backpressure: bool,
@@ -504,6 +509,7 @@ fn validate_bundle(src: &Source, bundle: &Spanned<BundleRepr>) -> Result<Config,
         equalize_max: ms(&b.equalize_max_ms, "bundle.equalize_max_ms", 0, 1000)?,
         compression: b.compression.unwrap_or(true),
         ecn: b.ecn.unwrap_or(true),
+        hold_random_loss: b.hold_random_loss.unwrap_or(false),
         backpressure: b
             .backpressure
             .unwrap_or(braid_core::endpoint::DEFAULT_BACKPRESSURE),
@@ -1110,6 +1116,13 @@ mod tests {
         assert!(c.ecn, "on by default");
         assert!(!parse(&client("ecn = false", LINKS)).unwrap().ecn);
         assert!(parse(&client("ecn = 1", LINKS)).is_err());
+        assert!(!c.hold_random_loss, "passed on by default");
+        assert!(
+            parse(&client("hold_random_loss = true", LINKS))
+                .unwrap()
+                .hold_random_loss
+        );
+        assert!(parse(&client("hold_random_loss = \"yes\"", LINKS)).is_err());
         assert!(
             !parse(&client("compression = false", LINKS))
                 .unwrap()

@@ -228,6 +228,7 @@ fn endpoint_config(cfg: &Config) -> EpConfig {
     }
     ep_cfg.compression = cfg.compression;
     ep_cfg.ecn = cfg.ecn;
+    ep_cfg.hold_random_loss = cfg.hold_random_loss;
     ep_cfg.clamp_window = cfg.clamp_window;
     ep_cfg.route_id = cfg.route_id;
     // Client with per-client keys: the server's key is the one peer.
