@@ -806,6 +806,7 @@ impl ReorderBuffer {
         }
         // Loss repair: ask for the run again and wait, unless asked enough already or the first
         // packet behind it has waited the configured maximum.
+        let mut passed = false;
         if !self.repair_wait.is_zero() && s > self.next {
             let waited_max = self
                 .arrivals
@@ -824,7 +825,6 @@ impl ReorderBuffer {
             } else {
                 self.wanted(head, run_end)
             };
-            let mut passed = false;
             match want {
                 Some((first, end))
                     if first == head
@@ -858,7 +858,9 @@ impl ReorderBuffer {
                 self.stats.repair_given_up += 1;
             }
         }
-        if timed_out && !passed_in_time {
+        // A passed gap's copy comes late by design: its lateness is the repair's round trip, not
+        // the links' reordering, and must not lengthen the hold.
+        if timed_out && !passed_in_time && !passed {
             self.stats.timeouts += 1;
             if self.skips.len() == SKIP_LOG {
                 self.skips.pop_front();
@@ -1382,6 +1384,36 @@ mod tests {
         assert_eq!(drain(&mut w, t), vec![0]);
         assert_eq!(w.push(t + ms(40), 1, 1, pkt(1)), Pushed::Queued);
         assert_eq!(drain(&mut w, t + ms(40)), vec![1, 2, 3]);
+    }
+
+    /// A passed gap given up by the hold timeout (rule (c)): its copy, late by design, does not
+    /// lengthen the hold as a late packet of a timed-out gap does.
+    #[test]
+    fn a_passed_gaps_copy_does_not_lengthen_the_hold() {
+        let t = Instant::now();
+        let mut b = suspects_only();
+        // Link 2 has delivered nothing: only the timeout gives the gap up.
+        b.set_links(&[1, 2]);
+        b.suspect_loss(1, 2, false);
+        for s in [0, 2, 3] {
+            b.push(t, s, 1, pkt(s));
+        }
+        assert_eq!(drain(&mut b, t), vec![0]);
+        let hold = b.timeout();
+        let given_up = t + hold;
+        assert_eq!(drain(&mut b, given_up), vec![2, 3]);
+        assert_eq!(b.stats().repair_passed, 1);
+        assert_eq!(b.push(given_up + ms(50), 1, 1, pkt(1)), Pushed::OutOfOrder);
+        assert_eq!(b.timeout(), hold);
+        // The same gap not named for repair, given up and then late, does lengthen it.
+        let mut c = suspects_only();
+        c.set_links(&[1, 2]);
+        for s in [0, 2, 3] {
+            c.push(t, s, 1, pkt(s));
+        }
+        assert_eq!(drain(&mut c, given_up), vec![0, 2, 3]);
+        assert_eq!(c.push(given_up + ms(50), 1, 1, pkt(1)), Pushed::OutOfOrder);
+        assert!(c.timeout() > hold, "{:?}", c.timeout());
     }
 
     #[test]
