@@ -164,8 +164,9 @@ pub enum Nack {
     /// Gaps in which a link lost packets while it had no queue: its own sequence numbers jumped
     /// with its queueing delay under [`RANDOM_LOSS_QDELAY`] or well under its recent peak
     /// ([`QUEUE_PEAK_SHARE`]), or the link lost so lately ([`LOSSY_LINK_QUIET_LOSSES`]).
-    /// Random loss is repaired and hidden from the inner TCP; a full queue's drops are not, so a
-    /// loss-based sender still sees the congestion it causes, and no other gap waits for a copy.
+    /// Random loss is repaired, and the inner TCP sees at most a reordering (or nothing, with
+    /// [`Config::hold_random_loss`]); a full queue's drops are not repaired, so a loss-based
+    /// sender still sees the congestion it causes, and no other gap waits for a copy.
     RandomLoss,
     /// Every gap the reorder buffer would give up (repairs congestion drops too: a loss-based
     /// inner TCP then fills the links' queues; kept for comparison).
