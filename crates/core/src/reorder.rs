@@ -844,14 +844,17 @@ impl ReorderBuffer {
             }
             if passed {
                 self.stats.repair_passed += 1;
-                if let Some(r) = self.repairs.iter().find(|r| r.covers(head)) {
+                if let Some(&r) = self.repairs.iter().find(|r| r.covers(head)) {
+                    // Only the repair's own run goes on now: a gap behind it is judged on its own
+                    // (it may be one that waits, a failover's).
+                    s = s.min(r.end as u128);
                     if self.passed.len() >= MAX_REPAIRS {
                         self.passed.pop_front();
                     }
                     self.passed.push_back(Repair {
                         first: head,
-                        end: r.end.min(s.min(u64::MAX as u128) as u64),
-                        ..*r
+                        end: s as u64,
+                        ..r
                     });
                 }
             } else if self.repairs.iter().any(|r| r.covers(head)) {
@@ -1384,6 +1387,25 @@ mod tests {
         assert_eq!(drain(&mut w, t), vec![0]);
         assert_eq!(w.push(t + ms(40), 1, 1, pkt(1)), Pushed::Queued);
         assert_eq!(drain(&mut w, t + ms(40)), vec![1, 2, 3]);
+    }
+
+    /// A passed gap right before one that waits (a failover's, say): only the passed one goes
+    /// on; the packets behind the second still wait for its copy.
+    #[test]
+    fn a_passed_gap_does_not_pass_a_waiting_one_behind_it() {
+        let t = Instant::now();
+        let mut b = suspects_only();
+        b.suspect_loss(1, 2, false);
+        b.suspect_loss(2, 3, true);
+        b.push(t, 0, 1, pkt(0));
+        b.push(t, 3, 1, pkt(3));
+        // Rule (a): 1 and 2 lost; 1 passed on, 2 held for its copy.
+        assert_eq!(drain(&mut b, t), vec![0]);
+        assert_eq!(b.stats().repair_passed, 1);
+        assert_eq!(b.push(t + ms(10), 2, 1, pkt(2)), Pushed::Queued);
+        assert_eq!(drain(&mut b, t + ms(10)), vec![2, 3]);
+        assert_eq!(b.push(t + ms(15), 1, 1, pkt(1)), Pushed::OutOfOrder);
+        assert_eq!(drain(&mut b, t + ms(15)), vec![1]);
     }
 
     /// A passed gap given up by the hold timeout (rule (c)): its copy, late by design, does not
