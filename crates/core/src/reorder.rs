@@ -401,6 +401,10 @@ impl ReorderBuffer {
         let i = self.idx(seq);
         self.delivered_bits[i / 64] & (1 << (i % 64)) != 0
     }
+    /// Whether the bitmap tells for `pos`, behind the delivery point, if it was delivered.
+    fn known(&self, pos: u128) -> bool {
+        self.next - pos <= self.cap as u128 && pos >= self.known_from
+    }
     fn set_bit(&mut self, seq: u64, on: bool) {
         let i = self.idx(seq);
         if on {
@@ -446,7 +450,7 @@ impl ReorderBuffer {
         let pos = seq as u128;
         self.high = self.high.max(pos + 1);
         if pos < self.next {
-            let known = self.next - pos <= self.cap as u128 && pos >= self.known_from;
+            let known = self.known(pos);
             if known && self.bit(seq) {
                 self.stats.duplicates += 1;
                 return Pushed::Duplicate;
@@ -1088,15 +1092,13 @@ impl ReorderBuffer {
                 i += 1;
                 continue;
             }
-            let missing = |b: &Self, s: u64| {
-                let pos = s as u128;
-                pos < b.next && b.next - pos <= b.cap as u128 && pos >= b.known_from && !b.bit(s)
-            };
-            let any = (r.first..r.end).any(|s| missing(self, s));
-            if !any || r.tries >= REPAIR_TRIES {
+            if r.tries >= REPAIR_TRIES {
                 self.passed.remove(i);
                 continue;
             }
+            let missing =
+                |b: &Self, s: u64| (s as u128) < b.next && b.known(s as u128) && !b.bit(s);
+            let mut asked = false;
             let mut s = r.first;
             while s < r.end {
                 if !missing(self, s) {
@@ -1109,7 +1111,12 @@ impl ReorderBuffer {
                 }
                 self.stats.repair_retried += e - s;
                 push_ranges(&mut self.nacks, s, e);
+                asked = true;
                 s = e;
+            }
+            if !asked {
+                self.passed.remove(i);
+                continue;
             }
             let p = &mut self.passed[i];
             p.tries += 1;
