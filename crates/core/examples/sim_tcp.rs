@@ -5,6 +5,9 @@
 //!
 //! Options (each selects; repeat `--scheduler` to compare):
 //! - `--scenario N` (from 1, see `--list`) or `--scenario TEXT` (every name containing TEXT)
+//! - `--link RATE/DELAY[/LOSS[/JITTER]]` (repeat; as `braid lab --link`, e.g. `20mbit/40ms/0%/30ms`):
+//!   one scenario of these links instead, their rates configured (the lab's default), to carry
+//!   a lab mix into the simulator
 //! - `--cc cubic|bbr`, `--dir upload|download`
 //! - `--scheduler NAME` (default `adaptive`; see `braid_core::sched::NAMES`)
 //! - `--duration SECS`, `--warmup SECS`, `--seed N`, `--equalize-max MS` (delay equalisation
@@ -24,11 +27,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use braid_core::sim::{self, CcKind, Direction, TcpReport, TcpScenario};
+use braid_core::sim::{self, CcKind, Direction, LinkSpec, TcpReport, TcpScenario};
 
 #[derive(Default)]
 struct Opts {
     scenario: Option<String>,
+    links: Vec<LinkSpec>,
     cc: Option<CcKind>,
     dir: Option<Direction>,
     schedulers: Vec<String>,
@@ -53,6 +57,49 @@ fn secs(v: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("not a positive number of seconds: {v:?}"))
 }
 
+/// A `--link` value, `RATE/DELAY[/LOSS[/JITTER]]` as `braid lab` takes it: the rate in
+/// `kbit`/`mbit`/`gbit` (per second), the delay and jitter in `ms`, the loss in `%`.
+fn link(v: &str) -> Result<LinkSpec, String> {
+    let bad = |what: &str| format!("--link {v:?}: {what} (e.g. 20mbit/40ms/1%/30ms)");
+    let mut parts = v.split('/');
+    let number = |s: &str, unit: &str| -> Option<f64> {
+        s.strip_suffix(unit)?
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+    };
+    let rate = parts.next().unwrap_or_default();
+    let bps = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)]
+        .iter()
+        .find_map(|&(u, m)| number(rate, u).map(|x| x * m))
+        .filter(|&b| b >= 1e3)
+        .ok_or_else(|| bad("the rate"))?;
+    let ms = |s: Option<&str>, what: &str| -> Result<Duration, String> {
+        s.map_or(Ok(Duration::ZERO), |s| {
+            number(s, "ms")
+                .filter(|&x| x <= 10_000.0)
+                .map(|x| Duration::from_secs_f64(x / 1e3))
+                .ok_or_else(|| bad(what))
+        })
+    };
+    let delay = ms(parts.next(), "the delay")?;
+    let loss = match parts.next() {
+        None => 0.0,
+        Some(s) => number(s, "%")
+            .filter(|&x| x < 100.0)
+            .ok_or_else(|| bad("the loss"))?,
+    };
+    let jitter = ms(parts.next(), "the jitter")?;
+    if parts.next().is_some() {
+        return Err(bad("too many parts"));
+    }
+    // Configured, as the lab tells braid its links' rates by default.
+    Ok(LinkSpec::new(bps as u64, delay)
+        .loss(loss / 100.0)
+        .jitter(jitter)
+        .configured())
+}
+
 /// `flag`'s value `v`: milliseconds from `lo` to `hi`, fractions allowed.
 fn millis(flag: &str, v: &str, lo: u32, hi: u32) -> Result<Duration, String> {
     v.parse::<f64>()
@@ -72,6 +119,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--scenario" => o.scenario = Some(value()?.clone()),
+            "--link" => o.links.push(link(value()?)?),
             "--cc" => {
                 let v = value()?;
                 o.cc = Some(CcKind::parse(v).ok_or_else(|| format!("--cc: {v:?}: cubic or bbr"))?);
@@ -135,6 +183,15 @@ fn all_scenarios(o: &Opts) -> Vec<TcpScenario> {
 }
 
 fn selected(o: &Opts) -> Result<Vec<TcpScenario>, String> {
+    if !o.links.is_empty() {
+        let name = o
+            .links
+            .iter()
+            .map(|l| format!("{:.1}mbit/{:?}", l.rate_bps as f64 / 1e6, l.delay))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        return Ok(vec![TcpScenario::new(&name, o.links.clone())]);
+    }
     let all = all_scenarios(o);
     let Some(want) = &o.scenario else {
         return Ok(all);
@@ -166,7 +223,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("sim_tcp: {e}");
             }
-            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--start MS] [--start-offset MS] [--no-single] [--failover] [--list] [--json]");
+            eprintln!("usage: sim_tcp [--scenario N|TEXT] [--link RATE/DELAY[/LOSS[/JITTER]]]... [--cc cubic|bbr] [--dir upload|download] [--scheduler NAME]... [--duration S] [--warmup S] [--seed N] [--equalize-max MS] [--backpressure|--no-backpressure] [--start MS] [--start-offset MS] [--no-single] [--failover] [--list] [--json]");
             return ExitCode::from(2);
         }
     };
