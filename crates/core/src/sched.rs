@@ -769,14 +769,13 @@ impl DelayFloor {
     fn ours(&mut self, qdelay: Duration, vq: f64) -> Duration {
         self.excess[self.n % FLOOR_ROUNDS] = qdelay.as_secs_f64() - vq;
         self.n += 1;
-        if self.n < FLOOR_ROUNDS {
-            return qdelay;
-        }
+        // (Until FLOOR_ROUNDS readings, the ring's empty slots read no excess.)
         let floor = self.excess.iter().copied().fold(f64::INFINITY, f64::min);
-        if floor > 0.0 {
-            qdelay.saturating_sub(Duration::from_secs_f64(floor))
-        } else {
-            qdelay
+        // (The reading is the peer's: a floor past what a Duration holds takes it all.)
+        match Duration::try_from_secs_f64(floor) {
+            Ok(f) => qdelay.saturating_sub(f),
+            Err(_) if floor > 0.0 => Duration::ZERO,
+            Err(_) => qdelay,
         }
     }
 }
@@ -1246,7 +1245,8 @@ impl AdaptiveLink {
     }
 
     /// The rules of [`adjust`](Self::adjust) for links not held by back-pressure, or still in
-    /// start-up; `qdelay`: the queue the peer reads that is ours ([`DelayFloor`]).
+    /// start-up; `qdelay`: the peer's reading (not less its [`DelayFloor`], which these rules
+    /// do not take).
     fn adjust_rate(&mut self, pushed: bool, delivered: f64, qdelay: Duration) {
         let (qlow, qhigh) = if self.startup {
             (QDELAY_LOW, QDELAY_HIGH)
@@ -2845,6 +2845,32 @@ mod tests {
         // Kept busy, the same delivery is its capacity: the rate follows it down.
         let busy = rate_after(0.1);
         assert!(busy < 1e6, "{busy}");
+    }
+
+    #[test]
+    fn delay_floor_is_the_excess_every_recent_adjustment_read() {
+        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(1);
+        let mut f = DelayFloor::default();
+        // Fewer than FLOOR_ROUNDS readings: all of it is ours.
+        for _ in 1..FLOOR_ROUNDS {
+            assert_eq!(f.ours(ms(35), 0.020), ms(35));
+        }
+        // Each of the last FLOOR_ROUNDS 15 ms above the virtual queue: that is the floor.
+        assert!(near(f.ours(ms(35), 0.020), ms(20)));
+        // One reading at the virtual queue: no floor while it is among the last ones.
+        assert_eq!(f.ours(ms(20), 0.020), ms(20));
+        for _ in 1..FLOOR_ROUNDS {
+            assert_eq!(f.ours(ms(35), 0.020), ms(35));
+        }
+        assert!(near(f.ours(ms(35), 0.020), ms(20)));
+        // A growing reading is read beyond its least excess.
+        assert!(near(f.ours(ms(80), 0.020), ms(65)));
+        // Garbage from the peer: no panic, and never more than the reading.
+        let mut f = DelayFloor::default();
+        for _ in 0..FLOOR_ROUNDS {
+            assert!(f.ours(Duration::MAX, 0.0) <= Duration::MAX);
+        }
+        assert!(f.ours(ms(5), 0.0) <= ms(5));
     }
 
     #[test]
