@@ -57,47 +57,12 @@ fn secs(v: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("not a positive number of seconds: {v:?}"))
 }
 
-/// A `--link` value, `RATE/DELAY[/LOSS[/JITTER]]` as `braid lab` takes it: the rate in
-/// `kbit`/`mbit`/`gbit` (per second), the delay and jitter in `ms`, the loss in `%`.
+/// A `--link` value, `RATE[/DELAY[/LOSS%[/JITTER]]]` as `braid lab` takes it
+/// ([`braid_core::linkspec`]).
 fn link(v: &str) -> Result<LinkSpec, String> {
-    let bad = |what: &str| format!("--link {v:?}: {what} (e.g. 20mbit/40ms/1%/30ms)");
-    let mut parts = v.split('/');
-    let number = |s: &str, unit: &str| -> Option<f64> {
-        s.strip_suffix(unit)?
-            .parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite() && *x >= 0.0)
-    };
-    let rate = parts.next().unwrap_or_default();
-    let bps = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)]
-        .iter()
-        .find_map(|&(u, m)| number(rate, u).map(|x| x * m))
-        .filter(|&b| b >= 1e3)
-        .ok_or_else(|| bad("the rate"))?;
-    let ms = |s: Option<&str>, what: &str| -> Result<Duration, String> {
-        s.map_or(Ok(Duration::ZERO), |s| {
-            number(s, "ms")
-                .filter(|&x| x <= 10_000.0)
-                .map(|x| Duration::from_secs_f64(x / 1e3))
-                .ok_or_else(|| bad(what))
-        })
-    };
-    let delay = ms(parts.next(), "the delay")?;
-    let loss = match parts.next() {
-        None => 0.0,
-        Some(s) => number(s, "%")
-            .filter(|&x| x < 100.0)
-            .ok_or_else(|| bad("the loss"))?,
-    };
-    let jitter = ms(parts.next(), "the jitter")?;
-    if parts.next().is_some() {
-        return Err(bad("too many parts"));
-    }
+    let spec: braid_core::linkspec::LinkSpec = v.parse().map_err(|e| format!("--link: {e}"))?;
     // Configured, as the lab tells braid its links' rates by default.
-    Ok(LinkSpec::new(bps as u64, delay)
-        .loss(loss / 100.0)
-        .jitter(jitter)
-        .configured())
+    Ok(LinkSpec::from(spec).configured())
 }
 
 /// `flag`'s value `v`: milliseconds from `lo` to `hi`, fractions allowed.

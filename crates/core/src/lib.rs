@@ -41,6 +41,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod identity;
 pub mod inner;
+pub mod linkspec;
 pub mod netem;
 pub mod pmtu;
 pub mod ratelimit;

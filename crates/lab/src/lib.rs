@@ -14,7 +14,8 @@ pub mod emulator;
 pub mod hostcheck;
 pub mod netns;
 pub mod report;
-pub mod spec;
+/// Link specifications, parsed where the simulator parses them too.
+pub use braid_core::linkspec as spec;
 pub mod traffic;
 
 use std::io::Write;

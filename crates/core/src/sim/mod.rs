@@ -86,6 +86,15 @@ impl LinkSpec {
     }
 }
 
+/// A link as the lab's `--link` reads it, with the lab's default queue.
+impl From<crate::linkspec::LinkSpec> for LinkSpec {
+    fn from(s: crate::linkspec::LinkSpec) -> Self {
+        LinkSpec::new(s.rate_bps, s.delay)
+            .loss(s.loss)
+            .jitter(s.jitter)
+    }
+}
+
 /// Something that happens to a link during a scenario.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LinkEvent {

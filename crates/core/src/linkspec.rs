@@ -7,6 +7,9 @@
 //!   trip (a ping) is lost with probability `1 - (1 - p)^2`.
 //! - JITTER: each frame's delay is DELAY plus a uniform random offset in [-JITTER, +JITTER] (never
 //!   below 0), but frames never overtake each other (the link stays FIFO).
+//!
+//! The lab (`braid lab --link`) and the simulator's `sim_tcp` example both read links this way;
+//! [`crate::sim::LinkSpec`] converts from [`LinkSpec`].
 
 use std::fmt;
 use std::str::FromStr;
